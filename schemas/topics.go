@@ -1,0 +1,101 @@
+package schemas
+
+import (
+	"fmt"
+	"time"
+)
+
+// Topic is the contract of one Kafka topic: what it carries, keyed by what,
+// and how long the broker keeps it. Replay-based recovery depends on
+// Retention: state that must be rebuildable from a topic lives on a
+// compacted topic or one kept longer than the recovery window.
+type Topic struct {
+	Name       string
+	Schema     string // protobuf full name; "" for the dead-letter topic (any payload)
+	Key        string // what the record key is; partitioning follows the key
+	Partitions int32
+	Compacted  bool
+	Retention  time.Duration // ignored when Compacted
+	Doc        string
+}
+
+// Topic names. Load-test traffic uses the same names behind ShadowPrefix.
+const (
+	TopicLogin          = "push.login"
+	TopicPresence       = "push.presence"
+	TopicFanDelta       = "push.fan-delta"
+	TopicJobs           = "push.jobs"
+	TopicJobTransitions = "push.job-transitions"
+	TopicUnits          = "push.units"
+	TopicReports        = "push.reports"
+	TopicGrants         = "wallet.grants"
+	TopicTokens         = "wallet.tokens"
+	TopicLedger         = "wallet.ledger"
+	TopicWithdrawals    = "wallet.withdrawals"
+	TopicStock          = "wallet.stock"
+	TopicRegistrations  = "uin.registrations"
+	TopicUsage          = "uin.usage"
+	TopicRecycleSteps   = "uin.recycle-steps"
+	TopicPool           = "uin.pool"
+	TopicTimers         = "platform.timers"
+	TopicRecon          = "platform.recon"
+	TopicDeadLetter     = "platform.dlq"
+
+	// ShadowPrefix marks load-test traffic: shadow topics and keys are
+	// separate from real ones and expire (seed 002, full-link load test).
+	ShadowPrefix = "shadow."
+)
+
+const (
+	day  = 24 * time.Hour
+	week = 7 * day
+)
+
+// Topics is the registry of every topic the product uses.
+var Topics = []Topic{
+	{TopicLogin, "surge.v1.LoginEvent", "uin (4-byte big-endian)", 12, false, 3 * day, "login and logout events from the access layer"},
+	{TopicPresence, "surge.v1.LoginEvent", "uin (4-byte big-endian)", 12, true, 0, "online-state changes only; compacted, so it is the latest state per uin"},
+	{TopicFanDelta, "surge.v1.FanDelta", "account_id", 12, false, 30 * day, "follow/unfollow changes to follower lists"},
+	{TopicJobs, "surge.v1.SendJob", "job_id", 6, true, 0, "send jobs as submitted"},
+	{TopicJobTransitions, "surge.v1.JobTransition", "job_id", 6, false, 30 * day, "every state transition of every send job"},
+	{TopicUnits, "surge.v1.SendTaskUnit", "executor", 6, false, 7 * day, "slices of jobs assigned to executors"},
+	{TopicReports, "surge.v1.DeliveryReport", "job_id", 12, false, 7 * day, "per-target delivery outcomes; read back to rebuild remaining work"},
+	{TopicGrants, "surge.v1.RewardGrant", "act_id", 12, false, 30 * day, "accepted reward grants"},
+	{TopicTokens, "surge.v1.Token", "act_id", 12, false, 30 * day, "signed tokens and their status changes"},
+	{TopicLedger, "surge.v1.LedgerEntry", "act_id", 12, false, 365 * day, "booked ledger entries; the account store is rebuilt from it"},
+	{TopicWithdrawals, "surge.v1.Withdrawal", "act_id", 12, false, 365 * day, "withdrawal requests"},
+	{TopicStock, "surge.v1.StockChange", "template_id", 6, false, 30 * day, "coupon stock consumption"},
+	{TopicRegistrations, "surge.v1.UinRegistration", "uin (4-byte big-endian)", 12, false, 400 * day, "uin allocations and registration completion"},
+	{TopicUsage, "surge.v1.UsageEvent", "uin (4-byte big-endian)", 12, false, 30 * day, "usage events that prove an account alive"},
+	{TopicRecycleSteps, "surge.v1.RecycleStep", "uin (4-byte big-endian)", 12, false, 400 * day, "every step of every recycle ticket"},
+	{TopicPool, "surge.v1.PoolChange", "bucket", 12, false, 30 * day, "insertions into and allocations from the uin pool"},
+	{TopicTimers, "surge.v1.Timer", "timer_id", 12, true, 0, "pending timers; compacted, a fired or cancelled timer is tombstoned"},
+	{TopicRecon, "surge.v1.ReconResult", "check", 3, false, 90 * day, "reconciliation results and mismatches"},
+	{TopicDeadLetter, "", "original key", 3, false, 30 * day, "records that failed to decode, validate or process, with the reason in headers"},
+}
+
+// TopicByName finds a topic in the registry, also under the shadow prefix.
+func TopicByName(name string) (Topic, error) {
+	base := name
+	if len(name) > len(ShadowPrefix) && name[:len(ShadowPrefix)] == ShadowPrefix {
+		base = name[len(ShadowPrefix):]
+	}
+	for _, t := range Topics {
+		if t.Name == base {
+			t.Name = name
+			return t, nil
+		}
+	}
+	return Topic{}, fmt.Errorf("schemas: unknown topic %q", name)
+}
+
+// BrokerConfigs renders the topic's retention policy as broker configs.
+func (t Topic) BrokerConfigs() map[string]string {
+	if t.Compacted {
+		return map[string]string{"cleanup.policy": "compact"}
+	}
+	return map[string]string{
+		"cleanup.policy": "delete",
+		"retention.ms":   fmt.Sprint(t.Retention.Milliseconds()),
+	}
+}

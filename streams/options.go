@@ -1,0 +1,158 @@
+package streams
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"surge/schemas"
+	"surge/streams/metrics"
+)
+
+// Guarantee is the delivery guarantee a processor runs with.
+type Guarantee int
+
+const (
+	// AtLeastOnce flushes outputs, then commits offsets; downstream must be idempotent.
+	AtLeastOnce Guarantee = iota
+	// ExactlyOnce commits outputs and offsets in one Kafka transaction.
+	ExactlyOnce
+)
+
+func (g Guarantee) String() string {
+	if g == ExactlyOnce {
+		return "exactly-once"
+	}
+	return "at-least-once"
+}
+
+// ParseGuarantee reads "exactly-once" or "at-least-once".
+func ParseGuarantee(s string) (Guarantee, error) {
+	switch s {
+	case "exactly-once", "eos":
+		return ExactlyOnce, nil
+	case "at-least-once", "alo":
+		return AtLeastOnce, nil
+	}
+	return 0, fmt.Errorf("streams: unknown guarantee %q (exactly-once or at-least-once)", s)
+}
+
+type config struct {
+	name           string
+	brokers        []string
+	group          string
+	inputs         []string
+	guarantee      Guarantee
+	instanceID     string
+	maxBatch       int
+	maxRecordBytes int
+	deadLetter     string
+	maxAttempts    int
+	backoffMin     time.Duration
+	backoffMax     time.Duration
+	txnTimeout     time.Duration
+	deliveryTO     time.Duration
+	shutdownTO     time.Duration
+	registry       *metrics.Registry
+	logger         *slog.Logger
+	clientOpts     []kgo.Opt
+	onCommit       func(in, out int)
+	static         bool
+}
+
+func defaults(name string) config {
+	host, _ := os.Hostname()
+	if host == "" {
+		host = "local"
+	}
+	return config{
+		name:           name,
+		group:          name,
+		guarantee:      AtLeastOnce,
+		instanceID:     host,
+		maxBatch:       10000,
+		maxRecordBytes: 1 << 20,
+		deadLetter:     schemas.TopicDeadLetter,
+		maxAttempts:    5,
+		backoffMin:     100 * time.Millisecond,
+		backoffMax:     5 * time.Second,
+		txnTimeout:     20 * time.Second,
+		deliveryTO:     2 * time.Minute,
+		shutdownTO:     30 * time.Second,
+		registry:       metrics.Default,
+		logger:         slog.Default(),
+	}
+}
+
+// Option configures a Runner.
+type Option func(*config)
+
+// Brokers sets the seed brokers.
+func Brokers(addrs ...string) Option { return func(c *config) { c.brokers = addrs } }
+
+// Inputs sets the topics consumed.
+func Inputs(topics ...string) Option { return func(c *config) { c.inputs = topics } }
+
+// Group sets the consumer group (default: the processor name).
+func Group(g string) Option { return func(c *config) { c.group = g } }
+
+// WithGuarantee chooses exactly-once or at-least-once.
+func WithGuarantee(g Guarantee) Option { return func(c *config) { c.guarantee = g } }
+
+// InstanceID names this instance; with exactly-once it forms the
+// transactional ID, so it must be stable across restarts of one instance
+// (a restart then fences its own zombie and aborts its open transaction at
+// once) and unique among live instances. Default: the host name.
+func InstanceID(id string) Option { return func(c *config) { c.instanceID = id } }
+
+// MaxBatch bounds the records processed per batch (and per transaction).
+func MaxBatch(n int) Option { return func(c *config) { c.maxBatch = n } }
+
+// MaxRecordBytes dead-letters inputs whose value is larger.
+func MaxRecordBytes(n int) Option { return func(c *config) { c.maxRecordBytes = n } }
+
+// DeadLetterTopic overrides the dead-letter topic.
+func DeadLetterTopic(t string) Option { return func(c *config) { c.deadLetter = t } }
+
+// MaxAttempts is how often a transient handler error is retried before the
+// record is dead-lettered.
+func MaxAttempts(n int) Option { return func(c *config) { c.maxAttempts = n } }
+
+// Backoff bounds the exponential back-off between retries and reconnects.
+func Backoff(min, max time.Duration) Option {
+	return func(c *config) { c.backoffMin, c.backoffMax = min, max }
+}
+
+// TransactionTimeout sets the broker-side timeout of a transaction.
+func TransactionTimeout(d time.Duration) Option { return func(c *config) { c.txnTimeout = d } }
+
+// DeliveryTimeout bounds how long a produce may retry (a broker gone away)
+// before the batch fails and the session restarts from the last commit.
+func DeliveryTimeout(d time.Duration) Option { return func(c *config) { c.deliveryTO = d } }
+
+// ShutdownTimeout bounds finishing the batch in flight at shutdown.
+func ShutdownTimeout(d time.Duration) Option { return func(c *config) { c.shutdownTO = d } }
+
+// Metrics sets the registry (default metrics.Default).
+func Metrics(r *metrics.Registry) Option { return func(c *config) { c.registry = r } }
+
+// Logger sets the logger.
+func Logger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
+
+// ClientOpts passes extra franz-go options (TLS, SASL, tuning).
+func ClientOpts(opts ...kgo.Opt) Option {
+	return func(c *config) { c.clientOpts = append(c.clientOpts, opts...) }
+}
+
+// OnCommit is called after each committed batch with its input and output
+// counts (progress reporting).
+func OnCommit(fn func(in, out int)) Option { return func(c *config) { c.onCommit = fn } }
+
+// StaticMembership joins the group with a static group.instance.id (the
+// instance ID): a restarted instance takes its partitions back at once
+// instead of waiting for the session timeout. Static members do not leave
+// the group on shutdown, so use it for restarts in place, not for scaling.
+func StaticMembership() Option { return func(c *config) { c.static = true } }

@@ -1,0 +1,398 @@
+package streams
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"surge/streams/metrics"
+)
+
+// Runner runs one processor: a handler between input and output topics.
+type Runner struct {
+	cfg     config
+	handler Handler
+	log     *slog.Logger
+
+	attempts map[recordID]int // transient failures per input, cleared on commit
+	out      Output
+
+	mIn, mOut, mDLQ, mCommitted, mAborted, mRetries, mRestarts metrics.Counter
+	mLag                                                       metrics.GaugeVec
+}
+
+type recordID struct {
+	topic     string
+	partition int32
+	offset    int64
+}
+
+// New builds a runner; it does not connect until Run.
+func New(name string, h Handler, opts ...Option) (*Runner, error) {
+	cfg := defaults(name)
+	for _, o := range opts {
+		o(&cfg)
+	}
+	switch {
+	case name == "":
+		return nil, errors.New("streams: processor needs a name")
+	case h == nil:
+		return nil, errors.New("streams: processor needs a handler")
+	case len(cfg.brokers) == 0:
+		return nil, errors.New("streams: no brokers configured")
+	case len(cfg.inputs) == 0:
+		return nil, errors.New("streams: no input topics")
+	case cfg.maxBatch <= 0:
+		return nil, errors.New("streams: max batch must be positive")
+	case cfg.guarantee == ExactlyOnce && cfg.instanceID == "":
+		return nil, errors.New("streams: exactly-once needs an instance id")
+	}
+	reg := cfg.registry
+	r := &Runner{
+		cfg:        cfg,
+		handler:    h,
+		log:        cfg.logger.With("processor", name, "guarantee", cfg.guarantee.String()),
+		attempts:   map[recordID]int{},
+		mIn:        reg.NewCounterVec("surge_records_in_total", "input records processed and committed", "processor").With(name),
+		mOut:       reg.NewCounterVec("surge_records_out_total", "output records produced and committed", "processor").With(name),
+		mDLQ:       reg.NewCounterVec("surge_dead_letters_total", "input records sent to the dead-letter topic", "processor").With(name),
+		mCommitted: reg.NewCounterVec("surge_batches_total", "batches by outcome", "processor", "outcome").With(name, "committed"),
+		mAborted:   reg.NewCounterVec("surge_batches_total", "batches by outcome", "processor", "outcome").With(name, "aborted"),
+		mRetries:   reg.NewCounterVec("surge_errors_total", "errors by kind", "processor", "kind").With(name, "handler_retry"),
+		mRestarts:  reg.NewCounterVec("surge_errors_total", "errors by kind", "processor", "kind").With(name, "session_restart"),
+		mLag:       reg.NewGaugeVec("surge_consumer_lag", "records behind the high watermark", "processor", "topic", "partition"),
+	}
+	return r, nil
+}
+
+// Run processes until ctx is cancelled, then finishes the batch in flight,
+// commits it and leaves the group. Broker failures restart the session with
+// back-off from the last commit; Run returns only on shutdown.
+func (r *Runner) Run(ctx context.Context) error {
+	backoff := r.cfg.backoffMin
+	for {
+		err := r.session(ctx)
+		if ctx.Err() != nil {
+			r.log.Info("processor stopped")
+			return nil
+		}
+		r.mRestarts.Inc()
+		r.log.Warn("session failed; restarting from the last commit", "err", err, "retry_in", backoff)
+		if !sleep(ctx, backoff) {
+			return nil
+		}
+		backoff = min(backoff*2, r.cfg.backoffMax)
+	}
+}
+
+func (r *Runner) clientOpts() []kgo.Opt {
+	opts := []kgo.Opt{
+		kgo.SeedBrokers(r.cfg.brokers...),
+		kgo.ClientID("surge-" + r.cfg.name),
+		kgo.ConsumerGroup(r.cfg.group),
+		kgo.ConsumeTopics(r.cfg.inputs...),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.RecordDeliveryTimeout(r.cfg.deliveryTO),
+		kgo.MaxBufferedRecords(max(2*r.cfg.maxBatch, 10000)),
+		kgo.ProducerBatchMaxBytes(int32(max(r.cfg.maxRecordBytes+(64<<10), 1<<20))),
+		kgo.RetryBackoffFn(func(n int) time.Duration {
+			return min(r.cfg.backoffMin<<min(n, 10), r.cfg.backoffMax)
+		}),
+		kgo.WithLogger(kgoLogger{r.log}),
+	}
+	if r.cfg.static {
+		opts = append(opts, kgo.InstanceID(r.cfg.name+"-"+r.cfg.instanceID))
+	}
+	if r.cfg.guarantee == ExactlyOnce {
+		opts = append(opts,
+			kgo.TransactionalID(r.cfg.name+"-"+r.cfg.instanceID),
+			kgo.TransactionTimeout(r.cfg.txnTimeout),
+		)
+	} else {
+		opts = append(opts, kgo.DisableAutoCommit(), kgo.BlockRebalanceOnPoll())
+	}
+	return append(opts, r.cfg.clientOpts...)
+}
+
+// session is one client lifetime.
+func (r *Runner) session(ctx context.Context) error {
+	if r.cfg.guarantee == ExactlyOnce {
+		sess, err := kgo.NewGroupTransactSession(r.clientOpts()...)
+		if err != nil {
+			return err
+		}
+		defer sess.Close()
+		if err := r.waitForBroker(ctx, sess.Client()); err != nil {
+			return err
+		}
+		return r.loop(ctx, sess.Client(), &txnCommitter{sess})
+	}
+	cl, err := kgo.NewClient(r.clientOpts()...)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	defer cl.AllowRebalance() // Close leaves the group, which is a rebalance
+	if err := r.waitForBroker(ctx, cl); err != nil {
+		return err
+	}
+	return r.loop(ctx, cl, &offsetCommitter{cl})
+}
+
+// waitForBroker pings until a broker answers, logging clearly while it does not.
+func (r *Runner) waitForBroker(ctx context.Context, cl *kgo.Client) error {
+	backoff := r.cfg.backoffMin
+	for {
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err := cl.Ping(pctx)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		r.log.Warn("no broker reachable; retrying", "brokers", r.cfg.brokers, "err", err, "retry_in", backoff)
+		if !sleep(ctx, backoff) {
+			return ctx.Err()
+		}
+		backoff = min(backoff*2, r.cfg.backoffMax)
+	}
+}
+
+// committer ends a batch: commit outputs and offsets, or abort.
+type committer interface {
+	begin() error
+	produce(ctx context.Context, recs []*kgo.Record) error
+	// commit returns false when the batch was aborted (rebalance) and will
+	// be consumed again.
+	commit(ctx context.Context) (bool, error)
+	abort(ctx context.Context) error
+	poll(ctx context.Context, n int) kgo.Fetches
+}
+
+func (r *Runner) loop(ctx context.Context, cl *kgo.Client, c committer) error {
+	for {
+		fetches := c.poll(ctx, r.cfg.maxBatch)
+		if fetches.IsClientClosed() {
+			return errors.New("client closed")
+		}
+		var fetchErr error
+		fetches.EachError(func(t string, p int32, err error) {
+			if !errors.Is(err, context.Canceled) {
+				fetchErr = fmt.Errorf("fetch %s/%d: %w", t, p, err)
+			}
+		})
+		if fetchErr != nil {
+			r.log.Warn("fetch error", "err", fetchErr)
+		}
+		recs := fetches.Records()
+		if len(recs) == 0 {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			continue
+		}
+		r.observeLag(fetches)
+
+		// The batch in flight finishes even when shutdown has begun.
+		work, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.shutdownTO)
+		committed, err := r.runBatch(work, ctx, c, recs)
+		cancel()
+		if err != nil {
+			return err
+		}
+		if committed {
+			clear(r.attempts)
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+	}
+}
+
+func (r *Runner) runBatch(work, ctx context.Context, c committer, recs []*kgo.Record) (bool, error) {
+	if err := c.begin(); err != nil {
+		return false, err
+	}
+	dlq := 0
+	backoff := r.cfg.backoffMin
+	for {
+		var err error
+		dlq, err = r.process(work, recs)
+		if err == nil {
+			break
+		}
+		// Transient: retry the batch in place (outputs are not produced
+		// yet); process dead-letters the record once attempts run out.
+		r.mRetries.Inc()
+		r.log.Warn("handler failed; retrying batch", "err", err, "retry_in", backoff)
+		if !sleep(ctx, backoff) {
+			_ = c.abort(work)
+			return false, ctx.Err()
+		}
+		backoff = min(backoff*2, r.cfg.backoffMax)
+	}
+	if err := c.produce(work, r.out.recs); err != nil {
+		_ = c.abort(work)
+		return false, fmt.Errorf("produce: %w", err)
+	}
+	ok, err := c.commit(work)
+	if err != nil {
+		return false, fmt.Errorf("commit: %w", err)
+	}
+	if !ok {
+		r.mAborted.Inc()
+		r.log.Info("batch aborted by a rebalance; it will be consumed again", "records", len(recs))
+		return false, nil
+	}
+	r.mCommitted.Inc()
+	r.mIn.Add(float64(len(recs)))
+	r.mDLQ.Add(float64(dlq))
+	r.mOut.Add(float64(len(r.out.recs) - dlq))
+	if r.cfg.onCommit != nil {
+		r.cfg.onCommit(len(recs), len(r.out.recs)-dlq)
+	}
+	return true, nil
+}
+
+// process runs the handler over a batch into r.out, dead-lettering what
+// can never succeed. It returns the dead-letter count, or a transient error.
+func (r *Runner) process(ctx context.Context, recs []*kgo.Record) (int, error) {
+	r.out.reset()
+	dlq := 0
+	toDLQ := func(in *kgo.Record, reason string) {
+		r.out.Emit(deadLetter(r.cfg.deadLetter, r.cfg.name, in, reason, r.cfg.maxRecordBytes))
+		dlq++
+	}
+	for _, in := range recs {
+		if r.cfg.maxRecordBytes > 0 && len(in.Value) > r.cfg.maxRecordBytes {
+			toDLQ(in, fmt.Sprintf("oversized record: %d bytes > %d", len(in.Value), r.cfg.maxRecordBytes))
+			continue
+		}
+		mark := len(r.out.recs)
+		err := r.handler(ctx, in, &r.out)
+		if err == nil {
+			continue
+		}
+		r.out.recs = r.out.recs[:mark] // a failed record emits nothing
+		if IsReject(err) {
+			toDLQ(in, err.Error())
+			continue
+		}
+		id := recordID{in.Topic, in.Partition, in.Offset}
+		r.attempts[id]++
+		if r.attempts[id] >= r.cfg.maxAttempts {
+			toDLQ(in, "retries exhausted: "+err.Error())
+			continue
+		}
+		return 0, fmt.Errorf("%s/%d@%d: %w", in.Topic, in.Partition, in.Offset, err)
+	}
+	return dlq, nil
+}
+
+func (r *Runner) observeLag(f kgo.Fetches) {
+	f.EachPartition(func(p kgo.FetchTopicPartition) {
+		if n := len(p.Records); n > 0 {
+			lag := p.HighWatermark - p.Records[n-1].Offset - 1
+			r.mLag.With(r.cfg.name, p.Topic, strconv.Itoa(int(p.Partition))).Set(float64(max(lag, 0)))
+		}
+	})
+}
+
+// produceAll produces records asynchronously and waits for all of them.
+func produceAll(ctx context.Context, produce func(context.Context, *kgo.Record, func(*kgo.Record, error)), recs []*kgo.Record) error {
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		first error
+	)
+	wg.Add(len(recs))
+	for _, rec := range recs {
+		produce(ctx, rec, func(_ *kgo.Record, err error) {
+			if err != nil {
+				mu.Lock()
+				if first == nil {
+					first = err
+				}
+				mu.Unlock()
+			}
+			wg.Done()
+		})
+	}
+	wg.Wait()
+	return first
+}
+
+type txnCommitter struct{ s *kgo.GroupTransactSession }
+
+func (t *txnCommitter) poll(ctx context.Context, n int) kgo.Fetches { return t.s.PollRecords(ctx, n) }
+func (t *txnCommitter) begin() error                               { return t.s.Begin() }
+func (t *txnCommitter) produce(ctx context.Context, recs []*kgo.Record) error {
+	return produceAll(ctx, t.s.Produce, recs)
+}
+func (t *txnCommitter) commit(ctx context.Context) (bool, error) { return t.s.End(ctx, kgo.TryCommit) }
+func (t *txnCommitter) abort(ctx context.Context) error {
+	_, err := t.s.End(ctx, kgo.TryAbort)
+	return err
+}
+
+type offsetCommitter struct{ cl *kgo.Client }
+
+// poll blocks rebalances until the batch is committed (BlockRebalanceOnPoll),
+// so a revoked partition never has its batch committed by the old owner.
+func (o *offsetCommitter) poll(ctx context.Context, n int) kgo.Fetches {
+	f := o.cl.PollRecords(ctx, n)
+	if f.NumRecords() == 0 {
+		o.cl.AllowRebalance() // nothing to commit; never hold the group up
+	}
+	return f
+}
+func (o *offsetCommitter) begin() error                               { return nil }
+func (o *offsetCommitter) produce(ctx context.Context, recs []*kgo.Record) error {
+	return produceAll(ctx, o.cl.Produce, recs)
+}
+func (o *offsetCommitter) commit(ctx context.Context) (bool, error) {
+	defer o.cl.AllowRebalance()
+	if err := o.cl.CommitUncommittedOffsets(ctx); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// abort: outputs already produced stay (at-least-once); offsets are not
+// committed, so the batch is consumed again by the next session.
+func (o *offsetCommitter) abort(context.Context) error {
+	o.cl.AllowRebalance()
+	return nil
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// kgoLogger forwards franz-go's warnings and errors to slog.
+type kgoLogger struct{ l *slog.Logger }
+
+func (k kgoLogger) Level() kgo.LogLevel { return kgo.LogLevelWarn }
+func (k kgoLogger) Log(level kgo.LogLevel, msg string, kv ...any) {
+	if level == kgo.LogLevelError {
+		k.l.Error("kafka: "+msg, kv...)
+	} else {
+		k.l.Warn("kafka: "+msg, kv...)
+	}
+}

@@ -1,0 +1,132 @@
+// Package streamstest runs Kafka tests against every configured backend:
+// always the embedded kfake broker, and a real Apache Kafka broker when
+// SURGE_TEST_KAFKA names one (scripts/test.sh starts it). With
+// SURGE_TEST_REQUIRE_REAL=1 a missing real broker fails the test instead of
+// skipping it, so CI cannot pass on kfake alone.
+package streamstest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"surge/schemas"
+	"surge/streams"
+	"surge/streams/embedded"
+)
+
+// Backend is one Kafka to test against.
+type Backend struct {
+	Name    string
+	Brokers []string
+	Real    bool
+}
+
+// Each runs fn as a subtest per backend.
+func Each(t *testing.T, fn func(t *testing.T, b Backend)) {
+	t.Helper()
+	t.Run("kfake", func(t *testing.T) {
+		k, err := embedded.StartKafka(0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(k.Close)
+		fn(t, Backend{Name: "kfake", Brokers: k.Brokers()})
+	})
+	t.Run("kafka", func(t *testing.T) {
+		b, ok := Real()
+		if !ok {
+			if os.Getenv("SURGE_TEST_REQUIRE_REAL") == "1" {
+				t.Fatal("SURGE_TEST_REQUIRE_REAL=1 but SURGE_TEST_KAFKA is not set")
+			}
+			t.Skip("no real broker: set SURGE_TEST_KAFKA (scripts/kafka.sh start)")
+		}
+		fn(t, b)
+	})
+}
+
+// Real returns the real broker backend if one is configured.
+func Real() (Backend, bool) {
+	addr := os.Getenv("SURGE_TEST_KAFKA")
+	if addr == "" {
+		return Backend{}, false
+	}
+	return Backend{Name: "kafka", Brokers: strings.Split(addr, ","), Real: true}, true
+}
+
+// Unique returns name with a random suffix, so tests never share topics or groups.
+func Unique(name string) string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return name + "-" + hex.EncodeToString(b[:])
+}
+
+// Client returns a plain client closed with the test.
+func Client(t testing.TB, brokers []string, opts ...kgo.Opt) *kgo.Client {
+	t.Helper()
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(brokers...)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	return cl
+}
+
+// CreateTopics creates fresh topics with the given partition count.
+func CreateTopics(t testing.TB, brokers []string, partitions int32, names ...string) {
+	t.Helper()
+	cl := Client(t, brokers)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, n := range names {
+		tp := schemas.Topic{Name: n, Partitions: partitions, Retention: 24 * time.Hour}
+		if err := streams.EnsureTopics(ctx, cl, 1, tp); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// ProduceSync produces records and fails the test on any error.
+func ProduceSync(t testing.TB, cl *kgo.Client, recs ...*kgo.Record) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// ReadN reads topic from the start with the given isolation until n records
+// arrived or the timeout passed, and returns what it read; it keeps reading
+// for settle afterwards so that extra (duplicate) records are seen too.
+func ReadN(t testing.TB, brokers []string, topic string, committedOnly bool, n int, timeout, settle time.Duration) []*kgo.Record {
+	t.Helper()
+	iso := kgo.ReadUncommitted()
+	if committedOnly {
+		iso = kgo.ReadCommitted()
+	}
+	cl := Client(t, brokers, kgo.ConsumeTopics(topic), kgo.FetchIsolationLevel(iso),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	var out []*kgo.Record
+	deadline := time.Now().Add(timeout)
+	var settleUntil time.Time
+	for {
+		now := time.Now()
+		if !settleUntil.IsZero() && now.After(settleUntil) || settleUntil.IsZero() && now.After(deadline) {
+			return out
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		f := cl.PollFetches(ctx)
+		cancel()
+		out = append(out, f.Records()...)
+		if len(out) >= n && settleUntil.IsZero() {
+			settleUntil = time.Now().Add(settle)
+		}
+	}
+}
