@@ -61,6 +61,7 @@ type config struct {
 	clientOpts     []kgo.Opt
 	onCommit       func(in, out int)
 	static         bool
+	onBatchEnd     func(committed bool)
 }
 
 func defaults(name string) config {
@@ -156,3 +157,9 @@ func OnCommit(fn func(in, out int)) Option { return func(c *config) { c.onCommit
 // instead of waiting for the session timeout. Static members do not leave
 // the group on shutdown, so use it for restarts in place, not for scaling.
 func StaticMembership() Option { return func(c *config) { c.static = true } }
+
+// OnBatchEnd is called once per batch after it ends: committed is false when
+// it was aborted and will be consumed again. A processor that caches state
+// stages its changes during the batch and applies them here only on commit,
+// so a replayed batch sees the state it saw the first time.
+func OnBatchEnd(fn func(committed bool)) Option { return func(c *config) { c.onBatchEnd = fn } }

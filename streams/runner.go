@@ -206,6 +206,9 @@ func (r *Runner) loop(ctx context.Context, cl *kgo.Client, c committer) error {
 		work, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.shutdownTO)
 		committed, err := r.runBatch(work, ctx, c, recs)
 		cancel()
+		if r.cfg.onBatchEnd != nil {
+			r.cfg.onBatchEnd(committed && err == nil)
+		}
 		if err != nil {
 			return err
 		}
@@ -334,7 +337,7 @@ func produceAll(ctx context.Context, produce func(context.Context, *kgo.Record, 
 type txnCommitter struct{ s *kgo.GroupTransactSession }
 
 func (t *txnCommitter) poll(ctx context.Context, n int) kgo.Fetches { return t.s.PollRecords(ctx, n) }
-func (t *txnCommitter) begin() error                               { return t.s.Begin() }
+func (t *txnCommitter) begin() error                                { return t.s.Begin() }
 func (t *txnCommitter) produce(ctx context.Context, recs []*kgo.Record) error {
 	return produceAll(ctx, t.s.Produce, recs)
 }
@@ -355,7 +358,7 @@ func (o *offsetCommitter) poll(ctx context.Context, n int) kgo.Fetches {
 	}
 	return f
 }
-func (o *offsetCommitter) begin() error                               { return nil }
+func (o *offsetCommitter) begin() error { return nil }
 func (o *offsetCommitter) produce(ctx context.Context, recs []*kgo.Record) error {
 	return produceAll(ctx, o.cl.Produce, recs)
 }

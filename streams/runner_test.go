@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"surge/schemas/surgev1"
@@ -371,14 +372,40 @@ func crashTest(t *testing.T, b streamstest.Backend, g streams.Guarantee) {
 		}
 		return cmd
 	}
-	for i, after := range []time.Duration{2500 * time.Millisecond, 1700 * time.Millisecond, 2100 * time.Millisecond} {
+	// Each kill waits for fresh progress on the output, then lands a moment
+	// later, so it hits a processor in the middle of its work.
+	adm := kadm.NewClient(cl)
+	endOffsets := func() int64 {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		offs, err := adm.ListEndOffsets(ctx, out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var sum int64
+		offs.Each(func(o kadm.ListedOffset) { sum += o.Offset })
+		return sum
+	}
+	for i := 0; i < 3; i++ {
+		before := endOffsets()
 		cmd := start()
-		time.Sleep(after)
+		deadline := time.Now().Add(60 * time.Second)
+		for endOffsets() < before+2000 {
+			if time.Now().After(deadline) {
+				t.Fatal("child made no progress in 60s")
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		time.Sleep(time.Duration(100+150*i) * time.Millisecond)
 		if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
 		_ = cmd.Wait()
-		t.Logf("kill %d after %v", i+1, after)
+		done := len(streamstest.ReadN(t, b.Brokers, out, true, n, 3*time.Second, 0))
+		if done >= n {
+			t.Fatalf("kill %d came after the work was finished; the test proves nothing", i+1)
+		}
+		t.Logf("kill %d: %d of %d outputs committed", i+1, done, n)
 	}
 	final := start()
 	defer func() { _ = final.Process.Kill(); _ = final.Wait() }()
@@ -412,7 +439,7 @@ func TestChildProcessor(t *testing.T) {
 	}
 	// Slow enough that a kill lands inside a batch, not between them.
 	slow := func(ctx context.Context, r *kgo.Record, o *streams.Output) error {
-		if r.Offset%50 == 0 {
+		if r.Offset%5 == 0 {
 			time.Sleep(time.Millisecond)
 		}
 		return echo(os.Getenv("SURGE_CHILD_OUT"))(ctx, r, o)
@@ -427,4 +454,3 @@ func TestChildProcessor(t *testing.T) {
 	}
 	_ = r.Run(context.Background()) // runs until killed
 }
-
