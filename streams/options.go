@@ -1,6 +1,7 @@
 package streams
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"os"
@@ -62,6 +63,7 @@ type config struct {
 	onCommit       func(in, out int)
 	static         bool
 	onBatchEnd     func(committed bool)
+	beforeCommit   func(ctx context.Context) error
 }
 
 func defaults(name string) config {
@@ -163,3 +165,10 @@ func StaticMembership() Option { return func(c *config) { c.static = true } }
 // stages its changes during the batch and applies them here only on commit,
 // so a replayed batch sees the state it saw the first time.
 func OnBatchEnd(fn func(committed bool)) Option { return func(c *config) { c.onBatchEnd = fn } }
+
+// BeforeCommit is called after a batch is processed and before its outputs
+// and offsets commit; an error retries the batch (with back-off), so a sink
+// that writes its rows here never commits offsets for rows it did not write.
+func BeforeCommit(fn func(ctx context.Context) error) Option {
+	return func(c *config) { c.beforeCommit = fn }
+}

@@ -243,6 +243,21 @@ func (r *Runner) runBatch(work, ctx context.Context, c committer, recs []*kgo.Re
 		}
 		backoff = min(backoff*2, r.cfg.backoffMax)
 	}
+	// A sink's write is retried alone (the handler already ran) until it
+	// succeeds or shutdown: a store that is down delays, never drops, rows.
+	for backoff = r.cfg.backoffMin; r.cfg.beforeCommit != nil; {
+		err := r.cfg.beforeCommit(work)
+		if err == nil {
+			break
+		}
+		r.mRetries.Inc()
+		r.log.Warn("write before commit failed; retrying", "err", err, "retry_in", backoff)
+		if !sleep(ctx, backoff) {
+			_ = c.abort(work)
+			return false, ctx.Err()
+		}
+		backoff = min(backoff*2, r.cfg.backoffMax)
+	}
 	if err := c.produce(work, r.out.recs); err != nil {
 		_ = c.abort(work)
 		return false, fmt.Errorf("produce: %w", err)

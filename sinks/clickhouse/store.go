@@ -1,0 +1,93 @@
+// Package clickhouse writes topic records into ClickHouse tables and reads
+// them back for reconciliation. One code path serves two drivers: chDB (the
+// ClickHouse engine in-process, for the embedded mode and the tests) and
+// clickhouse-go v2 (a ClickHouse server). Both run the same DDL and SQL.
+package clickhouse
+
+import (
+	"context"
+	"embed"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// Store is what sinks and reports need from ClickHouse.
+type Store interface {
+	// Exec runs a statement (DDL or INSERT ... VALUES).
+	Exec(ctx context.Context, sql string) error
+	// QueryStrings runs a SELECT and returns each row as strings.
+	QueryStrings(ctx context.Context, sql string) ([][]string, error)
+	Close() error
+}
+
+//go:embed migrations/*.sql
+var migrationFiles embed.FS
+
+// Migrate applies, in order, every migration in migrations/ not yet
+// recorded in schema_migrations. Each file is one statement; a file that
+// fails stops the migration and is reported with its name.
+func Migrate(ctx context.Context, s Store) ([]string, error) {
+	if err := s.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
+		version UInt32, name String, applied_at DateTime DEFAULT now()
+	) ENGINE = MergeTree ORDER BY version`); err != nil {
+		return nil, fmt.Errorf("clickhouse: schema_migrations: %w", err)
+	}
+	rows, err := s.QueryStrings(ctx, "SELECT version FROM schema_migrations")
+	if err != nil {
+		return nil, err
+	}
+	applied := map[int]bool{}
+	for _, r := range rows {
+		v, _ := strconv.Atoi(r[0])
+		applied[v] = true
+	}
+	entries, err := migrationFiles.ReadDir("migrations")
+	if err != nil {
+		return nil, err
+	}
+	sort.Slice(entries, func(i, j int) bool { return entries[i].Name() < entries[j].Name() })
+	var did []string
+	for _, e := range entries {
+		name := e.Name()
+		v, err := strconv.Atoi(strings.SplitN(name, "_", 2)[0])
+		if err != nil {
+			return did, fmt.Errorf("clickhouse: migration %s: name must start with a number", name)
+		}
+		if applied[v] {
+			continue
+		}
+		body, _ := migrationFiles.ReadFile("migrations/" + name)
+		if err := s.Exec(ctx, string(body)); err != nil {
+			return did, fmt.Errorf("clickhouse: migration %s: %w", name, err)
+		}
+		if err := s.Exec(ctx, fmt.Sprintf("INSERT INTO schema_migrations (version, name) VALUES (%d, %s)", v, Quote(name))); err != nil {
+			return did, err
+		}
+		did = append(did, name)
+	}
+	return did, nil
+}
+
+// Quote renders s as a ClickHouse string literal.
+func Quote(s string) string {
+	var b strings.Builder
+	b.Grow(len(s) + 2)
+	b.WriteByte('\'')
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; c {
+		case '\'', '\\':
+			b.WriteByte('\\')
+			b.WriteByte(c)
+		case '\n':
+			b.WriteString(`\n`)
+		case 0:
+			b.WriteString(`\0`)
+		default:
+			b.WriteByte(c)
+		}
+	}
+	b.WriteByte('\'')
+	return b.String()
+}
