@@ -1,0 +1,253 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"surge/schemas"
+	"surge/streams"
+)
+
+func needBrokers(bs []string) error {
+	if len(bs) == 0 {
+		return fmt.Errorf("no brokers: set --kafka.brokers, SURGE_KAFKA_BROKERS or kafka.brokers in the config file")
+	}
+	return nil
+}
+
+func cmdRun(ctx context.Context, args []string) error {
+	v, fs, err := loadConfig("run", args, nil)
+	if err != nil {
+		return err
+	}
+	if fs.NArg() != 1 {
+		return fmt.Errorf("run takes one component name: %v", components)
+	}
+	log := newLogger(v)
+	bs := brokers(v)
+	if err := needBrokers(bs); err != nil {
+		return err
+	}
+	name := fs.Arg(0)
+	var store interface{ Close() error }
+	opts, err := runnerOptions(v, log)
+	if err != nil {
+		return err
+	}
+	serveMetrics(ctx, v, log)
+	if strings.HasPrefix(name, "sink-") {
+		st, err := openStore(ctx, v.GetString("clickhouse.dsn"), v.GetString("clickhouse.chdb_dir"), log)
+		if err != nil {
+			return err
+		}
+		store = st
+		defer store.Close()
+		p, err := startPipeline(ctx, log, bs, st, []string{name}, map[string][]streams.Option{name: opts})
+		if err != nil {
+			return err
+		}
+		return p.wait()
+	}
+	p, err := startPipeline(ctx, log, bs, nil, []string{name}, map[string][]streams.Option{name: opts})
+	if err != nil {
+		return err
+	}
+	return p.wait()
+}
+
+func cmdTopics(ctx context.Context, args []string) error {
+	var create bool
+	v, _, err := loadConfig("topics", args, func(fs *pflag.FlagSet) {
+		fs.BoolVar(&create, "create", false, "create every registry topic that does not exist")
+	})
+	if err != nil {
+		return err
+	}
+	if !create {
+		fmt.Printf("%-22s %-26s %-5s %-12s %s\n", "TOPIC", "SCHEMA", "PARTS", "RETENTION", "KEY")
+		for _, t := range schemas.Topics {
+			ret := "compacted"
+			if !t.Compacted {
+				ret = fmt.Sprintf("%dd", int(t.Retention.Hours()/24))
+			}
+			sch := t.Schema
+			if sch == "" {
+				sch = "(any, dead letters)"
+			}
+			fmt.Printf("%-22s %-26s %-5d %-12s %s\n", t.Name, sch, t.Partitions, ret, t.Key)
+		}
+		return nil
+	}
+	bs := brokers(v)
+	if err := needBrokers(bs); err != nil {
+		return err
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(bs...))
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	if err := streams.EnsureTopics(ctx, cl, int16(v.GetInt("kafka.replication")), schemas.Topics...); err != nil {
+		return err
+	}
+	fmt.Printf("%d topics ensured\n", len(schemas.Topics))
+	return nil
+}
+
+func cmdProduce(ctx context.Context, args []string) error {
+	var topic, body, key string
+	v, _, err := loadConfig("produce", args, func(fs *pflag.FlagSet) {
+		fs.StringVar(&topic, "topic", "", "registry topic")
+		fs.StringVar(&body, "json", "", "the record in protobuf JSON form")
+		fs.StringVar(&key, "key", "", "record key")
+	})
+	if err != nil {
+		return err
+	}
+	tp, err := schemas.TopicByName(topic)
+	if err != nil {
+		return err
+	}
+	s, ok := schemas.Lookup(tp.Schema)
+	if !ok {
+		return fmt.Errorf("topic %s carries no fixed schema", topic)
+	}
+	msg := s.New()
+	if err := protojson.Unmarshal([]byte(body), msg); err != nil {
+		return fmt.Errorf("--json is not a valid %s: %w", s.Name, err)
+	}
+	rec, err := streams.NewRecord(tp.Name, []byte(key), msg)
+	if err != nil {
+		return err
+	}
+	bs := brokers(v)
+	if err := needBrokers(bs); err != nil {
+		return err
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(bs...))
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	r, err := cl.ProduceSync(ctx, rec).First()
+	if err != nil {
+		return err
+	}
+	fmt.Printf("produced %s/%d@%d\n", r.Topic, r.Partition, r.Offset)
+	return nil
+}
+
+// recordJSON renders a record with its decoded value.
+func recordJSON(r *kgo.Record) map[string]any {
+	out := map[string]any{"topic": r.Topic, "partition": r.Partition, "offset": r.Offset,
+		"timestamp": r.Timestamp.UTC().Format(time.RFC3339Nano), "key": fmt.Sprintf("%x", r.Key)}
+	hdrs := map[string]string{}
+	for _, h := range r.Headers {
+		hdrs[h.Key] = string(h.Value)
+	}
+	out["headers"] = hdrs
+	if s, ok := schemas.Lookup(hdrs[schemas.HeaderSchema]); ok {
+		m := s.New()
+		if err := streams.Decode(r, m); err == nil {
+			b, _ := protojson.Marshal(m)
+			out["value"] = json.RawMessage(b)
+			return out
+		} else {
+			out["decode_error"] = err.Error()
+		}
+	}
+	out["value_hex"] = fmt.Sprintf("%x", r.Value)
+	return out
+}
+
+func cmdConsume(ctx context.Context, args []string) error {
+	var topic string
+	var maxN int
+	v, _, err := loadConfig("consume", args, func(fs *pflag.FlagSet) {
+		fs.StringVar(&topic, "topic", "", "topic to print")
+		fs.IntVar(&maxN, "max", 0, "stop after N records (0 = all currently in the topic)")
+	})
+	if err != nil {
+		return err
+	}
+	bs := brokers(v)
+	if err := needBrokers(bs); err != nil {
+		return err
+	}
+	enc := json.NewEncoder(os.Stdout)
+	n := 0
+	stopAt := fmt.Errorf("max reached")
+	err = streams.ReadToEnd(ctx, bs, topic, func(r *kgo.Record) error {
+		if err := enc.Encode(recordJSON(r)); err != nil {
+			return err
+		}
+		if n++; maxN > 0 && n >= maxN {
+			return stopAt
+		}
+		return nil
+	})
+	if err == stopAt {
+		return nil
+	}
+	return err
+}
+
+func cmdReplay(ctx context.Context, args []string) error {
+	var topic, into, since string
+	var offset int64
+	v, _, err := loadConfig("replay", args, func(fs *pflag.FlagSet) {
+		fs.StringVar(&topic, "topic", "", "topic to re-read")
+		fs.Int64Var(&offset, "offset", 0, "start offset in every partition (0 = earliest retained)")
+		fs.StringVar(&since, "since", "", "start at the first record at or after this RFC 3339 time")
+		fs.StringVar(&into, "into", "", "produce the records to this topic (empty: print them)")
+	})
+	if err != nil {
+		return err
+	}
+	bs := brokers(v)
+	if err := needBrokers(bs); err != nil {
+		return err
+	}
+	from := streams.ReplayFrom{Offset: offset}
+	if since != "" {
+		if from.Time, err = time.Parse(time.RFC3339, since); err != nil {
+			return fmt.Errorf("--since: %w", err)
+		}
+	}
+	var cl *kgo.Client
+	if into != "" {
+		if cl, err = kgo.NewClient(kgo.SeedBrokers(bs...)); err != nil {
+			return err
+		}
+		defer cl.Close()
+	}
+	enc := json.NewEncoder(os.Stdout)
+	n := 0
+	start := time.Now()
+	err = streams.Replay(ctx, bs, topic, from, func(r *kgo.Record) error {
+		n++
+		if n%100000 == 0 {
+			fmt.Fprintf(os.Stderr, "\rreplayed %d records (%.0f/s)", n, float64(n)/time.Since(start).Seconds())
+		}
+		if cl == nil {
+			return enc.Encode(recordJSON(r))
+		}
+		cl.Produce(ctx, &kgo.Record{Topic: into, Key: r.Key, Value: r.Value, Headers: r.Headers}, nil)
+		return nil
+	})
+	if cl != nil {
+		if ferr := cl.Flush(ctx); err == nil {
+			err = ferr
+		}
+	}
+	fmt.Fprintf(os.Stderr, "\rreplayed %d records from %s in %v\n", n, topic, time.Since(start).Round(time.Millisecond))
+	return err
+}

@@ -1,0 +1,101 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+	"github.com/spf13/viper"
+)
+
+// Every option, its default and what it does. Each is settable in the
+// config file (--config, YAML/TOML/JSON, nested by the dots), by env
+// (SURGE_ + upper case, dots as underscores: SURGE_KAFKA_BROKERS) and by
+// flag (--kafka.brokers). Flags win over env, env over the file.
+var options = []struct {
+	key  string
+	def  any
+	help string
+}{
+	{"kafka.brokers", "", "comma-separated seed brokers; empty in `embedded` starts an in-process kfake broker"},
+	{"kafka.replication", 1, "replication factor for topics created by `topics create` and `embedded`"},
+	{"processor.guarantee", "", "override a processor's delivery guarantee: exactly-once or at-least-once"},
+	{"processor.instance_id", "", "stable id of this instance (transactional id); default the host name"},
+	{"processor.max_batch", 10000, "records per batch / transaction"},
+	{"processor.max_record_bytes", 1 << 20, "larger inputs are dead-lettered"},
+	{"processor.max_attempts", 5, "transient failures per record before it is dead-lettered"},
+	{"processor.shutdown_timeout", 30 * time.Second, "how long shutdown may take to finish the batch in flight"},
+	{"clickhouse.dsn", "", "ClickHouse server DSN (clickhouse://host:9000/db); empty uses embedded chDB"},
+	{"clickhouse.chdb_dir", "", "chDB data directory in embedded mode; empty is a temporary one"},
+	{"metrics.addr", "127.0.0.1:9464", "address of the Prometheus /metrics endpoint; empty disables it"},
+	{"log.level", "info", "debug, info, warn or error"},
+	{"demo.users", 200000, "`embedded`: users in the generated login traffic; 0 serves until interrupted"},
+	{"demo.seed", 1, "`embedded`: random seed of the generated traffic"},
+}
+
+// loadConfig parses flags for one command into a viper instance.
+func loadConfig(name string, args []string, extra func(*pflag.FlagSet)) (*viper.Viper, *pflag.FlagSet, error) {
+	fs := pflag.NewFlagSet(name, pflag.ContinueOnError)
+	fs.String("config", "", "config file (YAML, TOML or JSON)")
+	for _, o := range options {
+		switch d := o.def.(type) {
+		case string:
+			fs.String(o.key, d, o.help)
+		case int:
+			fs.Int(o.key, d, o.help)
+		case time.Duration:
+			fs.Duration(o.key, d, o.help)
+		}
+	}
+	if extra != nil {
+		extra(fs)
+	}
+	fs.Usage = func() {
+		fmt.Fprintf(os.Stderr, "usage: surge %s [flags]\n%s", name, fs.FlagUsages())
+	}
+	if err := fs.Parse(args); err != nil {
+		return nil, nil, err
+	}
+	v := viper.New()
+	for _, o := range options {
+		v.SetDefault(o.key, o.def)
+	}
+	v.SetEnvPrefix("SURGE")
+	v.SetEnvKeyReplacer(strings.NewReplacer(".", "_"))
+	v.AutomaticEnv()
+	if f, _ := fs.GetString("config"); f != "" {
+		v.SetConfigFile(f)
+		if err := v.ReadInConfig(); err != nil {
+			return nil, nil, fmt.Errorf("config %s: %w", f, err)
+		}
+	}
+	if err := v.BindPFlags(fs); err != nil {
+		return nil, nil, err
+	}
+	return v, fs, nil
+}
+
+func brokers(v *viper.Viper) []string {
+	var out []string
+	for _, b := range strings.Split(v.GetString("kafka.brokers"), ",") {
+		if b = strings.TrimSpace(b); b != "" {
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
+// printConfig shows the effective configuration, sorted.
+func printConfig(v *viper.Viper) {
+	keys := make([]string, 0, len(options))
+	for _, o := range options {
+		keys = append(keys, o.key)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		fmt.Printf("%-28s = %v\n", k, v.Get(k))
+	}
+}

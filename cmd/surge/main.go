@@ -1,0 +1,136 @@
+// Command surge runs the product's streaming pipeline: its processors and
+// sinks, an embedded stack for a machine with no servers, and operator
+// helpers to list topics, produce, consume and replay records.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/spf13/pflag"
+	"github.com/spf13/viper"
+
+	"surge/streams"
+	"surge/streams/metrics"
+)
+
+const usage = `surge: the streaming back end (mass push, reward wallet, uin recycling)
+
+usage: surge <command> [flags]     (surge <command> --help for its flags)
+
+commands:
+  embedded   start in-process Kafka (kfake) and ClickHouse (chDB), create every
+             topic, run the processors and sinks, drive generated login
+             traffic with a progress bar, print a summary
+  run NAME   run one processor or sink against the configured servers
+             (names: presence, sink-dead-letters, sink-presence)
+  topics     list the topic registry; --create creates the topics
+  produce    produce one record: --topic T --json '{...}' [--key K]
+  consume    print a topic's records as JSON: --topic T [--max N]
+  replay     re-read a topic from --offset N or --since TIME into --into TOPIC
+             (or print it)
+  config     print the effective configuration
+`
+
+func main() {
+	if len(os.Args) < 2 || os.Args[1] == "-h" || os.Args[1] == "--help" || os.Args[1] == "help" {
+		fmt.Print(usage)
+		return
+	}
+	cmd, args := os.Args[1], os.Args[2:]
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	var err error
+	switch cmd {
+	case "embedded":
+		err = cmdEmbedded(ctx, args)
+	case "run":
+		err = cmdRun(ctx, args)
+	case "topics":
+		err = cmdTopics(ctx, args)
+	case "produce":
+		err = cmdProduce(ctx, args)
+	case "consume":
+		err = cmdConsume(ctx, args)
+	case "replay":
+		err = cmdReplay(ctx, args)
+	case "config":
+		var v *viper.Viper
+		if v, _, err = loadConfig("config", args, nil); err == nil {
+			printConfig(v)
+		}
+	default:
+		fmt.Fprintf(os.Stderr, "surge: unknown command %q\n\n%s", cmd, usage)
+		os.Exit(2)
+	}
+	if errors.Is(err, pflag.ErrHelp) {
+		return
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "surge:", err)
+		os.Exit(1)
+	}
+}
+
+func newLogger(v *viper.Viper) *slog.Logger {
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(v.GetString("log.level"))); err != nil {
+		lvl = slog.LevelInfo
+	}
+	l := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+	slog.SetDefault(l)
+	return l
+}
+
+// serveMetrics exposes the default registry until ctx ends.
+func serveMetrics(ctx context.Context, v *viper.Viper, log *slog.Logger) {
+	addr := v.GetString("metrics.addr")
+	if addr == "" {
+		return
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", metrics.Default.Handler())
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	srv := &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Warn("metrics endpoint not served", "addr", addr, "err", err)
+		}
+	}()
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	log.Info("metrics", "url", "http://"+addr+"/metrics")
+}
+
+// runnerOptions turns processor.* config into runtime options.
+func runnerOptions(v *viper.Viper, log *slog.Logger) ([]streams.Option, error) {
+	opts := []streams.Option{
+		streams.Logger(log),
+		streams.MaxBatch(v.GetInt("processor.max_batch")),
+		streams.MaxRecordBytes(v.GetInt("processor.max_record_bytes")),
+		streams.MaxAttempts(v.GetInt("processor.max_attempts")),
+		streams.ShutdownTimeout(v.GetDuration("processor.shutdown_timeout")),
+	}
+	if id := v.GetString("processor.instance_id"); id != "" {
+		opts = append(opts, streams.InstanceID(id))
+	}
+	if g := v.GetString("processor.guarantee"); g != "" {
+		gg, err := streams.ParseGuarantee(g)
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, streams.WithGuarantee(gg))
+	}
+	return opts, nil
+}

@@ -1,0 +1,96 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+
+	"surge/processors/presence"
+	"surge/schemas"
+	"surge/sinks/clickhouse"
+	"surge/streams"
+)
+
+// pipeline is the set of processors and sinks that run together.
+type pipeline struct {
+	presence *presence.Processor
+	wg       sync.WaitGroup
+	mu       sync.Mutex
+	errs     []error
+}
+
+// component names accepted by `surge run`.
+var components = []string{"presence", "sink-dead-letters", "sink-presence"}
+
+// start runs the named components (all when names is empty) until ctx ends.
+// store may be nil when no sink is named.
+func startPipeline(ctx context.Context, log *slog.Logger, brokers []string, store clickhouse.Store, names []string, opts map[string][]streams.Option) (*pipeline, error) {
+	if len(names) == 0 {
+		names = components
+	}
+	p := &pipeline{}
+	for _, name := range names {
+		var run func(context.Context) error
+		o := opts[name]
+		switch name {
+		case "presence":
+			p.presence = presence.New(schemas.TopicPresence)
+			run = func(ctx context.Context) error { return p.presence.Run(ctx, brokers, o...) }
+		case "sink-dead-letters", "sink-presence":
+			if store == nil {
+				return nil, fmt.Errorf("%s needs ClickHouse", name)
+			}
+			s := clickhouse.DeadLetters()
+			if name == "sink-presence" {
+				s = clickhouse.Presence()
+			}
+			s.Bind(store)
+			run = func(ctx context.Context) error { return s.Run(ctx, brokers, o...) }
+		default:
+			return nil, fmt.Errorf("unknown component %q (have %v)", name, components)
+		}
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			log.Info("component started", "name", name)
+			if err := run(ctx); err != nil {
+				p.mu.Lock()
+				p.errs = append(p.errs, fmt.Errorf("%s: %w", name, err))
+				p.mu.Unlock()
+			}
+		}()
+	}
+	return p, nil
+}
+
+// wait blocks until every component stopped and returns their errors.
+func (p *pipeline) wait() error {
+	p.wg.Wait()
+	if len(p.errs) > 0 {
+		return fmt.Errorf("%v", p.errs)
+	}
+	return nil
+}
+
+func openStore(ctx context.Context, dsn, chdbDir string, log *slog.Logger) (clickhouse.Store, error) {
+	var (
+		st  clickhouse.Store
+		err error
+	)
+	if dsn != "" {
+		st, err = clickhouse.OpenServer(ctx, dsn)
+	} else {
+		st, err = clickhouse.OpenChDB(chdbDir)
+	}
+	if err != nil {
+		return nil, err
+	}
+	applied, err := clickhouse.Migrate(ctx, st)
+	if err != nil {
+		_ = st.Close()
+		return nil, err
+	}
+	log.Info("clickhouse ready", "server", dsn != "", "migrations_applied", applied)
+	return st, nil
+}
