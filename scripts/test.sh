@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The test command: starts the real components the tests need (Apache Kafka
+# in KRaft mode from Maven Central, chDB from npm), then runs every Go test
+# against both the embedded kfake broker and the real one. Safe to re-run.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$root"
+trap 'scripts/kafka.sh stop >/dev/null 2>&1 || true' EXIT
+scripts/kafka.sh start
+CHDB_LIB_PATH="$(scripts/chdb.sh)"
+export CHDB_LIB_PATH
+export SURGE_TEST_KAFKA="127.0.0.1:${KAFKA_PORT:-19092}" SURGE_TEST_REQUIRE_REAL=1
+go vet ./...
+go test -count=1 -timeout 40m "$@" ./...
