@@ -1,0 +1,23 @@
+//go:build nochdb
+
+package clickhouse
+
+import (
+	"context"
+	"errors"
+)
+
+// ChDB is absent from this build (-tags nochdb, for server deployments that
+// use a ClickHouse server and ship no libchdb.so).
+type ChDB struct{}
+
+// OpenChDB always fails in a nochdb build.
+func OpenChDB(string) (*ChDB, error) {
+	return nil, errors.New("built with -tags nochdb: set clickhouse.dsn to a ClickHouse server")
+}
+
+func (*ChDB) Exec(context.Context, string) error { return errors.ErrUnsupported }
+func (*ChDB) QueryStrings(context.Context, string) ([][]string, error) {
+	return nil, errors.ErrUnsupported
+}
+func (*ChDB) Close() error { return nil }
