@@ -323,7 +323,7 @@ func TestBrokerDownAtStartIsWaitedFor(t *testing.T) {
 	stop := runInBackground(t, r)
 	time.Sleep(700 * time.Millisecond) // the runner is retrying against nothing
 
-	k, err := embedded.StartKafka(port)
+	k, err := embedded.StartKafka(embedded.Port(port))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -453,4 +453,71 @@ func TestChildProcessor(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = r.Run(context.Background()) // runs until killed
+}
+
+// The broker goes away in the middle of a run and comes back with its data:
+// the processor waits, resumes from its last commit, and the output has
+// every record exactly once.
+func TestBrokerGoneMidRunLosesAndDuplicatesNothing(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	dir := t.TempDir()
+	k, err := embedded.StartKafka(embedded.Port(port), embedded.DataDir(dir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	brokers := k.Brokers()
+	streamstest.CreateTopics(t, brokers, 3, "bounce-in", "bounce-out")
+	const n = 20000
+	pcl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	recs := make([]*kgo.Record, n)
+	for i := range recs {
+		recs[i] = loginRecord(t, "bounce-in", uint64(i))
+	}
+	if err := pcl.ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	pcl.Close()
+
+	var committed atomic.Int64
+	slow := func(ctx context.Context, r *kgo.Record, o *streams.Output) error {
+		if r.Offset%10 == 0 {
+			time.Sleep(time.Millisecond)
+		}
+		return echo("bounce-out")(ctx, r, o)
+	}
+	r, err := streams.New("bounce", slow, streams.Brokers(brokers...), streams.Inputs("bounce-in"),
+		streams.WithGuarantee(streams.ExactlyOnce), streams.InstanceID("b1"), streams.MaxBatch(500),
+		streams.Backoff(20*time.Millisecond, 300*time.Millisecond), streams.DeliveryTimeout(5*time.Second),
+		streams.Metrics(metrics.NewRegistry()), streams.Logger(quiet),
+		streams.OnCommit(func(in, _ int) { committed.Add(int64(in)) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runInBackground(t, r)
+	for committed.Load() < 3000 {
+		time.Sleep(10 * time.Millisecond)
+	}
+	k.Close() // the broker goes away mid-run
+	atCrash := committed.Load()
+	time.Sleep(1500 * time.Millisecond)
+	if atCrash >= n {
+		t.Fatalf("all %d records were done before the broker went away", n)
+	}
+	k, err = embedded.StartKafka(embedded.Port(port), embedded.DataDir(dir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer k.Close()
+	got := streamstest.ReadN(t, k.Brokers(), "bounce-out", true, n, 90*time.Second, 2*time.Second)
+	stop()
+	t.Logf("broker away after %d of %d committed", atCrash, n)
+	assertExactlyOnce(t, countUins(t, got), n)
 }

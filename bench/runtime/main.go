@@ -37,7 +37,7 @@ func main() {
 	brokers := strings.Split(*brokersFlag, ",")
 	backend := "kafka " + *brokersFlag
 	if *brokersFlag == "" {
-		k, err := embedded.StartKafka(0)
+		k, err := embedded.StartKafka()
 		must(err)
 		defer k.Close()
 		brokers, backend = k.Brokers(), "kfake (in process)"

@@ -21,6 +21,7 @@ var options = []struct {
 	help string
 }{
 	{"kafka.brokers", "", "comma-separated seed brokers; empty in `embedded` starts an in-process kfake broker"},
+	{"kafka.embedded_dir", "", "`embedded`: keep kfake's data here across restarts; empty keeps it in memory"},
 	{"kafka.replication", 1, "replication factor for topics created by `topics create` and `embedded`"},
 	{"processor.guarantee", "", "override a processor's delivery guarantee: exactly-once or at-least-once"},
 	{"processor.instance_id", "", "stable id of this instance (transactional id); default the host name"},

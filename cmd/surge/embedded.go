@@ -30,7 +30,7 @@ func cmdEmbedded(ctx context.Context, args []string) error {
 	log := newLogger(v)
 	bs := brokers(v)
 	if len(bs) == 0 {
-		k, err := embedded.StartKafka(0)
+		k, err := embedded.StartKafka(embedded.DataDir(v.GetString("kafka.embedded_dir")))
 		if err != nil {
 			return err
 		}
@@ -58,7 +58,9 @@ func cmdEmbedded(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	with := func(extra ...streams.Option) []streams.Option { return append(append([]streams.Option{}, base...), extra...) }
+	with := func(extra ...streams.Option) []streams.Option {
+		return append(append([]streams.Option{}, base...), extra...)
+	}
 	opts := map[string][]streams.Option{
 		"presence":          with(streams.OnCommit(func(in, _ int) { presenceIn.Add(int64(in)) })),
 		"sink-dead-letters": with(streams.OnCommit(func(in, _ int) { dlqIn.Add(int64(in)) })),

@@ -17,17 +17,39 @@ type Kafka struct {
 	c *kfake.Cluster
 }
 
-// StartKafka starts a cluster of one broker. port 0 picks a free port.
-func StartKafka(port int) (*Kafka, error) {
-	opts := []kfake.Opt{
+// KafkaOption configures StartKafka.
+type KafkaOption func(*[]kfake.Opt)
+
+// Port listens on a fixed port (default: a free one).
+func Port(p int) KafkaOption {
+	return func(o *[]kfake.Opt) {
+		if p != 0 {
+			*o = append(*o, kfake.Ports(p))
+		}
+	}
+}
+
+// DataDir keeps the cluster's data in dir, so a restarted cluster has every
+// topic, offset and transaction it had (default: memory only).
+func DataDir(dir string) KafkaOption {
+	return func(o *[]kfake.Opt) {
+		if dir != "" {
+			*o = append(*o, kfake.DataDir(dir))
+		}
+	}
+}
+
+// StartKafka starts a cluster of one broker.
+func StartKafka(opts ...KafkaOption) (*Kafka, error) {
+	kopts := []kfake.Opt{
 		kfake.NumBrokers(1),
 		kfake.DefaultNumPartitions(3),
 		kfake.GroupMinSessionTimeout(time.Second),
 	}
-	if port != 0 {
-		opts = append(opts, kfake.Ports(port))
+	for _, o := range opts {
+		o(&kopts)
 	}
-	c, err := kfake.NewCluster(opts...)
+	c, err := kfake.NewCluster(kopts...)
 	if err != nil {
 		return nil, fmt.Errorf("embedded kafka: %w", err)
 	}

@@ -32,7 +32,7 @@ type Backend struct {
 func Each(t *testing.T, fn func(t *testing.T, b Backend)) {
 	t.Helper()
 	t.Run("kfake", func(t *testing.T) {
-		k, err := embedded.StartKafka(0)
+		k, err := embedded.StartKafka()
 		if err != nil {
 			t.Fatal(err)
 		}
