@@ -5,10 +5,12 @@
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
-trap 'scripts/kafka.sh stop >/dev/null 2>&1 || true' EXIT
+trap 'scripts/kafka.sh stop >/dev/null 2>&1 || true; scripts/redis.sh stop || true' EXIT
 scripts/kafka.sh start
+scripts/redis.sh start
 CHDB_LIB_PATH="$(scripts/chdb.sh)"
 export CHDB_LIB_PATH
-export SURGE_TEST_KAFKA="127.0.0.1:${KAFKA_PORT:-19092}" SURGE_TEST_REQUIRE_REAL=1
+export SURGE_TEST_KAFKA="127.0.0.1:${KAFKA_PORT:-19092}" SURGE_TEST_REDIS="127.0.0.1:${REDIS_PORT:-16379}"
+export SURGE_TEST_REQUIRE_REAL=1
 go vet ./...
 go test -count=1 -timeout 40m "$@" ./...

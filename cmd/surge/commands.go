@@ -43,6 +43,11 @@ func cmdRun(ctx context.Context, args []string) error {
 		return err
 	}
 	serveMetrics(ctx, v, log)
+	mirror, closeMirror, err := openMirror(ctx, v.GetString("redis.addr"), v.GetString("redis.prefix"), log)
+	if err != nil {
+		return err
+	}
+	defer closeMirror()
 	if strings.HasPrefix(name, "sink-") {
 		st, err := openStore(ctx, v.GetString("clickhouse.dsn"), v.GetString("clickhouse.chdb_dir"), log)
 		if err != nil {
@@ -50,13 +55,13 @@ func cmdRun(ctx context.Context, args []string) error {
 		}
 		store = st
 		defer store.Close()
-		p, err := startPipeline(ctx, log, bs, st, []string{name}, map[string][]streams.Option{name: opts})
+		p, err := startPipeline(ctx, log, bs, st, nil, []string{name}, map[string][]streams.Option{name: opts})
 		if err != nil {
 			return err
 		}
 		return p.wait()
 	}
-	p, err := startPipeline(ctx, log, bs, nil, []string{name}, map[string][]streams.Option{name: opts})
+	p, err := startPipeline(ctx, log, bs, nil, mirror, []string{name}, map[string][]streams.Option{name: opts})
 	if err != nil {
 		return err
 	}

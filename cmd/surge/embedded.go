@@ -52,6 +52,21 @@ func cmdEmbedded(ctx context.Context, args []string) error {
 	}
 	defer store.Close()
 	serveMetrics(ctx, v, log)
+	redisAddr := v.GetString("redis.addr")
+	if redisAddr == "" {
+		r, err := embedded.StartRedis()
+		if err != nil {
+			return err
+		}
+		defer r.Close()
+		redisAddr = r.Addr()
+		log.Info("embedded redis (miniredis) started", "addr", redisAddr)
+	}
+	mirror, closeMirror, err := openMirror(ctx, redisAddr, v.GetString("redis.prefix"), log)
+	if err != nil {
+		return err
+	}
+	defer closeMirror()
 
 	var presenceIn, dlqIn atomic.Int64
 	base, err := runnerOptions(v, log)
@@ -68,7 +83,7 @@ func cmdEmbedded(ctx context.Context, args []string) error {
 	}
 	runCtx, stopPipeline := context.WithCancel(ctx)
 	defer stopPipeline()
-	p, err := startPipeline(runCtx, log, bs, store, nil, opts)
+	p, err := startPipeline(runCtx, log, bs, store, mirror, nil, opts)
 	if err != nil {
 		return err
 	}
@@ -128,6 +143,13 @@ func cmdEmbedded(ctx context.Context, args []string) error {
 		time.Sleep(200 * time.Millisecond)
 	}
 	online := p.presence.Online().GetCardinality()
+	wctx, wcancel := context.WithTimeout(ctx, 60*time.Second)
+	redisErr := mirror.WaitSynced(wctx)
+	wcancel()
+	inRedis, cerr := mirror.Count(ctx)
+	if redisErr == nil {
+		redisErr = cerr
+	}
 	reasons, _ := store.QueryStrings(ctx, "SELECT reason, count() FROM dead_letters FINAL GROUP BY reason ORDER BY reason")
 	stopPipeline()
 	if err := p.wait(); err != nil {
@@ -137,12 +159,13 @@ func cmdEmbedded(ctx context.Context, args []string) error {
 	fmt.Printf("\nsurge embedded: %d users, %d login events in %v (%.0f events/s end to end)\n",
 		users, total, processed.Round(time.Millisecond), float64(total)/processed.Seconds())
 	fmt.Printf("  online now (bitmap):            %d (expected %d)\n", online, traffic.online)
+	fmt.Printf("  online in Redis (shared bitmap): %d (err %v)\n", inRedis, redisErr)
 	fmt.Printf("  presence changes in ClickHouse: %s (expected %d)\n", rows[0][0], wantChanges)
 	fmt.Printf("  dead letters in ClickHouse:     %s (expected %d)\n", rows[0][1], wantDead)
 	for _, r := range reasons {
 		fmt.Printf("    %s x %s\n", r[1], r[0])
 	}
-	if online != uint64(traffic.online) || rows[0][0] != fmt.Sprint(wantChanges) || rows[0][1] != fmt.Sprint(wantDead) {
+	if online != uint64(traffic.online) || inRedis != int64(online) || rows[0][0] != fmt.Sprint(wantChanges) || rows[0][1] != fmt.Sprint(wantDead) {
 		return fmt.Errorf("embedded run did not reconcile: see the figures above")
 	}
 	fmt.Println("  reconciled: every event is accounted for")

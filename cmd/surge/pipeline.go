@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"sync"
 
+	"github.com/redis/go-redis/v9"
+
 	"surge/processors/presence"
 	"surge/schemas"
 	"surge/sinks/clickhouse"
@@ -25,7 +27,7 @@ var components = []string{"presence", "sink-dead-letters", "sink-presence"}
 
 // start runs the named components (all when names is empty) until ctx ends.
 // store may be nil when no sink is named.
-func startPipeline(ctx context.Context, log *slog.Logger, brokers []string, store clickhouse.Store, names []string, opts map[string][]streams.Option) (*pipeline, error) {
+func startPipeline(ctx context.Context, log *slog.Logger, brokers []string, store clickhouse.Store, mirror *presence.RedisMirror, names []string, opts map[string][]streams.Option) (*pipeline, error) {
 	if len(names) == 0 {
 		names = components
 	}
@@ -36,6 +38,9 @@ func startPipeline(ctx context.Context, log *slog.Logger, brokers []string, stor
 		switch name {
 		case "presence":
 			p.presence = presence.New(schemas.TopicPresence)
+			if mirror != nil {
+				p.presence.WithMirror(ctx, mirror)
+			}
 			run = func(ctx context.Context) error { return p.presence.Run(ctx, brokers, o...) }
 		case "sink-dead-letters", "sink-presence":
 			if store == nil {
@@ -71,6 +76,18 @@ func (p *pipeline) wait() error {
 		return fmt.Errorf("%v", p.errs)
 	}
 	return nil
+}
+
+// openMirror connects the online-bitmap mirror, or returns nil for no addr.
+func openMirror(ctx context.Context, addr, prefix string, log *slog.Logger) (*presence.RedisMirror, func(), error) {
+	if addr == "" {
+		return nil, func() {}, nil
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	if err := rdb.Ping(ctx).Err(); err != nil {
+		log.Warn("redis not reachable at start; the online mirror catches up when it is", "addr", addr, "err", err)
+	}
+	return presence.NewRedisMirror(rdb, prefix, nil, log), func() { _ = rdb.Close() }, nil
 }
 
 func openStore(ctx context.Context, dsn, chdbDir string, log *slog.Logger) (clickhouse.Store, error) {

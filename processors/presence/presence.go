@@ -30,6 +30,15 @@ type Processor struct {
 	online   *roaring.Bitmap
 	staged   map[uint32]bool
 	outTopic string
+	mirror   *RedisMirror
+}
+
+// WithMirror shares the committed bitmap through Redis; the mirror's
+// writer runs until ctx ends.
+func (p *Processor) WithMirror(ctx context.Context, m *RedisMirror) *Processor {
+	p.mirror = m
+	m.start(ctx, p.Online)
+	return p
 }
 
 // New returns a processor writing state changes to outTopic.
@@ -76,6 +85,9 @@ func (p *Processor) BatchEnd(committed bool) {
 			}
 		}
 		p.mu.Unlock()
+		if p.mirror != nil {
+			p.mirror.enqueue(p.staged)
+		}
 	}
 	clear(p.staged)
 }
@@ -114,10 +126,14 @@ func (p *Processor) Restore(ctx context.Context, brokers []string, topic string)
 	return n, err
 }
 
-// Run restores the bitmap, then processes logins until ctx ends.
+// Run restores the bitmap, then processes logins until ctx ends. With a
+// mirror, Redis is first rewritten from the restored bitmap.
 func (p *Processor) Run(ctx context.Context, brokers []string, opts ...streams.Option) error {
 	if _, err := p.Restore(ctx, brokers, p.outTopic); err != nil {
 		return fmt.Errorf("presence: restore: %w", err)
+	}
+	if p.mirror != nil {
+		p.mirror.signal() // the restored bitmap goes to Redis in full
 	}
 	opts = append([]streams.Option{
 		streams.Brokers(brokers...),
