@@ -9,10 +9,12 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+	"github.com/spf13/viper"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"surge/schemas"
+	"surge/sinks/clickhouse"
 	"surge/streams"
 )
 
@@ -21,6 +23,15 @@ func needBrokers(bs []string) error {
 		return fmt.Errorf("no brokers: set --kafka.brokers, SURGE_KAFKA_BROKERS or kafka.brokers in the config file")
 	}
 	return nil
+}
+
+// newClient connects a plain client to the configured brokers.
+func newClient(v *viper.Viper) (*kgo.Client, error) {
+	bs := brokers(v)
+	if err := needBrokers(bs); err != nil {
+		return nil, err
+	}
+	return kgo.NewClient(kgo.SeedBrokers(bs...))
 }
 
 func cmdRun(ctx context.Context, args []string) error {
@@ -37,7 +48,6 @@ func cmdRun(ctx context.Context, args []string) error {
 		return err
 	}
 	name := fs.Arg(0)
-	var store interface{ Close() error }
 	opts, err := runnerOptions(v, log)
 	if err != nil {
 		return err
@@ -48,20 +58,14 @@ func cmdRun(ctx context.Context, args []string) error {
 		return err
 	}
 	defer closeMirror()
+	var st clickhouse.Store
 	if strings.HasPrefix(name, "sink-") {
-		st, err := openStore(ctx, v.GetString("clickhouse.dsn"), v.GetString("clickhouse.chdb_dir"), log)
-		if err != nil {
+		if st, err = openStore(ctx, v.GetString("clickhouse.dsn"), v.GetString("clickhouse.chdb_dir"), log); err != nil {
 			return err
 		}
-		store = st
-		defer store.Close()
-		p, err := startPipeline(ctx, log, bs, st, nil, []string{name}, map[string][]streams.Option{name: opts})
-		if err != nil {
-			return err
-		}
-		return p.wait()
+		defer st.Close()
 	}
-	p, err := startPipeline(ctx, log, bs, nil, mirror, []string{name}, map[string][]streams.Option{name: opts})
+	p, err := startPipeline(ctx, log, bs, st, mirror, []string{name}, map[string][]streams.Option{name: opts})
 	if err != nil {
 		return err
 	}
@@ -91,11 +95,7 @@ func cmdTopics(ctx context.Context, args []string) error {
 		}
 		return nil
 	}
-	bs := brokers(v)
-	if err := needBrokers(bs); err != nil {
-		return err
-	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(bs...))
+	cl, err := newClient(v)
 	if err != nil {
 		return err
 	}
@@ -133,11 +133,7 @@ func cmdProduce(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	bs := brokers(v)
-	if err := needBrokers(bs); err != nil {
-		return err
-	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(bs...))
+	cl, err := newClient(v)
 	if err != nil {
 		return err
 	}
