@@ -225,38 +225,21 @@ func (r *Runner) runBatch(work, ctx context.Context, c committer, recs []*kgo.Re
 	if err := c.begin(); err != nil {
 		return false, err
 	}
+	// Transient handler errors retry the batch in place (outputs are not
+	// produced yet); process dead-letters a record once its attempts run out.
 	dlq := 0
-	backoff := r.cfg.backoffMin
-	for {
-		var err error
+	ok := r.retryUntil(ctx, "handler (batch)", func() (err error) {
 		dlq, err = r.process(work, recs)
-		if err == nil {
-			break
-		}
-		// Transient: retry the batch in place (outputs are not produced
-		// yet); process dead-letters the record once attempts run out.
-		r.mRetries.Inc()
-		r.log.Warn("handler failed; retrying batch", "err", err, "retry_in", backoff)
-		if !sleep(ctx, backoff) {
-			_ = c.abort(work)
-			return false, ctx.Err()
-		}
-		backoff = min(backoff*2, r.cfg.backoffMax)
-	}
+		return err
+	})
 	// A sink's write is retried alone (the handler already ran) until it
 	// succeeds or shutdown: a store that is down delays, never drops, rows.
-	for backoff = r.cfg.backoffMin; r.cfg.beforeCommit != nil; {
-		err := r.cfg.beforeCommit(work)
-		if err == nil {
-			break
-		}
-		r.mRetries.Inc()
-		r.log.Warn("write before commit failed; retrying", "err", err, "retry_in", backoff)
-		if !sleep(ctx, backoff) {
-			_ = c.abort(work)
-			return false, ctx.Err()
-		}
-		backoff = min(backoff*2, r.cfg.backoffMax)
+	if ok && r.cfg.beforeCommit != nil {
+		ok = r.retryUntil(ctx, "write before commit", func() error { return r.cfg.beforeCommit(work) })
+	}
+	if !ok {
+		_ = c.abort(work)
+		return false, ctx.Err()
 	}
 	if err := c.produce(work, r.out.recs); err != nil {
 		_ = c.abort(work)
@@ -279,6 +262,24 @@ func (r *Runner) runBatch(work, ctx context.Context, c committer, recs []*kgo.Re
 		r.cfg.onCommit(len(recs), len(r.out.recs)-dlq)
 	}
 	return true, nil
+}
+
+// retryUntil calls fn until it succeeds, backing off exponentially between
+// failures; it returns false if ctx (shutdown) ends first.
+func (r *Runner) retryUntil(ctx context.Context, what string, fn func() error) bool {
+	backoff := r.cfg.backoffMin
+	for {
+		err := fn()
+		if err == nil {
+			return true
+		}
+		r.mRetries.Inc()
+		r.log.Warn(what+" failed; retrying", "err", err, "retry_in", backoff)
+		if !sleep(ctx, backoff) {
+			return false
+		}
+		backoff = min(backoff*2, r.cfg.backoffMax)
+	}
 }
 
 // process runs the handler over a batch into r.out, dead-lettering what

@@ -14,7 +14,6 @@ import (
 	"surge/processors/presence"
 	"surge/schemas"
 	"surge/schemas/surgev1"
-	"surge/sinks/clickhouse"
 	"surge/streams"
 	"surge/streams/embedded"
 )
@@ -250,5 +249,3 @@ func (p *progress) set(n int64) {
 }
 
 func (p *progress) done() { fmt.Fprintln(os.Stderr) }
-
-var _ clickhouse.Store = (*clickhouse.ChDB)(nil)

@@ -22,6 +22,12 @@ type Store interface {
 	Close() error
 }
 
+// Both drivers serve the one code path.
+var (
+	_ Store = (*ChDB)(nil)
+	_ Store = (*Server)(nil)
+)
+
 //go:embed migrations/*.sql
 var migrationFiles embed.FS
 
