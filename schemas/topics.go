@@ -2,6 +2,7 @@ package schemas
 
 import (
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -28,6 +29,9 @@ const (
 	TopicJobTransitions = "push.job-transitions"
 	TopicUnits          = "push.units"
 	TopicReports        = "push.reports"
+	TopicExecutors      = "push.executors"
+	TopicOffline        = "push.offline"
+	TopicOfflineQueue   = "push.offline-queue"
 	TopicGrants         = "wallet.grants"
 	TopicTokens         = "wallet.tokens"
 	TopicLedger         = "wallet.ledger"
@@ -58,7 +62,10 @@ var Topics = []Topic{
 	{TopicFanDelta, "surge.v1.FanDelta", "account_id", 12, false, 30 * day, "follow/unfollow changes to follower lists"},
 	{TopicJobs, "surge.v1.SendJob", "job_id", 6, true, 0, "send jobs as submitted"},
 	{TopicJobTransitions, "surge.v1.JobTransition", "job_id", 6, false, 30 * day, "every state transition of every send job"},
-	{TopicUnits, "surge.v1.SendTaskUnit", "executor", 6, false, 7 * day, "slices of jobs assigned to executors"},
+	{TopicUnits, "surge.v1.SendTaskUnit", "job_id", 1, false, 7 * day, "per-executor unit queues are named push.units.<executor>: one partition, so units run in dispatch (priority) order"},
+	{TopicExecutors, "surge.v1.ExecutorLoad", "executor", 1, false, 1 * day, "executor load reports; the planner dispatches by them"},
+	{TopicOffline, "surge.v1.OfflineBatch", "a uin of the batch (4-byte big-endian)", 12, false, 7 * day, "offline targets, co-partitioned with push.login"},
+	{TopicOfflineQueue, "surge.v1.OfflineEntry", "uin (4-byte big-endian) + job_id", 12, true, 0, "changelog of the offline queues (Pebble is its cache); compacted"},
 	{TopicReports, "surge.v1.DeliveryReport", "job_id", 12, false, 7 * day, "per-target delivery outcomes; read back to rebuild remaining work"},
 	{TopicGrants, "surge.v1.RewardGrant", "act_id", 12, false, 30 * day, "accepted reward grants"},
 	{TopicTokens, "surge.v1.Token", "act_id", 12, false, 30 * day, "signed tokens and their status changes"},
@@ -79,6 +86,9 @@ func TopicByName(name string) (Topic, error) {
 	base := name
 	if len(name) > len(ShadowPrefix) && name[:len(ShadowPrefix)] == ShadowPrefix {
 		base = name[len(ShadowPrefix):]
+	}
+	if strings.HasPrefix(base, TopicUnits+".") {
+		base = TopicUnits // one executor's unit queue
 	}
 	for _, t := range Topics {
 		if t.Name == base {

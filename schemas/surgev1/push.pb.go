@@ -579,6 +579,8 @@ type JobTransition struct {
 	Reason        string                 `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
 	Executor      string                 `protobuf:"bytes,6,opt,name=executor,proto3" json:"executor,omitempty"`
 	Position      uint64                 `protobuf:"varint,7,opt,name=position,proto3" json:"position,omitempty"` // last executed position, for resume
+	Job           *SendJob               `protobuf:"bytes,8,opt,name=job,proto3" json:"job,omitempty"`            // the job as accepted (on the states the planner restores from)
+	Targets       uint64                 `protobuf:"varint,9,opt,name=targets,proto3" json:"targets,omitempty"`   // target count after converging / filtering
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -662,6 +664,20 @@ func (x *JobTransition) GetPosition() uint64 {
 	return 0
 }
 
+func (x *JobTransition) GetJob() *SendJob {
+	if x != nil {
+		return x.Job
+	}
+	return nil
+}
+
+func (x *JobTransition) GetTargets() uint64 {
+	if x != nil {
+		return x.Targets
+	}
+	return 0
+}
+
 // A slice of a job assigned to one executor.
 type SendTaskUnit struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -674,6 +690,11 @@ type SendTaskUnit struct {
 	Count         uint64                 `protobuf:"varint,7,opt,name=count,proto3" json:"count,omitempty"`
 	ContentId     string                 `protobuf:"bytes,8,opt,name=content_id,json=contentId,proto3" json:"content_id,omitempty"`
 	DisplayAtMs   int64                  `protobuf:"varint,9,opt,name=display_at_ms,json=displayAtMs,proto3" json:"display_at_ms,omitempty"`
+	Targets       []byte                 `protobuf:"bytes,10,opt,name=targets,proto3" json:"targets,omitempty"` // the unit's filtered targets, roaring-serialized
+	ContentCrc    uint32                 `protobuf:"varint,11,opt,name=content_crc,json=contentCrc,proto3" json:"content_crc,omitempty"`
+	UnitsTotal    uint32                 `protobuf:"varint,12,opt,name=units_total,json=unitsTotal,proto3" json:"units_total,omitempty"` // how many units the job was split into so far
+	Realtime      bool                   `protobuf:"varint,13,opt,name=realtime,proto3" json:"realtime,omitempty"`
+	AccountId     uint64                 `protobuf:"varint,14,opt,name=account_id,json=accountId,proto3" json:"account_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -771,6 +792,297 @@ func (x *SendTaskUnit) GetDisplayAtMs() int64 {
 	return 0
 }
 
+func (x *SendTaskUnit) GetTargets() []byte {
+	if x != nil {
+		return x.Targets
+	}
+	return nil
+}
+
+func (x *SendTaskUnit) GetContentCrc() uint32 {
+	if x != nil {
+		return x.ContentCrc
+	}
+	return 0
+}
+
+func (x *SendTaskUnit) GetUnitsTotal() uint32 {
+	if x != nil {
+		return x.UnitsTotal
+	}
+	return 0
+}
+
+func (x *SendTaskUnit) GetRealtime() bool {
+	if x != nil {
+		return x.Realtime
+	}
+	return false
+}
+
+func (x *SendTaskUnit) GetAccountId() uint64 {
+	if x != nil {
+		return x.AccountId
+	}
+	return 0
+}
+
+// A periodic report of one executor's load; the planner dispatches by it.
+type ExecutorLoad struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Executor      string                 `protobuf:"bytes,1,opt,name=executor,proto3" json:"executor,omitempty"`
+	UnitsTopic    string                 `protobuf:"bytes,2,opt,name=units_topic,json=unitsTopic,proto3" json:"units_topic,omitempty"`        // the executor's own unit queue
+	BacklogUnits  uint64                 `protobuf:"varint,3,opt,name=backlog_units,json=backlogUnits,proto3" json:"backlog_units,omitempty"` // units written to its queue and not yet committed
+	CapacityUins  uint64                 `protobuf:"varint,4,opt,name=capacity_uins,json=capacityUins,proto3" json:"capacity_uins,omitempty"` // uins it takes per dispatch wave
+	Draining      bool                   `protobuf:"varint,5,opt,name=draining,proto3" json:"draining,omitempty"`                             // finishing in-flight work; send nothing new
+	AtMs          int64                  `protobuf:"varint,6,opt,name=at_ms,json=atMs,proto3" json:"at_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExecutorLoad) Reset() {
+	*x = ExecutorLoad{}
+	mi := &file_surge_v1_push_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExecutorLoad) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExecutorLoad) ProtoMessage() {}
+
+func (x *ExecutorLoad) ProtoReflect() protoreflect.Message {
+	mi := &file_surge_v1_push_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExecutorLoad.ProtoReflect.Descriptor instead.
+func (*ExecutorLoad) Descriptor() ([]byte, []int) {
+	return file_surge_v1_push_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *ExecutorLoad) GetExecutor() string {
+	if x != nil {
+		return x.Executor
+	}
+	return ""
+}
+
+func (x *ExecutorLoad) GetUnitsTopic() string {
+	if x != nil {
+		return x.UnitsTopic
+	}
+	return ""
+}
+
+func (x *ExecutorLoad) GetBacklogUnits() uint64 {
+	if x != nil {
+		return x.BacklogUnits
+	}
+	return 0
+}
+
+func (x *ExecutorLoad) GetCapacityUins() uint64 {
+	if x != nil {
+		return x.CapacityUins
+	}
+	return 0
+}
+
+func (x *ExecutorLoad) GetDraining() bool {
+	if x != nil {
+		return x.Draining
+	}
+	return false
+}
+
+func (x *ExecutorLoad) GetAtMs() int64 {
+	if x != nil {
+		return x.AtMs
+	}
+	return 0
+}
+
+// One message waiting for an offline user (the offline-queue changelog).
+type OfflineEntry struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	JobId         string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	Uin           uint32                 `protobuf:"varint,2,opt,name=uin,proto3" json:"uin,omitempty"`
+	ContentId     string                 `protobuf:"bytes,3,opt,name=content_id,json=contentId,proto3" json:"content_id,omitempty"`
+	DisplayAtMs   int64                  `protobuf:"varint,4,opt,name=display_at_ms,json=displayAtMs,proto3" json:"display_at_ms,omitempty"`
+	QueuedAtMs    int64                  `protobuf:"varint,5,opt,name=queued_at_ms,json=queuedAtMs,proto3" json:"queued_at_ms,omitempty"`
+	UnitId        uint32                 `protobuf:"varint,6,opt,name=unit_id,json=unitId,proto3" json:"unit_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OfflineEntry) Reset() {
+	*x = OfflineEntry{}
+	mi := &file_surge_v1_push_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OfflineEntry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OfflineEntry) ProtoMessage() {}
+
+func (x *OfflineEntry) ProtoReflect() protoreflect.Message {
+	mi := &file_surge_v1_push_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OfflineEntry.ProtoReflect.Descriptor instead.
+func (*OfflineEntry) Descriptor() ([]byte, []int) {
+	return file_surge_v1_push_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *OfflineEntry) GetJobId() string {
+	if x != nil {
+		return x.JobId
+	}
+	return ""
+}
+
+func (x *OfflineEntry) GetUin() uint32 {
+	if x != nil {
+		return x.Uin
+	}
+	return 0
+}
+
+func (x *OfflineEntry) GetContentId() string {
+	if x != nil {
+		return x.ContentId
+	}
+	return ""
+}
+
+func (x *OfflineEntry) GetDisplayAtMs() int64 {
+	if x != nil {
+		return x.DisplayAtMs
+	}
+	return 0
+}
+
+func (x *OfflineEntry) GetQueuedAtMs() int64 {
+	if x != nil {
+		return x.QueuedAtMs
+	}
+	return 0
+}
+
+func (x *OfflineEntry) GetUnitId() uint32 {
+	if x != nil {
+		return x.UnitId
+	}
+	return 0
+}
+
+// A batch of offline targets of one unit, keyed so it lands on the login
+// partition of its uins (the offline queue is co-partitioned with logins).
+type OfflineBatch struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	JobId         string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	UnitId        uint32                 `protobuf:"varint,2,opt,name=unit_id,json=unitId,proto3" json:"unit_id,omitempty"`
+	ContentId     string                 `protobuf:"bytes,3,opt,name=content_id,json=contentId,proto3" json:"content_id,omitempty"`
+	DisplayAtMs   int64                  `protobuf:"varint,4,opt,name=display_at_ms,json=displayAtMs,proto3" json:"display_at_ms,omitempty"`
+	Uins          []byte                 `protobuf:"bytes,5,opt,name=uins,proto3" json:"uins,omitempty"` // roaring-serialized
+	AtMs          int64                  `protobuf:"varint,6,opt,name=at_ms,json=atMs,proto3" json:"at_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OfflineBatch) Reset() {
+	*x = OfflineBatch{}
+	mi := &file_surge_v1_push_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OfflineBatch) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OfflineBatch) ProtoMessage() {}
+
+func (x *OfflineBatch) ProtoReflect() protoreflect.Message {
+	mi := &file_surge_v1_push_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OfflineBatch.ProtoReflect.Descriptor instead.
+func (*OfflineBatch) Descriptor() ([]byte, []int) {
+	return file_surge_v1_push_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *OfflineBatch) GetJobId() string {
+	if x != nil {
+		return x.JobId
+	}
+	return ""
+}
+
+func (x *OfflineBatch) GetUnitId() uint32 {
+	if x != nil {
+		return x.UnitId
+	}
+	return 0
+}
+
+func (x *OfflineBatch) GetContentId() string {
+	if x != nil {
+		return x.ContentId
+	}
+	return ""
+}
+
+func (x *OfflineBatch) GetDisplayAtMs() int64 {
+	if x != nil {
+		return x.DisplayAtMs
+	}
+	return 0
+}
+
+func (x *OfflineBatch) GetUins() []byte {
+	if x != nil {
+		return x.Uins
+	}
+	return nil
+}
+
+func (x *OfflineBatch) GetAtMs() int64 {
+	if x != nil {
+		return x.AtMs
+	}
+	return 0
+}
+
 // What happened to one target of one job.
 type DeliveryReport struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -780,13 +1092,17 @@ type DeliveryReport struct {
 	Filter        string                 `protobuf:"bytes,4,opt,name=filter,proto3" json:"filter,omitempty"` // which filter removed it, when FILTERED
 	AtMs          int64                  `protobuf:"varint,5,opt,name=at_ms,json=atMs,proto3" json:"at_ms,omitempty"`
 	UnitId        uint32                 `protobuf:"varint,6,opt,name=unit_id,json=unitId,proto3" json:"unit_id,omitempty"`
+	Uins          []byte                 `protobuf:"bytes,7,opt,name=uins,proto3" json:"uins,omitempty"`                                     // a batch of targets, roaring-serialized (uin is then 0)
+	DisplayAtMs   int64                  `protobuf:"varint,8,opt,name=display_at_ms,json=displayAtMs,proto3" json:"display_at_ms,omitempty"` // pre-delivery: the client shows it at this time
+	Executor      string                 `protobuf:"bytes,9,opt,name=executor,proto3" json:"executor,omitempty"`
+	ContentId     string                 `protobuf:"bytes,10,opt,name=content_id,json=contentId,proto3" json:"content_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DeliveryReport) Reset() {
 	*x = DeliveryReport{}
-	mi := &file_surge_v1_push_proto_msgTypes[5]
+	mi := &file_surge_v1_push_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -798,7 +1114,7 @@ func (x *DeliveryReport) String() string {
 func (*DeliveryReport) ProtoMessage() {}
 
 func (x *DeliveryReport) ProtoReflect() protoreflect.Message {
-	mi := &file_surge_v1_push_proto_msgTypes[5]
+	mi := &file_surge_v1_push_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -811,7 +1127,7 @@ func (x *DeliveryReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeliveryReport.ProtoReflect.Descriptor instead.
 func (*DeliveryReport) Descriptor() ([]byte, []int) {
-	return file_surge_v1_push_proto_rawDescGZIP(), []int{5}
+	return file_surge_v1_push_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *DeliveryReport) GetJobId() string {
@@ -856,6 +1172,34 @@ func (x *DeliveryReport) GetUnitId() uint32 {
 	return 0
 }
 
+func (x *DeliveryReport) GetUins() []byte {
+	if x != nil {
+		return x.Uins
+	}
+	return nil
+}
+
+func (x *DeliveryReport) GetDisplayAtMs() int64 {
+	if x != nil {
+		return x.DisplayAtMs
+	}
+	return 0
+}
+
+func (x *DeliveryReport) GetExecutor() string {
+	if x != nil {
+		return x.Executor
+	}
+	return ""
+}
+
+func (x *DeliveryReport) GetContentId() string {
+	if x != nil {
+		return x.ContentId
+	}
+	return ""
+}
+
 var File_surge_v1_push_proto protoreflect.FileDescriptor
 
 const file_surge_v1_push_proto_rawDesc = "" +
@@ -898,7 +1242,7 @@ const file_surge_v1_push_proto_rawDesc = "" +
 	"\rcreated_at_ms\x18\f \x01(\x03R\vcreatedAtMs\x12\x1f\n" +
 	"\vfilter_mask\x18\r \x01(\rR\n" +
 	"filterMask\x12%\n" +
-	"\x0einline_package\x18\x0e \x01(\fR\rinlinePackage\"\xd7\x01\n" +
+	"\x0einline_package\x18\x0e \x01(\fR\rinlinePackage\"\x96\x02\n" +
 	"\rJobTransition\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12&\n" +
 	"\x04from\x18\x02 \x01(\x0e2\x12.surge.v1.JobStateR\x04from\x12\"\n" +
@@ -906,7 +1250,9 @@ const file_surge_v1_push_proto_rawDesc = "" +
 	"\x05at_ms\x18\x04 \x01(\x03R\x04atMs\x12\x16\n" +
 	"\x06reason\x18\x05 \x01(\tR\x06reason\x12\x1a\n" +
 	"\bexecutor\x18\x06 \x01(\tR\bexecutor\x12\x1a\n" +
-	"\bposition\x18\a \x01(\x04R\bposition\"\x92\x02\n" +
+	"\bposition\x18\a \x01(\x04R\bposition\x12#\n" +
+	"\x03job\x18\b \x01(\v2\x11.surge.v1.SendJobR\x03job\x12\x18\n" +
+	"\atargets\x18\t \x01(\x04R\atargets\"\xa9\x03\n" +
 	"\fSendTaskUnit\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x17\n" +
 	"\aunit_id\x18\x02 \x01(\rR\x06unitId\x12\x1a\n" +
@@ -919,14 +1265,54 @@ const file_surge_v1_push_proto_rawDesc = "" +
 	"\x05count\x18\a \x01(\x04R\x05count\x12\x1d\n" +
 	"\n" +
 	"content_id\x18\b \x01(\tR\tcontentId\x12\"\n" +
-	"\rdisplay_at_ms\x18\t \x01(\x03R\vdisplayAtMs\"\xb1\x01\n" +
+	"\rdisplay_at_ms\x18\t \x01(\x03R\vdisplayAtMs\x12\x18\n" +
+	"\atargets\x18\n" +
+	" \x01(\fR\atargets\x12\x1f\n" +
+	"\vcontent_crc\x18\v \x01(\rR\n" +
+	"contentCrc\x12\x1f\n" +
+	"\vunits_total\x18\f \x01(\rR\n" +
+	"unitsTotal\x12\x1a\n" +
+	"\brealtime\x18\r \x01(\bR\brealtime\x12\x1d\n" +
+	"\n" +
+	"account_id\x18\x0e \x01(\x04R\taccountId\"\xc6\x01\n" +
+	"\fExecutorLoad\x12\x1a\n" +
+	"\bexecutor\x18\x01 \x01(\tR\bexecutor\x12\x1f\n" +
+	"\vunits_topic\x18\x02 \x01(\tR\n" +
+	"unitsTopic\x12#\n" +
+	"\rbacklog_units\x18\x03 \x01(\x04R\fbacklogUnits\x12#\n" +
+	"\rcapacity_uins\x18\x04 \x01(\x04R\fcapacityUins\x12\x1a\n" +
+	"\bdraining\x18\x05 \x01(\bR\bdraining\x12\x13\n" +
+	"\x05at_ms\x18\x06 \x01(\x03R\x04atMs\"\xb5\x01\n" +
+	"\fOfflineEntry\x12\x15\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x10\n" +
+	"\x03uin\x18\x02 \x01(\rR\x03uin\x12\x1d\n" +
+	"\n" +
+	"content_id\x18\x03 \x01(\tR\tcontentId\x12\"\n" +
+	"\rdisplay_at_ms\x18\x04 \x01(\x03R\vdisplayAtMs\x12 \n" +
+	"\fqueued_at_ms\x18\x05 \x01(\x03R\n" +
+	"queuedAtMs\x12\x17\n" +
+	"\aunit_id\x18\x06 \x01(\rR\x06unitId\"\xaa\x01\n" +
+	"\fOfflineBatch\x12\x15\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x17\n" +
+	"\aunit_id\x18\x02 \x01(\rR\x06unitId\x12\x1d\n" +
+	"\n" +
+	"content_id\x18\x03 \x01(\tR\tcontentId\x12\"\n" +
+	"\rdisplay_at_ms\x18\x04 \x01(\x03R\vdisplayAtMs\x12\x12\n" +
+	"\x04uins\x18\x05 \x01(\fR\x04uins\x12\x13\n" +
+	"\x05at_ms\x18\x06 \x01(\x03R\x04atMs\"\xa4\x02\n" +
 	"\x0eDeliveryReport\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x10\n" +
 	"\x03uin\x18\x02 \x01(\x04R\x03uin\x120\n" +
 	"\x06status\x18\x03 \x01(\x0e2\x18.surge.v1.DeliveryStatusR\x06status\x12\x16\n" +
 	"\x06filter\x18\x04 \x01(\tR\x06filter\x12\x13\n" +
 	"\x05at_ms\x18\x05 \x01(\x03R\x04atMs\x12\x17\n" +
-	"\aunit_id\x18\x06 \x01(\rR\x06unitId*S\n" +
+	"\aunit_id\x18\x06 \x01(\rR\x06unitId\x12\x12\n" +
+	"\x04uins\x18\a \x01(\fR\x04uins\x12\"\n" +
+	"\rdisplay_at_ms\x18\b \x01(\x03R\vdisplayAtMs\x12\x1a\n" +
+	"\bexecutor\x18\t \x01(\tR\bexecutor\x12\x1d\n" +
+	"\n" +
+	"content_id\x18\n" +
+	" \x01(\tR\tcontentId*S\n" +
 	"\fTargetSource\x12\x1d\n" +
 	"\x19TARGET_SOURCE_UNSPECIFIED\x10\x00\x12\r\n" +
 	"\tFOLLOWERS\x10\x01\x12\v\n" +
@@ -979,7 +1365,7 @@ func file_surge_v1_push_proto_rawDescGZIP() []byte {
 }
 
 var file_surge_v1_push_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_surge_v1_push_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_surge_v1_push_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_surge_v1_push_proto_goTypes = []any{
 	(TargetSource)(0),      // 0: surge.v1.TargetSource
 	(JobState)(0),          // 1: surge.v1.JobState
@@ -990,19 +1376,23 @@ var file_surge_v1_push_proto_goTypes = []any{
 	(*SendJob)(nil),        // 6: surge.v1.SendJob
 	(*JobTransition)(nil),  // 7: surge.v1.JobTransition
 	(*SendTaskUnit)(nil),   // 8: surge.v1.SendTaskUnit
-	(*DeliveryReport)(nil), // 9: surge.v1.DeliveryReport
+	(*ExecutorLoad)(nil),   // 9: surge.v1.ExecutorLoad
+	(*OfflineEntry)(nil),   // 10: surge.v1.OfflineEntry
+	(*OfflineBatch)(nil),   // 11: surge.v1.OfflineBatch
+	(*DeliveryReport)(nil), // 12: surge.v1.DeliveryReport
 }
 var file_surge_v1_push_proto_depIdxs = []int32{
 	3, // 0: surge.v1.FanDelta.op:type_name -> surge.v1.FanDelta.Op
 	0, // 1: surge.v1.SendJob.source:type_name -> surge.v1.TargetSource
 	1, // 2: surge.v1.JobTransition.from:type_name -> surge.v1.JobState
 	1, // 3: surge.v1.JobTransition.to:type_name -> surge.v1.JobState
-	2, // 4: surge.v1.DeliveryReport.status:type_name -> surge.v1.DeliveryStatus
-	5, // [5:5] is the sub-list for method output_type
-	5, // [5:5] is the sub-list for method input_type
-	5, // [5:5] is the sub-list for extension type_name
-	5, // [5:5] is the sub-list for extension extendee
-	0, // [0:5] is the sub-list for field type_name
+	6, // 4: surge.v1.JobTransition.job:type_name -> surge.v1.SendJob
+	2, // 5: surge.v1.DeliveryReport.status:type_name -> surge.v1.DeliveryStatus
+	6, // [6:6] is the sub-list for method output_type
+	6, // [6:6] is the sub-list for method input_type
+	6, // [6:6] is the sub-list for extension type_name
+	6, // [6:6] is the sub-list for extension extendee
+	0, // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_surge_v1_push_proto_init() }
@@ -1016,7 +1406,7 @@ func file_surge_v1_push_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_surge_v1_push_proto_rawDesc), len(file_surge_v1_push_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   6,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

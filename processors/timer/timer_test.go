@@ -1,0 +1,92 @@
+package timer_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"surge/processors/timer"
+	"surge/schemas/surgev1"
+	"surge/streams"
+	"surge/streams/streamstest"
+)
+
+// Timers fire once each, at or after their time; cancelled ones never fire;
+// a service stopped mid-way and restarted fires the rest and repeats none.
+func TestFiresOnceAcrossRestart(t *testing.T) {
+	streamstest.Each(t, func(t *testing.T, b streamstest.Backend) {
+		timers, target := streamstest.Unique("timers"), streamstest.Unique("fired")
+		streamstest.CreateTopics(t, b.Brokers, 3, timers, target)
+		cl := streamstest.Client(t, b.Brokers)
+		now := time.Now()
+		const n = 300
+		var arms []*kgo.Record
+		for i := range n {
+			// A third is already due, the rest spread over the next 3 s.
+			at := now.Add(fireOffset(uint64(i)))
+			rec, err := timer.Schedule(fmt.Sprintf("t%03d", i), at, target, nil, &surgev1.LoginEvent{Uin: uint64(i)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			rec.Topic = timers
+			arms = append(arms, rec)
+		}
+		for i := 0; i < n; i += 10 { // cancel every tenth
+			c := timer.Cancel(fmt.Sprintf("t%03d", i))
+			c.Topic = timers
+			arms = append(arms, c)
+		}
+		streamstest.ProduceSync(t, cl, arms...)
+		run := func(d time.Duration) *timer.Service {
+			s := timer.New(b.Brokers, timer.Topic(timers), timer.Dir(t.TempDir()+"/db"), timer.MaxFirePerTxn(7))
+			ctx, cancel := context.WithTimeout(context.Background(), d)
+			defer cancel()
+			var wg sync.WaitGroup
+			wg.Add(1)
+			go func() { defer wg.Done(); _ = s.Run(ctx) }()
+			wg.Wait()
+			return s
+		}
+		first := run(1500 * time.Millisecond)
+		if first.Fired() == 0 || first.Fired() >= n*9/10 {
+			t.Fatalf("first run fired %d; the test needs it to stop part-way", first.Fired())
+		}
+		second := run(8 * time.Second)
+		if second.Pending() != 0 {
+			t.Fatalf("%d timers still pending", second.Pending())
+		}
+		recs := streamstest.ReadN(t, b.Brokers, target, true, n*9/10, 20*time.Second, time.Second)
+		seen := map[uint64]int{}
+		for _, r := range recs {
+			var ev surgev1.LoginEvent
+			if err := streams.Decode(r, &ev); err != nil {
+				t.Fatal(err)
+			}
+			seen[ev.Uin]++
+			id, _ := streams.Header(r, timer.HeaderTimerID)
+			if id != fmt.Sprintf("t%03d", ev.Uin) {
+				t.Fatalf("record for %d carries timer id %q", ev.Uin, id)
+			}
+			at := now.Add(fireOffset(ev.Uin))
+			if r.Timestamp.Before(at.Add(-50 * time.Millisecond)) {
+				t.Fatalf("timer %d fired at %v, before its time %v", ev.Uin, r.Timestamp, at)
+			}
+		}
+		for i := range uint64(n) {
+			want := 1
+			if i%10 == 0 {
+				want = 0
+			}
+			if seen[i] != want {
+				t.Fatalf("timer %d fired %d times, want %d", i, seen[i], want)
+			}
+		}
+	})
+}
+
+// fireOffset spreads timers: a third due at once, the rest over 6 s.
+func fireOffset(i uint64) time.Duration { return time.Duration(i%3*i) * 10 * time.Millisecond }

@@ -1,0 +1,39 @@
+// Package localstore opens the Pebble stores processors keep as caches of
+// their topics. It exists so every store is opened the same way: its own
+// directory, Pebble's chatter routed to slog at debug level.
+package localstore
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+
+	"github.com/cockroachdb/pebble/v2"
+)
+
+// Open opens (creating) a Pebble store in dir. With fresh set the directory
+// is wiped first: the caller will rebuild it from a topic.
+func Open(dir string, fresh bool, log *slog.Logger) (*pebble.DB, error) {
+	if fresh {
+		if err := os.RemoveAll(dir); err != nil {
+			return nil, err
+		}
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	db, err := pebble.Open(dir, &pebble.Options{Logger: logger{log}})
+	if err != nil {
+		return nil, fmt.Errorf("localstore: open %s: %w", dir, err)
+	}
+	return db, nil
+}
+
+type logger struct{ l *slog.Logger }
+
+func (l logger) Infof(format string, args ...any)  { l.l.Debug("pebble: " + fmt.Sprintf(format, args...)) }
+func (l logger) Errorf(format string, args ...any) { l.l.Error("pebble: " + fmt.Sprintf(format, args...)) }
+func (l logger) Fatalf(format string, args ...any) {
+	l.l.Error("pebble: fatal: " + fmt.Sprintf(format, args...))
+	os.Exit(1)
+}
