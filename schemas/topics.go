@@ -31,7 +31,6 @@ const (
 	TopicReports        = "push.reports"
 	TopicExecutors      = "push.executors"
 	TopicOffline        = "push.offline"
-	TopicOfflineQueue   = "push.offline-queue"
 	TopicGrants         = "wallet.grants"
 	TopicTokens         = "wallet.tokens"
 	TopicLedger         = "wallet.ledger"
@@ -64,8 +63,7 @@ var Topics = []Topic{
 	{TopicJobTransitions, "surge.v1.JobTransition", "job_id", 6, false, 30 * day, "every state transition of every send job"},
 	{TopicUnits, "surge.v1.SendTaskUnit", "job_id", 1, false, 7 * day, "per-executor unit queues are named push.units.<executor>: one partition, so units run in dispatch (priority) order"},
 	{TopicExecutors, "surge.v1.ExecutorLoad", "executor", 1, false, 1 * day, "executor load reports; the planner dispatches by them"},
-	{TopicOffline, "surge.v1.OfflineBatch", "a uin of the batch (4-byte big-endian)", 12, false, 7 * day, "offline targets, co-partitioned with push.login"},
-	{TopicOfflineQueue, "surge.v1.OfflineEntry", "uin (4-byte big-endian) + job_id", 12, true, 0, "changelog of the offline queues (Pebble is its cache); compacted"},
+	{TopicOffline, "surge.v1.OfflineBatch", "a uin of the batch (4-byte big-endian)", 12, false, 7 * day, "offline targets, co-partitioned with push.login; with the DELIVERED_ON_LOGIN reports it is the offline queues' changelog"},
 	{TopicReports, "surge.v1.DeliveryReport", "job_id", 12, false, 7 * day, "per-target delivery outcomes; read back to rebuild remaining work"},
 	{TopicGrants, "surge.v1.RewardGrant", "act_id", 12, false, 30 * day, "accepted reward grants"},
 	{TopicTokens, "surge.v1.Token", "act_id", 12, false, 30 * day, "signed tokens and their status changes"},

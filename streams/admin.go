@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -30,5 +31,33 @@ func EnsureTopics(ctx context.Context, cl *kgo.Client, replication int16, topics
 			return fmt.Errorf("create topic %s: %w", t.Name, err)
 		}
 	}
-	return nil
+	return waitTopics(ctx, adm, topics)
+}
+
+// waitTopics waits until every topic is in the metadata with a leader for
+// each partition: a broker answers CreateTopics before that is true, and a
+// consumer listing offsets a moment later would get UNKNOWN_TOPIC.
+func waitTopics(ctx context.Context, adm *kadm.Client, topics []schemas.Topic) error {
+	names := make([]string, len(topics))
+	for i, t := range topics {
+		names[i] = t.Name
+	}
+	return retryFor(ctx, 30*time.Second, func() error {
+		td, err := adm.ListTopics(ctx, names...)
+		if err != nil {
+			return err
+		}
+		for _, n := range names {
+			d, ok := td[n]
+			if !ok || d.Err != nil || len(d.Partitions) == 0 {
+				return fmt.Errorf("topic %s not ready", n)
+			}
+			for _, p := range d.Partitions {
+				if p.Leader < 0 || p.Err != nil {
+					return fmt.Errorf("topic %s/%d has no leader yet", n, p.Partition)
+				}
+			}
+		}
+		return nil
+	})
 }

@@ -108,11 +108,14 @@ func (r *Runner) clientOpts() []kgo.Opt {
 		kgo.WithLogger(kgoLogger{r.log}),
 	}
 	if r.cfg.static {
-		opts = append(opts, kgo.InstanceID(r.cfg.name+"-"+r.cfg.instanceID))
+		opts = append(opts, kgo.InstanceID(r.cfg.group+"-"+r.cfg.instanceID))
 	}
 	if r.cfg.guarantee == ExactlyOnce {
 		opts = append(opts,
-			kgo.TransactionalID(r.cfg.name+"-"+r.cfg.instanceID),
+			// Per group and instance: two processors of one name in
+			// separate groups (executors, namespaces) must not fence
+			// each other.
+			kgo.TransactionalID(r.cfg.group+"-"+r.cfg.instanceID),
 			kgo.TransactionTimeout(r.cfg.txnTimeout),
 		)
 	} else {
@@ -301,11 +304,15 @@ func (r *Runner) process(ctx context.Context, recs []*kgo.Record) (int, error) {
 		if err == nil {
 			continue
 		}
-		r.out.recs = r.out.recs[:mark] // a failed record emits nothing
-		if IsReject(err) {
+		var re *RejectError
+		if errors.As(err, &re) {
+			if !re.Keep {
+				r.out.recs = r.out.recs[:mark]
+			}
 			toDLQ(in, err.Error())
 			continue
 		}
+		r.out.recs = r.out.recs[:mark] // a failed record emits nothing
 		id := recordID{in.Topic, in.Partition, in.Offset}
 		r.attempts[id]++
 		if r.attempts[id] >= r.cfg.maxAttempts {

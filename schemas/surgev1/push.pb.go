@@ -829,13 +829,18 @@ func (x *SendTaskUnit) GetAccountId() uint64 {
 
 // A periodic report of one executor's load; the planner dispatches by it.
 type ExecutorLoad struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Executor      string                 `protobuf:"bytes,1,opt,name=executor,proto3" json:"executor,omitempty"`
-	UnitsTopic    string                 `protobuf:"bytes,2,opt,name=units_topic,json=unitsTopic,proto3" json:"units_topic,omitempty"`        // the executor's own unit queue
-	BacklogUnits  uint64                 `protobuf:"varint,3,opt,name=backlog_units,json=backlogUnits,proto3" json:"backlog_units,omitempty"` // units written to its queue and not yet committed
-	CapacityUins  uint64                 `protobuf:"varint,4,opt,name=capacity_uins,json=capacityUins,proto3" json:"capacity_uins,omitempty"` // uins it takes per dispatch wave
-	Draining      bool                   `protobuf:"varint,5,opt,name=draining,proto3" json:"draining,omitempty"`                             // finishing in-flight work; send nothing new
-	AtMs          int64                  `protobuf:"varint,6,opt,name=at_ms,json=atMs,proto3" json:"at_ms,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Executor     string                 `protobuf:"bytes,1,opt,name=executor,proto3" json:"executor,omitempty"`
+	UnitsTopic   string                 `protobuf:"bytes,2,opt,name=units_topic,json=unitsTopic,proto3" json:"units_topic,omitempty"`        // the executor's own unit queue
+	BacklogUnits uint64                 `protobuf:"varint,3,opt,name=backlog_units,json=backlogUnits,proto3" json:"backlog_units,omitempty"` // units written to its queue and not yet committed
+	CapacityUins uint64                 `protobuf:"varint,4,opt,name=capacity_uins,json=capacityUins,proto3" json:"capacity_uins,omitempty"` // uins it takes per dispatch wave
+	Draining     bool                   `protobuf:"varint,5,opt,name=draining,proto3" json:"draining,omitempty"`                             // finishing in-flight work; send nothing new
+	AtMs         int64                  `protobuf:"varint,6,opt,name=at_ms,json=atMs,proto3" json:"at_ms,omitempty"`
+	// Set on the record an executor writes in the transaction that finished a
+	// unit: exactly one per unit, so the planner counts completions exactly.
+	DoneJobId     string `protobuf:"bytes,7,opt,name=done_job_id,json=doneJobId,proto3" json:"done_job_id,omitempty"`
+	DoneUnitId    uint32 `protobuf:"varint,8,opt,name=done_unit_id,json=doneUnitId,proto3" json:"done_unit_id,omitempty"`
+	DoneUins      uint64 `protobuf:"varint,9,opt,name=done_uins,json=doneUins,proto3" json:"done_uins,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -912,7 +917,28 @@ func (x *ExecutorLoad) GetAtMs() int64 {
 	return 0
 }
 
-// One message waiting for an offline user (the offline-queue changelog).
+func (x *ExecutorLoad) GetDoneJobId() string {
+	if x != nil {
+		return x.DoneJobId
+	}
+	return ""
+}
+
+func (x *ExecutorLoad) GetDoneUnitId() uint32 {
+	if x != nil {
+		return x.DoneUnitId
+	}
+	return 0
+}
+
+func (x *ExecutorLoad) GetDoneUins() uint64 {
+	if x != nil {
+		return x.DoneUins
+	}
+	return 0
+}
+
+// One message waiting for an offline user (the value in the Pebble queue).
 type OfflineEntry struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	JobId         string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
@@ -1274,7 +1300,7 @@ const file_surge_v1_push_proto_rawDesc = "" +
 	"unitsTotal\x12\x1a\n" +
 	"\brealtime\x18\r \x01(\bR\brealtime\x12\x1d\n" +
 	"\n" +
-	"account_id\x18\x0e \x01(\x04R\taccountId\"\xc6\x01\n" +
+	"account_id\x18\x0e \x01(\x04R\taccountId\"\xa5\x02\n" +
 	"\fExecutorLoad\x12\x1a\n" +
 	"\bexecutor\x18\x01 \x01(\tR\bexecutor\x12\x1f\n" +
 	"\vunits_topic\x18\x02 \x01(\tR\n" +
@@ -1282,7 +1308,11 @@ const file_surge_v1_push_proto_rawDesc = "" +
 	"\rbacklog_units\x18\x03 \x01(\x04R\fbacklogUnits\x12#\n" +
 	"\rcapacity_uins\x18\x04 \x01(\x04R\fcapacityUins\x12\x1a\n" +
 	"\bdraining\x18\x05 \x01(\bR\bdraining\x12\x13\n" +
-	"\x05at_ms\x18\x06 \x01(\x03R\x04atMs\"\xb5\x01\n" +
+	"\x05at_ms\x18\x06 \x01(\x03R\x04atMs\x12\x1e\n" +
+	"\vdone_job_id\x18\a \x01(\tR\tdoneJobId\x12 \n" +
+	"\fdone_unit_id\x18\b \x01(\rR\n" +
+	"doneUnitId\x12\x1b\n" +
+	"\tdone_uins\x18\t \x01(\x04R\bdoneUins\"\xb5\x01\n" +
 	"\fOfflineEntry\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x10\n" +
 	"\x03uin\x18\x02 \x01(\rR\x03uin\x12\x1d\n" +

@@ -69,8 +69,8 @@ func CurrentWindow(t time.Time, seed uint64) int {
 }
 
 // Ledger holds today's per-user counts as level bitmaps. It is a cache:
-// it is rebuilt from the delivery report topic (each DELIVERED report of
-// today charges one unit), and it resets when the day changes.
+// the planner rebuilds it on start from the filtered packages of the jobs
+// it filtered today (Charge), and it resets when the day changes.
 type Ledger struct {
 	mu     sync.Mutex
 	day    string
@@ -121,6 +121,15 @@ func (l *Ledger) charge(s *roaring.Bitmap) {
 		l.levels[k].Or(roaring.And(l.levels[k-1], s))
 	}
 	l.levels[1].Or(s)
+}
+
+// Charge adds one unit to every user in s without checking releases: the
+// restore of units taken before a restart.
+func (l *Ledger) Charge(now time.Time, s *roaring.Bitmap) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.roll(now)
+	l.charge(s)
 }
 
 // Refund gives back a unit to users who were charged but not sent to

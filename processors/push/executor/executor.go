@@ -1,0 +1,308 @@
+// Package executor sends the units the planner dispatches. Each executor
+// owns one single-partition queue, push.units.<name>, so its units run in
+// dispatch order (the planner's priority order). For each unit it splits
+// the targets into online and offline with the online bitmap (a global copy
+// of push.presence, the whole 32-bit uin space), reports the online part as
+// delivered, and hands the offline part to the offline queues on
+// push.offline, grouped so each batch lands on its uins' login partition.
+//
+// Everything a unit produces, including the completion the planner counts,
+// is one Kafka transaction with the unit's offset: a crashed executor
+// resumes at the first unit it had not committed and sends nothing twice.
+package executor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/RoaringBitmap/roaring/v2"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"surge/processors/presence"
+	"surge/schemas"
+	pb "surge/schemas/surgev1"
+	"surge/streams"
+	"surge/streams/metrics"
+)
+
+// Config configures an executor.
+type Config struct {
+	Name      string
+	Namespace string        // topic prefix (see planner.Deps.Namespace)
+	Capacity  uint64        // uins per unit it is sized for (reported)
+	Heartbeat time.Duration // load report period
+	Log       *slog.Logger
+	Metrics   *metrics.Registry
+}
+
+// Executor is one sender.
+type Executor struct {
+	cfg     Config
+	brokers []string
+
+	mu     sync.RWMutex
+	online *roaring.Bitmap
+
+	loginParts int
+	draining   atomic.Bool
+	drainedAt  atomic.Int64
+	lastUnit   atomic.Int64
+	units      atomic.Int64
+	reached    atomic.Int64
+	offline    atomic.Int64
+
+	mUnits, mUins metrics.CounterVec
+}
+
+// New returns an executor.
+func New(cfg Config, brokers []string) *Executor {
+	if cfg.Heartbeat == 0 {
+		cfg.Heartbeat = 200 * time.Millisecond
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = metrics.NewRegistry()
+	}
+	x := &Executor{cfg: cfg, brokers: brokers, online: roaring.New()}
+	x.mUnits = cfg.Metrics.NewCounterVec("surge_push_units_sent_total", "units sent", "executor")
+	x.mUins = cfg.Metrics.NewCounterVec("surge_push_uins_total", "targets handled", "executor", "outcome")
+	return x
+}
+
+func (x *Executor) topic(name string) string { return x.cfg.Namespace + name }
+
+// UnitsTopic is the executor's own queue.
+func (x *Executor) UnitsTopic() string { return x.topic(schemas.TopicUnits + "." + x.cfg.Name) }
+
+// Stats are this process's counts: units, delivered and offline uins.
+func (x *Executor) Stats() (units, delivered, offline int64) {
+	return x.units.Load(), x.reached.Load(), x.offline.Load()
+}
+
+// OnlineBytes is the in-memory size of the online bitmap.
+func (x *Executor) OnlineBytes() uint64 {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	return x.online.GetSizeInBytes()
+}
+
+// Drain asks the executor to finish in-flight work and stop: it tells the
+// planner it takes nothing new, finishes what is queued, and Run returns.
+func (x *Executor) Drain() {
+	if !x.draining.Swap(true) {
+		x.drainedAt.Store(time.Now().UnixMilli())
+	}
+}
+
+// ErrDrained is returned by Run after a drain finished.
+var ErrDrained = errors.New("executor drained")
+
+// Run sends until ctx ends or a drain completes.
+func (x *Executor) Run(ctx context.Context, opts ...streams.Option) error {
+	admin, err := kgo.NewClient(kgo.SeedBrokers(x.brokers...))
+	if err != nil {
+		return err
+	}
+	defer admin.Close()
+	if err := streams.EnsureTopics(ctx, admin, -1, schemas.Topic{Name: x.UnitsTopic(), Partitions: 1, Retention: 7 * 24 * time.Hour}); err != nil {
+		return fmt.Errorf("executor: create %s: %w", x.UnitsTopic(), err)
+	}
+	if x.loginParts, err = samePartitions(ctx, admin, x.topic(schemas.TopicLogin), x.topic(schemas.TopicOffline)); err != nil {
+		return err
+	}
+	tctx, stopTable := context.WithCancel(ctx)
+	defer stopTable()
+	table, err := streams.FollowTable(tctx, x.brokers, x.topic(schemas.TopicPresence), x.applyPresence)
+	if err != nil {
+		return fmt.Errorf("executor: follow presence: %w", err)
+	}
+	select {
+	case <-table.Ready():
+	case <-ctx.Done():
+		return nil
+	}
+	x.cfg.Log.Info("executor: online bitmap loaded", "executor", x.cfg.Name, "online", x.onlineCount())
+
+	rctx, stopRunner := context.WithCancel(ctx)
+	defer stopRunner()
+	hbDone := make(chan struct{})
+	drained := make(chan struct{})
+	go func() { defer close(hbDone); x.heartbeat(rctx, admin, stopRunner, drained) }()
+
+	opts = append([]streams.Option{
+		streams.Brokers(x.brokers...),
+		streams.Inputs(x.UnitsTopic()),
+		streams.Group(x.cfg.Namespace + "push-executor-" + x.cfg.Name),
+		streams.WithGuarantee(streams.ExactlyOnce),
+		streams.DeadLetterTopic(x.topic(schemas.TopicDeadLetter)),
+	}, opts...)
+	r, err := streams.New("push-executor", x.Handle(), opts...)
+	if err != nil {
+		return err
+	}
+	err = r.Run(rctx)
+	stopRunner()
+	<-hbDone
+	select {
+	case <-drained:
+		return ErrDrained
+	default:
+	}
+	return err
+}
+
+func samePartitions(ctx context.Context, cl *kgo.Client, a, b string) (int, error) {
+	adm := kadm.NewClient(cl)
+	td, err := adm.ListTopics(ctx, a, b)
+	if err != nil {
+		return 0, err
+	}
+	na, nb := len(td[a].Partitions), len(td[b].Partitions)
+	if na == 0 || nb == 0 {
+		return 0, fmt.Errorf("executor: topics %s and %s must exist (surge topics --create)", a, b)
+	}
+	if na != nb {
+		return 0, fmt.Errorf("executor: %s has %d partitions and %s %d; offline batches must be co-partitioned with logins", a, na, b, nb)
+	}
+	return na, nil
+}
+
+func (x *Executor) applyPresence(r *kgo.Record) {
+	var ev pb.LoginEvent
+	if streams.Decode(r, &ev) != nil || ev.Uin > presence.MaxUin {
+		return
+	}
+	x.mu.Lock()
+	if ev.Online {
+		x.online.Add(uint32(ev.Uin))
+	} else {
+		x.online.Remove(uint32(ev.Uin))
+	}
+	x.mu.Unlock()
+}
+
+func (x *Executor) onlineCount() uint64 {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	return x.online.GetCardinality()
+}
+
+// heartbeat reports load until ctx ends; when a drain has been announced
+// long enough for the planner to see it and no unit arrived for a second,
+// it stops the runner (which commits and leaves) and closes drained.
+func (x *Executor) heartbeat(ctx context.Context, cl *kgo.Client, stop func(), drained chan struct{}) {
+	t := time.NewTicker(x.cfg.Heartbeat)
+	defer t.Stop()
+	for {
+		rec, _ := streams.NewRecord(x.topic(schemas.TopicExecutors), []byte(x.cfg.Name), &pb.ExecutorLoad{
+			Executor: x.cfg.Name, UnitsTopic: x.UnitsTopic(), CapacityUins: x.cfg.Capacity,
+			Draining: x.draining.Load(), AtMs: time.Now().UnixMilli()})
+		cl.Produce(ctx, rec, func(_ *kgo.Record, err error) {
+			if err != nil && ctx.Err() == nil {
+				x.cfg.Log.Warn("executor: heartbeat failed", "err", err)
+			}
+		})
+		if x.draining.Load() {
+			now := time.Now().UnixMilli()
+			announced := now-x.drainedAt.Load() > 3*x.cfg.Heartbeat.Milliseconds()+1000
+			if announced && now-x.lastUnit.Load() > 1000 {
+				x.cfg.Log.Info("executor: drained", "executor", x.cfg.Name)
+				close(drained)
+				stop()
+				return
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// Handle is the handler over the executor's units.
+func (x *Executor) Handle() streams.Handler {
+	return streams.Typed(func(_ context.Context, in *kgo.Record, u *pb.SendTaskUnit, out *streams.Output) error {
+		x.lastUnit.Store(time.Now().UnixMilli())
+		targets := roaring.New()
+		if err := targets.UnmarshalBinary(u.Targets); err != nil {
+			return streams.Reject("unit with unreadable targets", err)
+		}
+		x.mu.RLock()
+		online := roaring.And(targets, x.online)
+		x.mu.RUnlock()
+		targets.AndNot(online)
+		now := time.Now().UnixMilli()
+		if !online.IsEmpty() {
+			buf, err := online.ToBytes()
+			if err != nil {
+				return err
+			}
+			if err := out.EmitMsg(x.topic(schemas.TopicReports), []byte(u.JobId), &pb.DeliveryReport{
+				JobId: u.JobId, Status: pb.DeliveryStatus_DELIVERED, AtMs: now, UnitId: u.UnitId, Uins: buf,
+				DisplayAtMs: u.DisplayAtMs, Executor: x.cfg.Name, ContentId: u.ContentId}); err != nil {
+				return err
+			}
+		}
+		if err := x.queueOffline(u, targets, now, out); err != nil {
+			return err
+		}
+		if err := out.EmitMsg(x.topic(schemas.TopicExecutors), []byte(x.cfg.Name), &pb.ExecutorLoad{
+			Executor: x.cfg.Name, UnitsTopic: x.UnitsTopic(), AtMs: now,
+			DoneJobId: u.JobId, DoneUnitId: u.UnitId, DoneUins: u.Count}); err != nil {
+			return err
+		}
+		x.units.Add(1)
+		x.reached.Add(int64(online.GetCardinality()))
+		x.offline.Add(int64(targets.GetCardinality()))
+		x.mUnits.With(x.cfg.Name).Inc()
+		x.mUins.With(x.cfg.Name, "delivered").Add(float64(online.GetCardinality()))
+		x.mUins.With(x.cfg.Name, "offline").Add(float64(targets.GetCardinality()))
+		return nil
+	})
+}
+
+// queueOffline writes the offline targets as batches co-partitioned with
+// push.login: each batch is keyed by one of its own uins.
+func (x *Executor) queueOffline(u *pb.SendTaskUnit, offline *roaring.Bitmap, now int64, out *streams.Output) error {
+	if offline.IsEmpty() {
+		return nil
+	}
+	parts := make([]*roaring.Bitmap, x.loginParts)
+	it := offline.Iterator()
+	var key [4]byte
+	for it.HasNext() {
+		uin := it.Next()
+		key = [4]byte{byte(uin >> 24), byte(uin >> 16), byte(uin >> 8), byte(uin)}
+		p := streams.PartitionFor(key[:], x.loginParts)
+		if parts[p] == nil {
+			parts[p] = roaring.New()
+		}
+		parts[p].Add(uin)
+	}
+	for _, set := range parts {
+		if set == nil {
+			continue
+		}
+		buf, err := set.ToBytes()
+		if err != nil {
+			return err
+		}
+		if err := out.EmitMsg(x.topic(schemas.TopicOffline), presence.Key(set.Minimum()), &pb.OfflineBatch{
+			JobId: u.JobId, UnitId: u.UnitId, ContentId: u.ContentId, DisplayAtMs: u.DisplayAtMs, Uins: buf, AtMs: now}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// OnlineCount is the number of users the executor sees online.
+func (x *Executor) OnlineCount() uint64 { return x.onlineCount() }

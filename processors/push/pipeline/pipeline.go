@@ -1,0 +1,227 @@
+// Package pipeline wires the mass-push processors into one running stack:
+// presence, the planner, N executors, the offline queues and the timer
+// service, over one set of topics (optionally namespaced). It is what the
+// embedded mode, the load generator, the tests and the benchmarks start;
+// in production each processor runs as its own `surge run` process.
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"surge/processors/presence"
+	"surge/processors/push/executor"
+	"surge/processors/push/fanlist"
+	"surge/processors/push/filter"
+	"surge/processors/push/numpkg"
+	"surge/processors/push/offline"
+	"surge/processors/push/planner"
+	"surge/processors/timer"
+	"surge/schemas"
+	"surge/streams"
+	"surge/streams/metrics"
+)
+
+// Options configure a stack.
+type Options struct {
+	Namespace       string
+	Dir             string // packages and Pebble stores live under it
+	Executors       int
+	Planner         planner.Config
+	MirrorThreshold uint64 // accounts with this many fans use the mirror
+	Log             *slog.Logger
+	Metrics         *metrics.Registry
+	StreamOpts      []streams.Option // extra runtime options for every processor
+}
+
+// Stack is a running push pipeline.
+type Stack struct {
+	Opts       Options
+	Brokers    []string
+	Source     *fanlist.MemSource
+	Mirror     *fanlist.Mirror
+	Accounts   *planner.MemAccounts
+	Tags       *filter.Tags
+	Blacklists *filter.Blacklists
+	Packages   numpkg.FileStore
+	Presence   *presence.Processor
+	Planner    *planner.Planner
+	Executors  []*executor.Executor
+	Offline    *offline.Queues
+	Timers     *timer.Service
+
+	mu    sync.Mutex
+	wg    sync.WaitGroup
+	stops map[string]context.CancelFunc
+	errs  []error
+}
+
+// Topics lists the topics a stack uses, with their registry contracts.
+func Topics(ns string) []schemas.Topic {
+	var out []schemas.Topic
+	for _, name := range []string{schemas.TopicLogin, schemas.TopicPresence, schemas.TopicFanDelta, schemas.TopicJobs,
+		schemas.TopicJobTransitions, schemas.TopicReports, schemas.TopicExecutors, schemas.TopicOffline,
+		schemas.TopicTimers, schemas.TopicDeadLetter} {
+		t, _ := schemas.TopicByName(name)
+		t.Name = ns + name
+		out = append(out, t)
+	}
+	return out
+}
+
+// New builds a stack without starting it: fill Source, Accounts, Tags and
+// Blacklists first, then Start.
+func New(brokers []string, o Options) *Stack {
+	if o.Log == nil {
+		o.Log = slog.Default()
+	}
+	if o.Metrics == nil {
+		o.Metrics = metrics.NewRegistry()
+	}
+	if o.Executors == 0 {
+		o.Executors = 2
+	}
+	if o.Planner.UnitSize == 0 {
+		o.Planner = planner.DefaultConfig()
+	}
+	if o.MirrorThreshold == 0 {
+		o.MirrorThreshold = 10_000_000 // the seed's threshold
+	}
+	s := &Stack{Opts: o, Brokers: brokers, Source: fanlist.NewMemSource(), Accounts: &planner.MemAccounts{},
+		Tags: filter.NewTags(), Blacklists: filter.NewBlacklists(),
+		Packages: numpkg.FileStore{Dir: filepath.Join(o.Dir, "packages")}, stops: map[string]context.CancelFunc{}}
+	s.Mirror = fanlist.NewMirror(nil)
+	return s
+}
+
+// CreateTopics creates the stack's topics.
+func (s *Stack) CreateTopics(ctx context.Context, replication int16) error {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(s.Brokers...))
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	return streams.EnsureTopics(ctx, cl, replication, Topics(s.Opts.Namespace)...)
+}
+
+func (s *Stack) streamOpts(name string) []streams.Option {
+	return append([]streams.Option{streams.Metrics(s.Opts.Metrics), streams.Logger(s.Opts.Log.With("processor", name))}, s.Opts.StreamOpts...)
+}
+
+// Start starts every processor.
+func (s *Stack) Start(ctx context.Context) error {
+	ns := s.Opts.Namespace
+	s.Presence = presence.New(ns + schemas.TopicPresence)
+	s.Planner = planner.New(s.Opts.Planner, planner.Deps{
+		Packages: s.Packages, Accounts: s.Accounts, Mirror: s.Mirror, Tags: s.Tags, Blacklists: s.Blacklists,
+		Followers: &fanlist.Resolver{Source: s.Source, Mirror: s.Mirror, Threshold: s.Opts.MirrorThreshold},
+		Metrics:   s.Opts.Metrics, Log: s.Opts.Log, Namespace: ns})
+	s.Offline = offline.New(offline.Config{Namespace: ns, Dir: filepath.Join(s.Opts.Dir, "offline"),
+		Log: s.Opts.Log, Metrics: s.Opts.Metrics}, s.Brokers)
+	s.Timers = timer.New(s.Brokers, timer.Topic(ns+schemas.TopicTimers), timer.Dir(filepath.Join(s.Opts.Dir, "timers")),
+		timer.TransactionalID(ns+"surge-timer"), timer.Logger(s.Opts.Log), timer.Metrics(s.Opts.Metrics))
+
+	s.run(ctx, "presence", func(ctx context.Context) error {
+		return s.Presence.Run(ctx, s.Brokers, append(s.streamOpts("presence"),
+			streams.Inputs(ns+schemas.TopicLogin), streams.Group(ns+"presence"),
+			streams.DeadLetterTopic(ns+schemas.TopicDeadLetter))...)
+	})
+	s.run(ctx, "planner", func(ctx context.Context) error { return s.Planner.Run(ctx, s.Brokers, s.streamOpts("planner")...) })
+	s.run(ctx, "offline", func(ctx context.Context) error { return s.Offline.Run(ctx, s.streamOpts("offline")...) })
+	s.run(ctx, "timers", s.Timers.Run)
+	for i := range s.Opts.Executors {
+		s.StartExecutor(ctx, fmt.Sprintf("exec-%d", i))
+	}
+	return nil
+}
+
+// StartExecutor starts (or brings back) the executor called name.
+func (s *Stack) StartExecutor(ctx context.Context, name string) *executor.Executor {
+	x := executor.New(executor.Config{Name: name, Namespace: s.Opts.Namespace, Capacity: s.Opts.Planner.UnitSize,
+		Log: s.Opts.Log, Metrics: s.Opts.Metrics}, s.Brokers)
+	s.mu.Lock()
+	replaced := false
+	for i, old := range s.Executors {
+		if old != nil && old.UnitsTopic() == x.UnitsTopic() {
+			s.Executors[i], replaced = x, true
+		}
+	}
+	if !replaced {
+		s.Executors = append(s.Executors, x)
+	}
+	s.mu.Unlock()
+	s.run(ctx, "executor/"+name, func(ctx context.Context) error {
+		err := x.Run(ctx, s.streamOpts("executor")...)
+		if errors.Is(err, executor.ErrDrained) {
+			return nil
+		}
+		return err
+	})
+	return x
+}
+
+// Stop stops one component ("planner", "executor/exec-0", ...) gracefully.
+func (s *Stack) Stop(name string) {
+	s.mu.Lock()
+	stop := s.stops[name]
+	s.mu.Unlock()
+	if stop != nil {
+		stop()
+	}
+}
+
+func (s *Stack) run(ctx context.Context, name string, fn func(context.Context) error) {
+	cctx, cancel := context.WithCancel(ctx)
+	s.mu.Lock()
+	s.stops[name] = cancel
+	s.mu.Unlock()
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		if err := fn(cctx); err != nil && cctx.Err() == nil {
+			s.Opts.Log.Error("push: processor stopped", "processor", name, "err", err)
+			s.mu.Lock()
+			s.errs = append(s.errs, fmt.Errorf("%s: %w", name, err))
+			s.mu.Unlock()
+		}
+	}()
+}
+
+// Wait waits for every processor to stop and returns their errors.
+func (s *Stack) Wait() error {
+	s.wg.Wait()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return errors.Join(s.errs...)
+}
+
+// Err returns the errors of processors that stopped on their own so far.
+func (s *Stack) Err() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return errors.Join(s.errs...)
+}
+
+// WaitReady waits until n executors have reported to the planner.
+func (s *Stack) WaitReady(ctx context.Context, n int) error {
+	for {
+		if s.Planner != nil && s.Planner.LiveExecutors() >= n {
+			return nil
+		}
+		if err := s.Err(); err != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("push: %d executors not ready: %w", n, ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}

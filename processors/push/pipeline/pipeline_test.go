@@ -1,0 +1,321 @@
+package pipeline_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/RoaringBitmap/roaring/v2"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"surge/processors/presence"
+	"surge/processors/push/filter"
+	"surge/processors/push/numpkg"
+	"surge/processors/push/pipeline"
+	"surge/processors/push/planner"
+	"surge/processors/push/quota"
+	"surge/processors/push/recovery"
+	"surge/schemas"
+	pb "surge/schemas/surgev1"
+	"surge/streams"
+	"surge/streams/streamstest"
+)
+
+func quiet() *slog.Logger {
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+}
+
+type env struct {
+	t     *testing.T
+	ns    string
+	b     streamstest.Backend
+	cl    *kgo.Client
+	stack *pipeline.Stack
+}
+
+func start(t *testing.T, b streamstest.Backend, cfg planner.Config, setup func(*pipeline.Stack)) *env {
+	t.Helper()
+	ns := streamstest.Unique("t") + "."
+	s := pipeline.New(b.Brokers, pipeline.Options{Namespace: ns, Dir: t.TempDir(), Executors: 2, Planner: cfg, Log: quiet()})
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := s.CreateTopics(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if setup != nil {
+		setup(s)
+	}
+	if err := s.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cancel()
+		if err := s.Wait(); err != nil {
+			t.Errorf("stack: %v", err)
+		}
+	})
+	rctx, rcancel := context.WithTimeout(ctx, 60*time.Second)
+	defer rcancel()
+	if err := s.WaitReady(rctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	return &env{t: t, ns: ns, b: b, cl: streamstest.Client(t, b.Brokers), stack: s}
+}
+
+func testConfig() planner.Config {
+	c := planner.DefaultConfig()
+	c.UnitSize, c.MaxBacklog, c.MinLead = 500, 3, 2*time.Second
+	return c
+}
+
+// logins sets users online (true) or offline and waits until every
+// executor sees the resulting online count.
+func (e *env) logins(online bool, uins ...uint32) {
+	e.t.Helper()
+	var recs []*kgo.Record
+	for _, u := range uins {
+		r, err := streams.NewRecord(e.ns+schemas.TopicLogin, presence.Key(u), &pb.LoginEvent{Uin: uint64(u), Online: online, AtMs: time.Now().UnixMilli()})
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		recs = append(recs, r)
+	}
+	streamstest.ProduceSync(e.t, e.cl, recs...)
+}
+
+func (e *env) waitOnline(n uint64) {
+	e.t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		ok := true
+		for _, x := range e.stack.Executors {
+			if x.OnlineCount() != n {
+				ok = false
+			}
+		}
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("executors do not see %d users online (first sees %d)", n, e.stack.Executors[0].OnlineCount())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (e *env) submit(j *pb.SendJob) {
+	e.t.Helper()
+	r, err := streams.NewRecord(e.ns+schemas.TopicJobs, []byte(j.JobId), j)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	streamstest.ProduceSync(e.t, e.cl, r)
+}
+
+func (e *env) waitState(id string, want ...pb.JobState) pb.JobState {
+	e.t.Helper()
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		st := e.stack.Planner.State(id)
+		for _, w := range want {
+			if st == w {
+				return st
+			}
+		}
+		if err := e.stack.Err(); err != nil {
+			e.t.Fatal(err)
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("job %s is %s, want %v", id, st, want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (e *env) outcome(id string) *recovery.Outcome {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	o, err := recovery.Read(ctx, e.b.Brokers, e.ns, id)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return o
+}
+
+func rangeSet(lo, hi uint32) *roaring.Bitmap {
+	b := roaring.New()
+	b.AddRange(uint64(lo), uint64(hi))
+	return b
+}
+
+func inline(t *testing.T, b *roaring.Bitmap) []byte {
+	data, err := numpkg.Encode(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
+
+// Online targets are delivered at once, offline ones on login, each once;
+// the CRC filter stops a resend; bad jobs are refused with a reason.
+func TestDeliveryOnlineOfflineAndRefusals(t *testing.T) {
+	streamstest.Each(t, func(t *testing.T, b streamstest.Backend) {
+		e := start(t, b, testConfig(), func(s *pipeline.Stack) {
+			s.Accounts.Put(planner.Account{ID: 1, Filters: filter.All &^ filter.Quota})
+			for u := uint32(1); u <= 5000; u++ {
+				s.Source.Apply(&pb.FanDelta{AccountId: 1, Uin: uint64(u), Op: pb.FanDelta_FOLLOW})
+			}
+			s.Blacklists.Add(1, 4999, 5000)
+		})
+		online := rangeSet(1, 3001)
+		e.logins(true, online.ToArray()...)
+		e.waitOnline(3000)
+
+		display := time.Now().Add(time.Hour).UnixMilli()
+		e.submit(&pb.SendJob{JobId: "followers", AccountId: 1, Source: pb.TargetSource_FOLLOWERS, ContentId: "c1", ContentCrc: 1, DisplayAtMs: display})
+		e.waitState("followers", pb.JobState_COMPLETED)
+		// 3000 delivered now, 1998 queued offline, 2 blacklisted.
+		e.logins(true, rangeSet(3001, 4001).ToArray()...)
+		deadline := time.Now().Add(60 * time.Second)
+		for {
+			o := e.outcome("followers")
+			if o.Delivered.GetCardinality() >= 4000 || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		o := e.outcome("followers")
+		if o.Duplicate != 0 {
+			t.Fatalf("%d deliveries reported twice", o.Duplicate)
+		}
+		if !o.Delivered.Equals(rangeSet(1, 4001)) {
+			t.Fatalf("delivered %d users, want 1..4000", o.Delivered.GetCardinality())
+		}
+		if !o.Filtered.Equals(roaring.BitmapOf(4999, 5000)) {
+			t.Fatalf("filtered %v", o.Filtered.ToArray())
+		}
+		// The rest wait in their queues, and go out on login.
+		for _, u := range []uint32{4001, 4998} {
+			if p, _ := e.stack.Offline.Pending(u); len(p) != 1 || p[0] != "followers" {
+				t.Fatalf("uin %d has queue %v", u, p)
+			}
+		}
+		if p, _ := e.stack.Offline.Pending(10); len(p) != 0 {
+			t.Fatalf("delivered user still queued: %v", p)
+		}
+
+		// The same content again: nobody gets it twice.
+		e.submit(&pb.SendJob{JobId: "again", AccountId: 1, Source: pb.TargetSource_PACKAGE, ContentId: "c1", ContentCrc: 1,
+			InlinePackage: inline(t, rangeSet(1, 5001))})
+		e.waitState("again", pb.JobState_COMPLETED)
+		if o := e.outcome("again"); !o.Delivered.IsEmpty() {
+			t.Fatalf("resent content to %d users", o.Delivered.GetCardinality())
+		}
+
+		// A scheduled job waits for its timer, then runs.
+		e.submit(&pb.SendJob{JobId: "later", AccountId: 1, Source: pb.TargetSource_PACKAGE, ContentId: "c2", ContentCrc: 2,
+			InlinePackage: inline(t, rangeSet(1, 11)), ScheduledAtMs: time.Now().Add(3 * time.Second).UnixMilli()})
+		e.waitState("later", pb.JobState_WAITING_SCHEDULE)
+		e.waitState("later", pb.JobState_COMPLETED)
+		if o := e.outcome("later"); o.Delivered.GetCardinality() != 10 {
+			t.Fatalf("scheduled job delivered %d", o.Delivered.GetCardinality())
+		}
+
+		// Bad input: each refused with its reason; the pipeline goes on.
+		past := time.Now().Add(-time.Hour).UnixMilli()
+		bad := map[string]*pb.SendJob{
+			"unknown account": {JobId: "b1", AccountId: 99, Source: pb.TargetSource_FOLLOWERS, ContentId: "x"},
+			"in the past":     {JobId: "b2", AccountId: 1, Source: pb.TargetSource_FOLLOWERS, ContentId: "x", ScheduledAtMs: past},
+			"too soon":        {JobId: "b3", AccountId: 1, Source: pb.TargetSource_FOLLOWERS, ContentId: "x", ScheduledAtMs: time.Now().Add(time.Second).UnixMilli()},
+			"empty package":   {JobId: "b4", AccountId: 1, Source: pb.TargetSource_PACKAGE, ContentId: "x", InlinePackage: []byte{}, PackageUri: "file:///nonexistent/empty.snpk"},
+			"corrupt package": {JobId: "b5", AccountId: 1, Source: pb.TargetSource_PACKAGE, ContentId: "x", InlinePackage: []byte("SNPK garbage")},
+			"duplicate job":   {JobId: "followers", AccountId: 1, Source: pb.TargetSource_FOLLOWERS, ContentId: "x"},
+		}
+		for _, j := range bad {
+			e.submit(j)
+		}
+		streamstest.ProduceSync(t, e.cl, mustRecord(t, e.ns+schemas.TopicLogin, &pb.LoginEvent{Uin: 1 << 33, Online: true}))
+		e.waitState("b1", pb.JobState_REJECTED)
+		e.waitState("b2", pb.JobState_REJECTED)
+		e.waitState("b3", pb.JobState_REJECTED)
+		e.waitState("b4", pb.JobState_FAILED)
+		e.waitState("b5", pb.JobState_FAILED)
+		dlq := streamstest.ReadN(t, b.Brokers, e.ns+schemas.TopicDeadLetter, true, len(bad)+1, 30*time.Second, time.Second)
+		var reasons []string
+		for _, r := range dlq {
+			why, _ := streams.Header(r, "dlq-reason")
+			reasons = append(reasons, why)
+		}
+		all := strings.Join(reasons, "\n")
+		for _, want := range []string{"unknown account: 99", "scheduled in the past", "scheduled too soon", "bad package", "duplicate job id \"followers\"", "outside the 32-bit space"} {
+			if !strings.Contains(all, want) {
+				t.Errorf("no dead letter says %q; got:\n%s", want, all)
+			}
+		}
+		if e.stack.Planner.State("followers") != pb.JobState_COMPLETED {
+			t.Fatal("the duplicate changed the original job")
+		}
+	})
+}
+
+func mustRecord(t *testing.T, topic string, m *pb.LoginEvent) *kgo.Record {
+	r, err := streams.NewRecord(topic, presence.Key(uint32(m.Uin)), m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// Many jobs at once to the same users never exceed the released quota.
+func TestQuotaUnderConcurrentJobs(t *testing.T) {
+	streamstest.Each(t, func(t *testing.T, b streamstest.Backend) {
+		cfg := testConfig()
+		// Late in the day most windows have released their unit.
+		now := time.Now()
+		late := time.Date(now.Year(), now.Month(), now.Day(), 23, 58, 0, 0, now.Location())
+		offset := late.Sub(now)
+		cfg.Now = func() time.Time { return time.Now().Add(offset) }
+		e := start(t, b, cfg, func(s *pipeline.Stack) { s.Accounts.Put(planner.Account{ID: 1, Filters: filter.All}) })
+		users := rangeSet(1, 2001)
+		e.logins(true, users.ToArray()...)
+		e.waitOnline(2000)
+		releasedBefore := quota.Released(cfg.Now(), cfg.QuotaSeed)
+		const jobs = 9
+		var recs []*kgo.Record
+		for i := range jobs {
+			j := &pb.SendJob{JobId: fmt.Sprintf("q%d", i), AccountId: 1, Source: pb.TargetSource_PACKAGE, ContentId: "c",
+				ContentCrc: uint32(100 + i), InlinePackage: inline(t, users), FilterMask: uint32(filter.Quota | filter.CRC)}
+			r, _ := streams.NewRecord(e.ns+schemas.TopicJobs, []byte(j.JobId), j)
+			recs = append(recs, r)
+		}
+		streamstest.ProduceSync(t, e.cl, recs...)
+		for i := range jobs {
+			e.waitState(fmt.Sprintf("q%d", i), pb.JobState_COMPLETED)
+		}
+		releasedAfter := quota.Released(cfg.Now(), cfg.QuotaSeed)
+		per := map[uint32]int{}
+		for i := range jobs {
+			o := e.outcome(fmt.Sprintf("q%d", i))
+			if o.Duplicate != 0 {
+				t.Fatalf("job q%d delivered %d twice", i, o.Duplicate)
+			}
+			it := o.Delivered.Iterator()
+			for it.HasNext() {
+				per[it.Next()]++
+			}
+		}
+		for u := uint32(1); u <= 2000; u++ {
+			if n := per[u]; n > releasedAfter || n > quota.PerDay || n < min(jobs, releasedBefore) {
+				t.Fatalf("user %d got %d messages; released %d..%d of %d", u, n, releasedBefore, releasedAfter, quota.PerDay)
+			}
+			if got := e.stack.Planner.Quota(u); got != per[u] {
+				t.Fatalf("planner counts %d for user %d, reports say %d", got, u, per[u])
+			}
+		}
+		t.Logf("9 jobs, %d units released: every user got %d", releasedAfter, per[1])
+	})
+}

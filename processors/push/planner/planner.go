@@ -1,0 +1,670 @@
+// Package planner is the control plane of mass push. It takes send jobs
+// from push.jobs, validates them, converges every target source into a
+// number package, runs the filter chain, queues the job by score and
+// dispatches it in units to executors by their reported load. Every step
+// is a transition on push.job-transitions, written in the same Kafka
+// transaction as the units it dispatches, so the topic is the whole truth:
+// the planner's memory (job states, queue, CRC and quota state) is a cache
+// rebuilt by replaying it (Restore), on start and after an aborted batch.
+package planner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/RoaringBitmap/roaring/v2"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"surge/processors/push/fanlist"
+	"surge/processors/push/filter"
+	"surge/processors/push/job"
+	"surge/processors/push/numpkg"
+	"surge/processors/push/quota"
+	"surge/processors/timer"
+	"surge/schemas"
+	pb "surge/schemas/surgev1"
+	"surge/streams"
+	"surge/streams/metrics"
+)
+
+// Account is what the planner knows of a public account.
+type Account struct {
+	ID      uint64
+	Filters filter.Bit // the filters on when a job sets no mask
+}
+
+// Accounts is the account directory.
+type Accounts interface {
+	Account(id uint64) (Account, bool)
+}
+
+// MemAccounts is an in-process directory.
+type MemAccounts struct {
+	mu sync.RWMutex
+	m  map[uint64]Account
+}
+
+// Put adds or replaces an account.
+func (a *MemAccounts) Put(acc Account) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.m == nil {
+		a.m = map[uint64]Account{}
+	}
+	a.m[acc.ID] = acc
+}
+
+func (a *MemAccounts) Account(id uint64) (Account, bool) {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	acc, ok := a.m[id]
+	return acc, ok
+}
+
+// Config holds the planner's rules and limits.
+type Config struct {
+	UnitSize        uint64        // uins per unit (bounds an executor's memory per unit)
+	MaxBacklog      int           // units an executor may hold not yet done
+	MinLead         time.Duration // a scheduled job starts at least this long after creation
+	ExecutorTimeout time.Duration // an executor silent this long gets nothing new
+	QuotaSeed       uint64
+	Now             func() time.Time
+}
+
+// DefaultConfig is the seed's rules with limits sized for one machine.
+func DefaultConfig() Config {
+	return Config{UnitSize: 1 << 18, MaxBacklog: 8, MinLead: 15 * time.Minute,
+		ExecutorTimeout: 5 * time.Second, QuotaSeed: 1, Now: time.Now}
+}
+
+// Deps are the stores the planner reads.
+type Deps struct {
+	Packages   numpkg.Store
+	Accounts   Accounts
+	Followers  *fanlist.Resolver
+	Mirror     *fanlist.Mirror // fed from push.fan-delta; may be nil
+	Tags       *filter.Tags
+	Blacklists *filter.Blacklists
+	Metrics    *metrics.Registry
+	Log        *slog.Logger
+	// Namespace prefixes every topic name: "" in production, "shadow." for
+	// load-test traffic, a unique prefix per test.
+	Namespace string
+}
+
+// queued is a job past filtering that still has units to send or finish.
+type queued struct {
+	job      *pb.SendJob // PackageUri is the filtered package
+	targets  *roaring.Bitmap
+	total    uint64
+	units    uint32 // ceil(total / UnitSize)
+	next     uint32 // next unit to dispatch
+	done     map[uint32]bool
+	state    pb.JobState
+	executor map[string]bool // executors that hold units of it
+}
+
+func (q *queued) score() float64 {
+	s := float64(q.job.Priority)*1e6 - float64(q.job.CreatedAtMs)/1e9
+	if q.job.Realtime {
+		s += 1e12 // real-time jobs come first and are never pre-empted
+	}
+	return s
+}
+
+type executorView struct {
+	load     *pb.ExecutorLoad
+	seen     time.Time
+	inflight map[string]bool // "job/unit" dispatched and not done
+}
+
+// Planner is the processor. Its state is guarded by mu; the handler runs
+// on the runner's goroutine, readers (tests, metrics) on others.
+type Planner struct {
+	cfg  Config
+	deps Deps
+	log  *slog.Logger
+
+	mu        sync.Mutex
+	machine   *job.Machine
+	queue     map[string]*queued
+	sent      *filter.Sent
+	ledger    *quota.Ledger
+	chain     *filter.Chain
+	executors map[string]*executorView
+	brokers   []string
+	ctx       context.Context
+	restoreErr error
+
+	mUnits, mJobs, mRejected metrics.CounterVec
+}
+
+// New returns a planner.
+func New(cfg Config, deps Deps) *Planner {
+	if deps.Log == nil {
+		deps.Log = slog.Default()
+	}
+	if deps.Tags == nil {
+		deps.Tags = filter.NewTags()
+	}
+	if deps.Blacklists == nil {
+		deps.Blacklists = filter.NewBlacklists()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	p := &Planner{cfg: cfg, deps: deps, log: deps.Log}
+	reg := deps.Metrics
+	if reg == nil {
+		reg = metrics.NewRegistry()
+	}
+	p.mUnits = reg.NewCounterVec("surge_push_units_dispatched_total", "units dispatched", "executor")
+	p.mJobs = reg.NewCounterVec("surge_push_job_transitions_total", "job transitions written", "to")
+	p.mRejected = reg.NewCounterVec("surge_push_jobs_refused_total", "jobs refused", "reason")
+	p.reset()
+	return p
+}
+
+func (p *Planner) reset() {
+	p.machine = job.NewMachine()
+	p.queue = map[string]*queued{}
+	p.sent = filter.NewSent()
+	p.ledger = quota.NewLedger(p.cfg.QuotaSeed)
+	p.chain = filter.NewChain(filter.RelationFilter{}, p.deps.Blacklists, p.deps.Tags, p.sent, filter.QuotaFilter{Ledger: p.ledger})
+	if p.executors == nil {
+		p.executors = map[string]*executorView{}
+	}
+	for _, e := range p.executors {
+		e.inflight = map[string]bool{}
+	}
+}
+
+// State returns a job's current state.
+func (p *Planner) State(jobID string) pb.JobState { return p.machine.State(jobID) }
+
+// Quota is the number of messages uin received today, per the planner.
+func (p *Planner) Quota(uin uint32) int { return p.ledger.Count(p.cfg.Now(), uin) }
+
+// Counts returns jobs per state.
+func (p *Planner) Counts() map[pb.JobState]int { return p.machine.Count() }
+
+// emitter collects the outputs of one input record.
+type emitter struct {
+	p   *Planner
+	out *streams.Output
+	now time.Time
+}
+
+func (e emitter) move(id string, to pb.JobState, reason string, fill func(*pb.JobTransition)) error {
+	t, err := e.p.machine.Move(id, to)
+	if err != nil {
+		return err
+	}
+	t.AtMs = e.now.UnixMilli()
+	t.Reason = reason
+	if fill != nil {
+		fill(&t)
+	}
+	e.p.mJobs.With(to.String()).Inc()
+	return e.out.EmitMsg(e.p.topic(schemas.TopicJobTransitions), []byte(id), &t)
+}
+
+// Handle is the streams handler over push.jobs, push.executors and
+// push.fan-delta.
+func (p *Planner) Handle() streams.Handler {
+	return func(ctx context.Context, in *kgo.Record, out *streams.Output) error {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if p.restoreErr != nil { // the rebuild after an abort failed: try again
+			if p.restoreErr = p.restore(ctx, p.brokers); p.restoreErr != nil {
+				return p.restoreErr
+			}
+		}
+		e := emitter{p: p, out: out, now: p.cfg.Now()}
+		switch {
+		case in.Topic == schemas.TopicFanDelta || strings.HasSuffix(in.Topic, "."+schemas.TopicFanDelta):
+			var d pb.FanDelta
+			if err := streams.Decode(in, &d); err != nil {
+				return err
+			}
+			if d.Uin > math.MaxUint32 {
+				return streams.Reject(fmt.Sprintf("uin %d outside the 32-bit space", d.Uin), nil)
+			}
+			if p.deps.Mirror != nil {
+				p.deps.Mirror.Apply(&d) // each delta sets membership: reapplying is harmless
+			}
+			return nil
+		case in.Topic == schemas.TopicExecutors || strings.HasSuffix(in.Topic, "."+schemas.TopicExecutors):
+			var l pb.ExecutorLoad
+			if err := streams.Decode(in, &l); err != nil {
+				return err
+			}
+			p.observeLoad(&l, e.now)
+			return p.dispatch(ctx, e)
+		default:
+			var j pb.SendJob
+			if err := streams.Decode(in, &j); err != nil {
+				return err
+			}
+			if _, fired := streams.Header(in, timer.HeaderTimerID); fired {
+				return p.release(ctx, e, &j)
+			}
+			return p.intake(ctx, e, &j)
+		}
+	}
+}
+
+// refuse records a job's refusal: its state, a metric and a dead letter.
+func (p *Planner) refuse(e emitter, j *pb.SendJob, to pb.JobState, why error) error {
+	reason := why.Error()
+	p.mRejected.With(strings.SplitN(reason, ":", 2)[0]).Inc()
+	if err := e.move(j.JobId, to, reason, nil); err != nil {
+		return err
+	}
+	return streams.RejectKeeping(fmt.Sprintf("job %s %s", j.JobId, strings.ToLower(to.String())), why)
+}
+
+func (p *Planner) intake(ctx context.Context, e emitter, j *pb.SendJob) error {
+	if j.JobId == "" {
+		return streams.Reject("job without a job id", nil)
+	}
+	if p.machine.Known(j.JobId) {
+		p.mRejected.With("duplicate job id").Inc()
+		return streams.Reject(fmt.Sprintf("duplicate job id %q (job is %s)", j.JobId, p.machine.State(j.JobId)), nil)
+	}
+	if j.CreatedAtMs == 0 {
+		j.CreatedAtMs = e.now.UnixMilli()
+	}
+	if err := e.move(j.JobId, pb.JobState_CREATED, "", nil); err != nil {
+		return err
+	}
+	if err := e.move(j.JobId, pb.JobState_VALIDATING, "", nil); err != nil {
+		return err
+	}
+	acc, err := p.validate(j, e.now)
+	if err != nil {
+		return p.refuse(e, j, pb.JobState_REJECTED, err)
+	}
+	if err := e.move(j.JobId, pb.JobState_FETCHING_TARGETS, "", nil); err != nil {
+		return err
+	}
+	targets, from, err := p.converge(ctx, j)
+	if err != nil {
+		if errors.Is(err, errTransient) {
+			return err // retried, then dead-lettered by the runtime
+		}
+		return p.refuse(e, j, pb.JobState_FAILED, err)
+	}
+	uri, err := p.deps.Packages.Put(ctx, j.JobId, targets)
+	if err != nil {
+		return fmt.Errorf("%w: store package: %v", errTransient, err)
+	}
+	j.PackageUri, j.InlinePackage = uri, nil
+	n := targets.GetCardinality()
+	if err := e.move(j.JobId, pb.JobState_PACKAGE_READY, "targets from "+from, func(t *pb.JobTransition) {
+		t.Job, t.Targets = j, n
+	}); err != nil {
+		return err
+	}
+	if j.ScheduledAtMs > e.now.UnixMilli() {
+		rec, err := timer.Schedule("push-job/"+j.JobId, time.UnixMilli(j.ScheduledAtMs), p.topic(schemas.TopicJobs), []byte(j.JobId), j)
+		if err != nil {
+			return err
+		}
+		rec.Topic = p.topic(schemas.TopicTimers)
+		e.out.Emit(rec)
+		return e.move(j.JobId, pb.JobState_WAITING_SCHEDULE, "", func(t *pb.JobTransition) { t.Job, t.Targets = j, n })
+	}
+	return p.filterAndQueue(ctx, e, j, acc, targets)
+}
+
+// release is a scheduled job whose timer fired.
+func (p *Planner) release(ctx context.Context, e emitter, j *pb.SendJob) error {
+	if st := p.machine.State(j.JobId); st != pb.JobState_WAITING_SCHEDULE {
+		return streams.Reject(fmt.Sprintf("timer fired for job %s in state %s", j.JobId, st), nil)
+	}
+	acc, ok := p.deps.Accounts.Account(j.AccountId)
+	if !ok {
+		return p.refuse(e, j, pb.JobState_CANCELLED, fmt.Errorf("unknown account: %d vanished before the job's time", j.AccountId))
+	}
+	targets, err := p.deps.Packages.Get(ctx, j.PackageUri)
+	if err != nil {
+		return fmt.Errorf("%w: read package: %v", errTransient, err)
+	}
+	return p.filterAndQueue(ctx, e, j, acc, targets)
+}
+
+var errTransient = errors.New("transient")
+
+func (p *Planner) validate(j *pb.SendJob, now time.Time) (Account, error) {
+	acc, ok := p.deps.Accounts.Account(j.AccountId)
+	switch {
+	case !ok:
+		return acc, fmt.Errorf("unknown account: %d", j.AccountId)
+	case j.ContentId == "":
+		return acc, errors.New("no content: content_id is empty")
+	case j.ScheduledAtMs != 0 && j.ScheduledAtMs < now.UnixMilli():
+		return acc, fmt.Errorf("scheduled in the past: %s is before %s",
+			time.UnixMilli(j.ScheduledAtMs).UTC().Format(time.RFC3339), now.UTC().Format(time.RFC3339))
+	case j.ScheduledAtMs != 0 && j.ScheduledAtMs < j.CreatedAtMs+p.cfg.MinLead.Milliseconds():
+		return acc, fmt.Errorf("scheduled too soon: a scheduled job starts at least %s after creation", p.cfg.MinLead)
+	}
+	switch j.Source {
+	case pb.TargetSource_FOLLOWERS:
+	case pb.TargetSource_PACKAGE:
+		if j.PackageUri == "" && len(j.InlinePackage) == 0 {
+			return acc, errors.New("no package: a PACKAGE job needs package_uri or inline_package")
+		}
+	case pb.TargetSource_TAGS:
+		if len(j.Tags) == 0 {
+			return acc, errors.New("no tags: a TAGS job needs at least one tag")
+		}
+	default:
+		return acc, fmt.Errorf("unknown target source %d", j.Source)
+	}
+	return acc, nil
+}
+
+// converge turns any target source into one set: the job's package.
+func (p *Planner) converge(ctx context.Context, j *pb.SendJob) (*roaring.Bitmap, string, error) {
+	var set *roaring.Bitmap
+	var from string
+	var err error
+	switch j.Source {
+	case pb.TargetSource_FOLLOWERS:
+		set, from, err = p.deps.Followers.Followers(ctx, j.AccountId)
+		if errors.Is(err, fanlist.ErrUnknownAccount) {
+			return nil, "", fmt.Errorf("unknown account: %w", err)
+		}
+		if err != nil {
+			return nil, "", fmt.Errorf("%w: followers: %v", errTransient, err)
+		}
+	case pb.TargetSource_PACKAGE:
+		from = "package"
+		if len(j.InlinePackage) > 0 {
+			set, err = numpkg.Decode(j.InlinePackage)
+		} else {
+			set, err = p.deps.Packages.Get(ctx, j.PackageUri)
+		}
+		if err != nil {
+			return nil, "", fmt.Errorf("bad package: %w", err)
+		}
+	case pb.TargetSource_TAGS:
+		from = "tags"
+		if set, err = p.deps.Tags.Match(j.Tags); err != nil {
+			return nil, "", err
+		}
+	}
+	if set.IsEmpty() {
+		return nil, "", fmt.Errorf("empty package: no targets from %s", from)
+	}
+	return set, from, nil
+}
+
+func (p *Planner) filterAndQueue(ctx context.Context, e emitter, j *pb.SendJob, acc Account, targets *roaring.Bitmap) error {
+	if err := e.move(j.JobId, pb.JobState_FILTERING, "", nil); err != nil {
+		return err
+	}
+	fj := &filter.Job{SendJob: j, Now: e.now, Followers: func(ctx context.Context) (*roaring.Bitmap, error) {
+		s, _, err := p.deps.Followers.Followers(ctx, j.AccountId)
+		return s, err
+	}}
+	res, err := p.chain.Run(ctx, fj, filter.Mask(j, acc.Filters), targets)
+	if err != nil {
+		return fmt.Errorf("%w: %v", errTransient, err)
+	}
+	// What each filter removed is reported, so deliveries reconcile with
+	// the package: package = delivered + queued offline + filtered.
+	for bit, removed := range res.Removed {
+		if removed.IsEmpty() {
+			continue
+		}
+		buf, err := removed.ToBytes()
+		if err != nil {
+			return err
+		}
+		if err := e.out.EmitMsg(p.topic(schemas.TopicReports), []byte(j.JobId), &pb.DeliveryReport{JobId: j.JobId,
+			Status: pb.DeliveryStatus_FILTERED, Filter: bit.String(), AtMs: e.now.UnixMilli(), Uins: buf, ContentId: j.ContentId}); err != nil {
+			return err
+		}
+	}
+	kept := res.Kept
+	if kept.IsEmpty() {
+		return e.move(j.JobId, pb.JobState_COMPLETED, "no targets left after filtering", nil)
+	}
+	fjob := proto_clone(j)
+	uri, err := p.deps.Packages.Put(ctx, j.JobId+".filtered", kept)
+	if err != nil {
+		return fmt.Errorf("%w: store filtered package: %v", errTransient, err)
+	}
+	fjob.PackageUri = uri
+	if err := e.move(j.JobId, pb.JobState_QUEUED, "", func(t *pb.JobTransition) {
+		t.Job, t.Targets = fjob, kept.GetCardinality()
+	}); err != nil {
+		return err
+	}
+	p.enqueue(fjob, kept, pb.JobState_QUEUED)
+	return p.dispatch(ctx, e)
+}
+
+func (p *Planner) enqueue(j *pb.SendJob, kept *roaring.Bitmap, st pb.JobState) *queued {
+	total := kept.GetCardinality()
+	q := &queued{job: j, targets: kept, total: total, units: uint32((total + p.cfg.UnitSize - 1) / p.cfg.UnitSize),
+		done: map[uint32]bool{}, state: st, executor: map[string]bool{}}
+	p.queue[j.JobId] = q
+	return q
+}
+
+func (p *Planner) observeLoad(l *pb.ExecutorLoad, now time.Time) {
+	ev := p.executors[l.Executor]
+	if ev == nil {
+		ev = &executorView{inflight: map[string]bool{}}
+		p.executors[l.Executor] = ev
+	}
+	if l.DoneJobId != "" {
+		delete(ev.inflight, unitKey(l.DoneJobId, l.DoneUnitId))
+		if q := p.queue[l.DoneJobId]; q != nil {
+			q.done[l.DoneUnitId] = true
+		}
+		return // a completion, not a heartbeat
+	}
+	ev.load, ev.seen = l, now
+}
+
+func (p *Planner) topic(name string) string { return p.deps.Namespace + name }
+
+func unitKey(jobID string, unit uint32) string { return fmt.Sprintf("%s/%d", jobID, unit) }
+
+// free is how many more units an executor takes now.
+func (p *Planner) free(ev *executorView, now time.Time) int {
+	if ev.load == nil || ev.load.Draining || now.Sub(ev.seen) > p.cfg.ExecutorTimeout {
+		return 0
+	}
+	return max(p.cfg.MaxBacklog-len(ev.inflight), 0)
+}
+
+// dispatch hands out units by score while executors have room, finishes
+// jobs whose units are all done, and marks pre-empted the jobs that were
+// sending but lost their room to a higher score.
+func (p *Planner) dispatch(_ context.Context, e emitter) error {
+	jobs := make([]*queued, 0, len(p.queue))
+	for _, q := range p.queue {
+		jobs = append(jobs, q)
+	}
+	sort.Slice(jobs, func(a, b int) bool { return jobs[a].score() > jobs[b].score() })
+	names := make([]string, 0, len(p.executors))
+	room := map[string]int{}
+	for name, ev := range p.executors {
+		if f := p.free(ev, e.now); f > 0 {
+			names = append(names, name)
+			room[name] = f
+		}
+	}
+	slices.Sort(names)
+	for _, q := range jobs {
+		if q.next == q.units {
+			if len(q.done) == int(q.units) {
+				if err := e.move(q.job.JobId, pb.JobState_COMPLETED, "", func(t *pb.JobTransition) {
+					t.Position, t.Targets = uint64(q.units), q.total
+				}); err != nil {
+					return err
+				}
+				delete(p.queue, q.job.JobId)
+			}
+			continue
+		}
+		assigned, err := p.assign(e, q, names, room)
+		if err != nil {
+			return err
+		}
+		if assigned == 0 && q.state == pb.JobState_SENDING && !q.job.Realtime && p.busyWithHigher(q, jobs) {
+			if err := e.move(q.job.JobId, pb.JobState_PREEMPTED, "executors busy with higher-score jobs", nil); err != nil {
+				return err
+			}
+			q.state = pb.JobState_PREEMPTED
+		}
+	}
+	return nil
+}
+
+// busyWithHigher reports whether a higher-score job is holding units.
+func (p *Planner) busyWithHigher(q *queued, jobs []*queued) bool {
+	for _, o := range jobs {
+		if o == q {
+			return false
+		}
+		if o.next > 0 && len(o.done) < int(o.next) {
+			return true
+		}
+	}
+	return false
+}
+
+// assign gives q as many units as the executors have room for, preferring
+// one executor that can take all its remaining units.
+func (p *Planner) assign(e emitter, q *queued, names []string, room map[string]int) (int, error) {
+	remaining := int(q.units - q.next)
+	var order []string
+	for _, n := range names {
+		if room[n] >= remaining {
+			order = []string{n} // fits on one: use only it
+			break
+		}
+	}
+	if order == nil {
+		order = slices.Clone(names)
+		sort.SliceStable(order, func(a, b int) bool { return room[order[a]] > room[order[b]] })
+	}
+	type plan struct {
+		executor string
+		n        int
+	}
+	var plans []plan
+	for _, n := range order {
+		if remaining == 0 {
+			break
+		}
+		if k := min(room[n], remaining); k > 0 {
+			plans = append(plans, plan{n, k})
+			remaining -= k
+		}
+	}
+	if len(plans) == 0 {
+		return 0, nil
+	}
+	id := q.job.JobId
+	switch q.state {
+	case pb.JobState_PREEMPTED:
+		if err := e.move(id, pb.JobState_RESUMING, "", nil); err != nil {
+			return 0, err
+		}
+	}
+	if err := e.move(id, pb.JobState_DISPATCHING, "", nil); err != nil {
+		return 0, err
+	}
+	total := 0
+	var used []string
+	for _, pl := range plans {
+		ev := p.executors[pl.executor]
+		for range pl.n {
+			u, err := p.unit(q, q.next, pl.executor)
+			if err != nil {
+				return 0, err
+			}
+			if err := e.out.EmitMsg(ev.load.UnitsTopic, []byte(id), u); err != nil {
+				return 0, err
+			}
+			ev.inflight[unitKey(id, q.next)] = true
+			q.next++
+			total++
+		}
+		room[pl.executor] -= pl.n
+		q.executor[pl.executor] = true
+		used = append(used, pl.executor)
+		p.mUnits.With(pl.executor).Add(float64(pl.n))
+	}
+	err := e.move(id, pb.JobState_SENDING, "", func(t *pb.JobTransition) {
+		t.Position, t.Executor, t.Targets = uint64(q.next), strings.Join(used, ","), q.total
+	})
+	q.state = pb.JobState_SENDING
+	return total, err
+}
+
+// unit cuts unit k out of the filtered package: the targets of rank
+// [k*UnitSize, (k+1)*UnitSize).
+func (p *Planner) unit(q *queued, k uint32, executor string) (*pb.SendTaskUnit, error) {
+	lo := uint64(k) * p.cfg.UnitSize
+	start, err := q.targets.Select(uint32(lo))
+	if err != nil {
+		return nil, err
+	}
+	end := uint64(q.targets.Maximum()) + 1
+	if hi := lo + p.cfg.UnitSize; hi < q.total {
+		e, err := q.targets.Select(uint32(hi))
+		if err != nil {
+			return nil, err
+		}
+		end = uint64(e)
+	}
+	part := roaring.New()
+	part.AddRange(uint64(start), end)
+	part.And(q.targets)
+	buf, err := part.ToBytes()
+	if err != nil {
+		return nil, err
+	}
+	j := q.job
+	return &pb.SendTaskUnit{JobId: j.JobId, UnitId: k, Executor: executor, PackageUri: j.PackageUri,
+		RangeStart: uint64(start), RangeEnd: end, Count: part.GetCardinality(), ContentId: j.ContentId,
+		DisplayAtMs: j.DisplayAtMs, Targets: buf, ContentCrc: j.ContentCrc, UnitsTotal: q.units,
+		Realtime: j.Realtime, AccountId: j.AccountId}, nil
+}
+
+// LiveExecutors is the number of executors that reported recently and
+// are not draining.
+func (p *Planner) LiveExecutors() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n, now := 0, p.cfg.Now()
+	for _, ev := range p.executors {
+		if ev.load != nil && !ev.load.Draining && now.Sub(ev.seen) <= p.cfg.ExecutorTimeout {
+			n++
+		}
+	}
+	return n
+}
+
+// Queued is the number of jobs queued or sending.
+func (p *Planner) Queued() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.queue)
+}

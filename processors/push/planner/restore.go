@@ -1,0 +1,148 @@
+package planner
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"google.golang.org/protobuf/proto"
+
+	"surge/processors/push/job"
+	"surge/schemas"
+	pb "surge/schemas/surgev1"
+	"surge/streams"
+)
+
+func proto_clone(j *pb.SendJob) *pb.SendJob { return proto.Clone(j).(*pb.SendJob) }
+
+// Restore rebuilds the planner's memory from the topics: job states from
+// push.job-transitions; the queue (with each job's dispatch position) from
+// the jobs not yet finished; the CRC and quota state by re-reading the
+// filtered package of every job queued (quota only for today's); unit
+// completions from push.executors.
+func (p *Planner) Restore(ctx context.Context, brokers []string) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.restore(ctx, brokers)
+}
+
+func (p *Planner) restore(ctx context.Context, brokers []string) error {
+	p.reset()
+	now := p.cfg.Now()
+	today := now.Format("2006-01-02")
+	type progress struct {
+		job      *pb.SendJob
+		position uint32
+		execs    string
+	}
+	jobs := map[string]*progress{}
+	illegal := 0
+	err := streams.ReadToEnd(ctx, brokers, p.topic(schemas.TopicJobTransitions), func(r *kgo.Record) error {
+		var t pb.JobTransition
+		if err := streams.Decode(r, &t); err != nil {
+			return nil
+		}
+		if err := p.machine.Observe(&t); err != nil {
+			illegal++
+			return nil
+		}
+		pr := jobs[t.JobId]
+		if pr == nil {
+			pr = &progress{}
+			jobs[t.JobId] = pr
+		}
+		if t.Job != nil {
+			pr.job = t.Job
+		}
+		switch t.To {
+		case pb.JobState_QUEUED:
+			kept, err := p.deps.Packages.Get(ctx, t.Job.PackageUri)
+			if err != nil {
+				return fmt.Errorf("planner: restore %s: filtered package: %w", t.JobId, err)
+			}
+			p.sent.Record(t.Job.ContentCrc, kept)
+			if time.UnixMilli(t.AtMs).In(now.Location()).Format("2006-01-02") == today && !t.Job.Realtime {
+				p.ledger.Charge(now, kept)
+			}
+		case pb.JobState_SENDING:
+			pr.position, pr.execs = uint32(t.Position), t.Executor
+		}
+		if job.Terminal(t.To) {
+			delete(jobs, t.JobId)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if illegal > 0 {
+		p.log.Warn("planner: restore skipped transitions that do not fit the machine", "count", illegal)
+	}
+	for id, pr := range jobs {
+		st := p.machine.State(id)
+		switch st {
+		case pb.JobState_QUEUED, pb.JobState_DISPATCHING, pb.JobState_SENDING, pb.JobState_PREEMPTED,
+			pb.JobState_RESUMING, pb.JobState_PAUSED, pb.JobState_DRAINING:
+		default:
+			continue // before filtering: its timer or its next input moves it on
+		}
+		kept, err := p.deps.Packages.Get(ctx, pr.job.PackageUri)
+		if err != nil {
+			return fmt.Errorf("planner: restore %s: %w", id, err)
+		}
+		q := p.enqueue(pr.job, kept, st)
+		q.next = pr.position
+	}
+	return streams.ReadToEnd(ctx, brokers, p.topic(schemas.TopicExecutors), func(r *kgo.Record) error {
+		var l pb.ExecutorLoad
+		if err := streams.Decode(r, &l); err == nil && l.DoneJobId != "" {
+			if q := p.queue[l.DoneJobId]; q != nil {
+				q.done[l.DoneUnitId] = true
+			}
+		}
+		return nil
+	})
+}
+
+// Run restores the planner and the fan-list mirror, then plans until ctx
+// ends. An aborted batch rebuilds the memory before the batch is retried.
+func (p *Planner) Run(ctx context.Context, brokers []string, opts ...streams.Option) error {
+	p.brokers = brokers
+	if err := p.Restore(ctx, brokers); err != nil {
+		return fmt.Errorf("planner: restore: %w", err)
+	}
+	if p.deps.Mirror != nil {
+		err := streams.ReadToEnd(ctx, brokers, p.topic(schemas.TopicFanDelta), func(r *kgo.Record) error {
+			var d pb.FanDelta
+			if streams.Decode(r, &d) == nil && d.Uin <= 1<<32-1 {
+				p.deps.Mirror.Apply(&d)
+			}
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("planner: restore fan-list mirror: %w", err)
+		}
+	}
+	p.log.Info("planner: restored", "queued", len(p.queue), "states", len(p.machine.Count()))
+	opts = append([]streams.Option{
+		streams.Brokers(brokers...),
+		streams.Inputs(p.topic(schemas.TopicJobs), p.topic(schemas.TopicExecutors), p.topic(schemas.TopicFanDelta)),
+		streams.Group(p.deps.Namespace + "push-planner"),
+		streams.DeadLetterTopic(p.topic(schemas.TopicDeadLetter)),
+		streams.WithGuarantee(streams.ExactlyOnce),
+		streams.OnBatchEnd(func(committed bool) {
+			if committed {
+				return
+			}
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			p.restoreErr = p.restore(ctx, brokers)
+		}),
+	}, opts...)
+	r, err := streams.New("push-planner", p.Handle(), opts...)
+	if err != nil {
+		return err
+	}
+	return r.Run(ctx)
+}
