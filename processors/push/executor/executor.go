@@ -51,6 +51,7 @@ type Executor struct {
 
 	loginParts int
 	draining   atomic.Bool
+	drainDone  atomic.Bool
 	drainedAt  atomic.Int64
 	lastUnit   atomic.Int64
 	units      atomic.Int64
@@ -153,11 +154,15 @@ func (x *Executor) Run(ctx context.Context, opts ...streams.Option) error {
 	<-hbDone
 	select {
 	case <-drained:
+		x.drainDone.Store(true)
 		return ErrDrained
 	default:
 	}
 	return err
 }
+
+// Drained reports whether a drain finished and Run returned.
+func (x *Executor) Drained() bool { return x.drainDone.Load() }
 
 func samePartitions(ctx context.Context, cl *kgo.Client, a, b string) (int, error) {
 	adm := kadm.NewClient(cl)

@@ -31,6 +31,7 @@ func quiet() *slog.Logger {
 
 type env struct {
 	t     *testing.T
+	ctx   context.Context
 	ns    string
 	b     streamstest.Backend
 	cl    *kgo.Client
@@ -62,7 +63,7 @@ func start(t *testing.T, b streamstest.Backend, cfg planner.Config, setup func(*
 	if err := s.WaitReady(rctx, 2); err != nil {
 		t.Fatal(err)
 	}
-	return &env{t: t, ns: ns, b: b, cl: streamstest.Client(t, b.Brokers), stack: s}
+	return &env{t: t, ctx: ctx, ns: ns, b: b, cl: streamstest.Client(t, b.Brokers), stack: s}
 }
 
 func testConfig() planner.Config {
@@ -317,5 +318,61 @@ func TestQuotaUnderConcurrentJobs(t *testing.T) {
 			}
 		}
 		t.Logf("9 jobs, %d units released: every user got %d", releasedAfter, per[1])
+	})
+}
+
+// An executor drained mid-job finishes what it holds and leaves; the other
+// takes the rest; the drained one comes back and is used again.
+func TestDrainExecutor(t *testing.T) {
+	streamstest.Each(t, func(t *testing.T, b streamstest.Backend) {
+		cfg := testConfig()
+		cfg.MaxBacklog = 1
+		e := start(t, b, cfg, func(s *pipeline.Stack) { s.Accounts.Put(planner.Account{ID: 1, Filters: filter.CRC}) })
+		users := rangeSet(1, 30001)
+		e.logins(true, users.ToArray()...)
+		e.waitOnline(30000)
+		e.submit(&pb.SendJob{JobId: "d", AccountId: 1, Source: pb.TargetSource_PACKAGE, ContentId: "c", ContentCrc: 5,
+			InlinePackage: inline(t, users)})
+		x0 := e.stack.Executors[0]
+		deadline := time.Now().Add(60 * time.Second)
+		for units, _, _ := x0.Stats(); units == 0; units, _, _ = x0.Stats() {
+			if time.Now().After(deadline) {
+				t.Fatal("exec-0 got no unit")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		x0.Drain()
+		for !x0.Drained() {
+			if time.Now().After(deadline) {
+				t.Fatal("exec-0 did not finish draining")
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		atDrain, _, _ := x0.Stats()
+		e.waitState("d", pb.JobState_COMPLETED)
+		if after, _, _ := x0.Stats(); after != atDrain {
+			t.Fatalf("drained executor ran %d more units", after-atDrain)
+		}
+		o := e.outcome("d")
+		if o.Duplicate != 0 || !o.Delivered.Equals(users) {
+			t.Fatalf("delivered %d (dup %d) of %d", o.Delivered.GetCardinality(), o.Duplicate, users.GetCardinality())
+		}
+		if u1, _, _ := e.stack.Executors[1].Stats(); u1 == 0 {
+			t.Fatal("the other executor took nothing")
+		}
+		t.Logf("exec-0 ran %d units before draining; the job finished on exec-1", atDrain)
+		// Back from the upgrade: the same name, the same queue.
+		back := e.stack.StartExecutor(e.ctx, "exec-0")
+		ctx, cancel := context.WithTimeout(e.ctx, 30*time.Second)
+		defer cancel()
+		if err := e.stack.WaitReady(ctx, 2); err != nil {
+			t.Fatal(err)
+		}
+		e.submit(&pb.SendJob{JobId: "d2", AccountId: 1, Source: pb.TargetSource_PACKAGE, ContentId: "c2", ContentCrc: 6,
+			InlinePackage: inline(t, users)})
+		e.waitState("d2", pb.JobState_COMPLETED)
+		if u, _, _ := back.Stats(); u == 0 {
+			t.Fatal("the returned executor was given nothing")
+		}
 	})
 }
