@@ -37,6 +37,21 @@ var options = []struct {
 	{"log.level", "info", "debug, info, warn or error"},
 	{"demo.users", 200000, "`embedded`: users in the generated login traffic; 0 serves until interrupted"},
 	{"demo.seed", 1, "`embedded`: random seed of the generated traffic"},
+	{"push.dir", "", "mass push: number packages and Pebble stores live here; empty is a temporary directory"},
+	{"push.namespace", "", "mass push: prefix of every push topic (shadow. for load-test traffic)"},
+	{"push.executors", 2, "mass push: executors started in process"},
+	{"push.unit_size", 1 << 18, "mass push: uins per dispatched unit"},
+	{"push.max_backlog", 8, "mass push: units an executor may hold not yet done"},
+	{"push.min_lead", 15 * time.Minute, "mass push: a scheduled job starts at least this long after creation"},
+	{"push.mirror_threshold", 10_000_000, "mass push: accounts with this many followers use the local fan-list mirror"},
+	{"loadgen.users", 1_000_000, "`loadgen`: users (uins 1..N)"},
+	{"loadgen.accounts", 1000, "`loadgen`: public accounts; followers per account follow a Zipf law"},
+	{"loadgen.zipf", 1.1, "`loadgen`: Zipf exponent s (> 1) of followers per account rank"},
+	{"loadgen.online", 0.6, "`loadgen`: share of users online at the start"},
+	{"loadgen.churn", 20000, "`loadgen`: login/logout events per second while jobs run"},
+	{"loadgen.jobs", 200, "`loadgen`: send jobs (mixed sources, sizes and priorities; 2% malformed)"},
+	{"loadgen.seed", 1, "`loadgen`: random seed"},
+	{"loadgen.timeout", 5 * time.Minute, "`loadgen`: give up waiting for jobs after this long"},
 }
 
 // loadConfig parses flags for one command into a viper instance.
@@ -51,6 +66,8 @@ func loadConfig(name string, args []string, extra func(*pflag.FlagSet)) (*viper.
 			fs.Int(o.key, d, o.help)
 		case time.Duration:
 			fs.Duration(o.key, d, o.help)
+		case float64:
+			fs.Float64(o.key, d, o.help)
 		}
 	}
 	if extra != nil {

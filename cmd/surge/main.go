@@ -29,6 +29,10 @@ commands:
   embedded   start in-process Kafka (kfake) and ClickHouse (chDB), create every
              topic, run the processors and sinks, drive generated login
              traffic with a progress bar, print a summary
+  loadgen    mass push under load: N users, M accounts with Zipf-distributed
+             followers, login churn, jobs of mixed source, size and priority,
+             through the whole push stack (kfake unless --kafka.brokers), with
+             a progress bar and a check that nobody got a message twice
   run NAME   run one processor or sink against the configured servers
              (names: presence, sink-dead-letters, sink-presence)
   topics     list the topic registry; --create creates the topics
@@ -49,6 +53,8 @@ func main() {
 	defer stop()
 	var err error
 	switch cmd {
+	case "loadgen":
+		err = cmdLoadgen(ctx, args)
 	case "embedded":
 		err = cmdEmbedded(ctx, args)
 	case "run":

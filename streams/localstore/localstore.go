@@ -31,8 +31,12 @@ func Open(dir string, fresh bool, log *slog.Logger) (*pebble.DB, error) {
 
 type logger struct{ l *slog.Logger }
 
-func (l logger) Infof(format string, args ...any)  { l.l.Debug("pebble: " + fmt.Sprintf(format, args...)) }
-func (l logger) Errorf(format string, args ...any) { l.l.Error("pebble: " + fmt.Sprintf(format, args...)) }
+func (l logger) Infof(format string, args ...any) {
+	l.l.Debug("pebble: " + fmt.Sprintf(format, args...))
+}
+func (l logger) Errorf(format string, args ...any) {
+	l.l.Error("pebble: " + fmt.Sprintf(format, args...))
+}
 func (l logger) Fatalf(format string, args ...any) {
 	l.l.Error("pebble: fatal: " + fmt.Sprintf(format, args...))
 	os.Exit(1)

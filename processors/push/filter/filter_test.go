@@ -19,9 +19,9 @@ func chain() (*Chain, *Blacklists, *Tags, *Sent, *quota.Ledger) {
 func TestChainEachFilter(t *testing.T) {
 	c, bl, tags, _, _ := chain()
 	followers := roaring.BitmapOf(1, 2, 3, 4, 5, 6, 7, 8)
-	bl.Add(0, 2)     // global
-	bl.Add(9, 3)     // this account
-	bl.Add(10, 4)    // another account: no effect
+	bl.Add(0, 2)  // global
+	bl.Add(9, 3)  // this account
+	bl.Add(10, 4) // another account: no effect
 	tags.Tag("vip", 1, 3, 4, 5, 6, 7, 100)
 	noon := time.Date(2026, 12, 2, 23, 59, 0, 0, time.UTC) // every window released
 	j := &Job{SendJob: &pb.SendJob{AccountId: 9, Source: pb.TargetSource_PACKAGE, Tags: []string{"vip"}, ContentCrc: 42},

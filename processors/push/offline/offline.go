@@ -53,9 +53,9 @@ type Queues struct {
 	online *roaring.Bitmap
 	onStg  map[uint32]bool
 
-	queued, delivered atomic.Int64
+	queued, delivered  atomic.Int64
 	stgQueued, stgDone int64
-	mQueued, mDone    metrics.Counter
+	mQueued, mDone     metrics.Counter
 }
 
 // New returns the processor.

@@ -133,15 +133,15 @@ type Planner struct {
 	deps Deps
 	log  *slog.Logger
 
-	mu        sync.Mutex
-	machine   *job.Machine
-	queue     map[string]*queued
-	sent      *filter.Sent
-	ledger    *quota.Ledger
-	chain     *filter.Chain
-	executors map[string]*executorView
-	brokers   []string
-	ctx       context.Context
+	mu         sync.Mutex
+	machine    *job.Machine
+	queue      map[string]*queued
+	sent       *filter.Sent
+	ledger     *quota.Ledger
+	chain      *filter.Chain
+	executors  map[string]*executorView
+	brokers    []string
+	ctx        context.Context
 	restoreErr error
 
 	mUnits, mJobs, mRejected metrics.CounterVec
