@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # The main job on the embedded default: installs chDB (once), builds surge,
 # and runs `surge embedded` (in-process Kafka and ClickHouse, every
-# processor and sink, generated traffic). Extra arguments go to surge.
+# processor and sink, generated traffic; extra arguments go to it), then
+# `surge loadgen` (the mass-push stack under generated load).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 CHDB_LIB_PATH="$(scripts/chdb.sh)"
 export CHDB_LIB_PATH
 go build -o bin/surge ./cmd/surge
-exec bin/surge embedded "$@"
+bin/surge embedded "$@"
+case " $* " in *" --demo.users 0 "*|*" --demo.users=0 "*) exit 0 ;; esac
+# Mass push under generated load, on its own embedded broker.
+exec bin/surge loadgen --loadgen.users 300000 --loadgen.accounts 300 --loadgen.jobs 100
