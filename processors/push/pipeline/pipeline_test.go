@@ -199,6 +199,22 @@ func TestDeliveryOnlineOfflineAndRefusals(t *testing.T) {
 		if !o.Filtered.Equals(roaring.BitmapOf(4999, 5000)) {
 			t.Fatalf("filtered %v", o.Filtered.ToArray())
 		}
+		// Pre-delivery: every delivery carries the display time.
+		shown := 0
+		rctx, rcancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer rcancel()
+		if err := streams.ReadToEnd(rctx, b.Brokers, e.ns+schemas.TopicReports, func(r *kgo.Record) error {
+			var rep pb.DeliveryReport
+			if streams.Decode(r, &rep) == nil && rep.JobId == "followers" && rep.Status != pb.DeliveryStatus_FILTERED {
+				if rep.DisplayAtMs != display {
+					t.Errorf("delivery shown at %d, want %d", rep.DisplayAtMs, display)
+				}
+				shown++
+			}
+			return nil
+		}); err != nil || shown == 0 {
+			t.Fatalf("read %d deliveries: %v", shown, err)
+		}
 		// The rest wait in their queues, and go out on login.
 		for _, u := range []uint32{4001, 4998} {
 			if p, _ := e.stack.Offline.Pending(u); len(p) != 1 || p[0] != "followers" {
@@ -373,6 +389,164 @@ func TestDrainExecutor(t *testing.T) {
 		e.waitState("d2", pb.JobState_COMPLETED)
 		if u, _, _ := back.Stats(); u == 0 {
 			t.Fatal("the returned executor was given nothing")
+		}
+	})
+}
+
+// transitions reads a job's committed transitions in order.
+func (e *env) transitions(id string) []*pb.JobTransition {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var out []*pb.JobTransition
+	err := streams.ReadToEnd(ctx, e.b.Brokers, e.ns+schemas.TopicJobTransitions, func(r *kgo.Record) error {
+		var t pb.JobTransition
+		if streams.Decode(r, &t) == nil && t.JobId == id {
+			out = append(out, &t)
+		}
+		return nil
+	})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return out
+}
+
+func has(ts []*pb.JobTransition, s pb.JobState) bool {
+	for _, t := range ts {
+		if t.To == s {
+			return true
+		}
+	}
+	return false
+}
+
+// A low-priority job sending on a busy executor pool is pre-empted by a
+// higher one and resumes after it; a real-time job never is. A job that
+// fits on one executor goes to one executor.
+func TestPriorityPreemptionAndPlacement(t *testing.T) {
+	streamstest.Each(t, func(t *testing.T, b streamstest.Backend) {
+		cfg := testConfig()
+		cfg.MaxBacklog = 1
+		e := start(t, b, cfg, func(s *pipeline.Stack) { s.Accounts.Put(planner.Account{ID: 1, Filters: filter.CRC}) })
+		users := rangeSet(1, 40001)
+		e.logins(true, users.ToArray()...)
+		e.waitOnline(40000)
+		job := func(id string, crc uint32, prio int32, rt bool, set *roaring.Bitmap) {
+			e.submit(&pb.SendJob{JobId: id, AccountId: 1, Source: pb.TargetSource_PACKAGE, ContentId: id, ContentCrc: crc,
+				Priority: prio, Realtime: rt, InlinePackage: inline(t, set)})
+		}
+		job("low", 1, 1, false, users)
+		e.waitState("low", pb.JobState_SENDING)
+		job("rt", 2, 0, true, users) // real-time beats any priority
+		job("high", 3, 9, false, users)
+		for _, id := range []string{"low", "rt", "high"} {
+			e.waitState(id, pb.JobState_COMPLETED)
+		}
+		low, rt, high := e.transitions("low"), e.transitions("rt"), e.transitions("high")
+		if !has(low, pb.JobState_PREEMPTED) || !has(low, pb.JobState_RESUMING) {
+			t.Fatalf("low-priority job was not pre-empted and resumed: %v", states(low))
+		}
+		if has(rt, pb.JobState_PREEMPTED) {
+			t.Fatalf("real-time job was pre-empted: %v", states(rt))
+		}
+		// The real-time job finished before the high one, which finished
+		// before the low one.
+		end := func(ts []*pb.JobTransition) int64 { return ts[len(ts)-1].AtMs }
+		if !(end(rt) <= end(high) && end(high) <= end(low)) {
+			t.Fatalf("finish order rt %d, high %d, low %d", end(rt), end(high), end(low))
+		}
+		for _, id := range []string{"low", "rt", "high"} {
+			if o := e.outcome(id); o.Duplicate != 0 || !o.Delivered.Equals(users) {
+				t.Fatalf("%s delivered %d (dup %d)", id, o.Delivered.GetCardinality(), o.Duplicate)
+			}
+		}
+		// A one-unit job fits one executor: it is placed on exactly one.
+		job("small", 4, 5, false, rangeSet(1, 301))
+		e.waitState("small", pb.JobState_COMPLETED)
+		for _, tr := range e.transitions("small") {
+			if tr.To == pb.JobState_SENDING && strings.Contains(tr.Executor, ",") {
+				t.Fatalf("a job that fits one executor was split: %s", tr.Executor)
+			}
+		}
+	})
+}
+
+func states(ts []*pb.JobTransition) []string {
+	var out []string
+	for _, t := range ts {
+		out = append(out, t.To.String())
+	}
+	return out
+}
+
+// A big account's followers come from the mirror fed by push.fan-delta
+// while it validates, and from the source store once it has drifted.
+func TestFanListMirrorAndFallback(t *testing.T) {
+	streamstest.Each(t, func(t *testing.T, b streamstest.Backend) {
+		ns := streamstest.Unique("t") + "."
+		s := pipeline.New(b.Brokers, pipeline.Options{Namespace: ns, Dir: t.TempDir(), Executors: 1, Planner: testConfig(),
+			MirrorThreshold: 1000, Log: quiet()})
+		ctx, cancel := context.WithCancel(context.Background())
+		defer func() { cancel(); _ = s.Wait() }()
+		if err := s.CreateTopics(ctx, 1); err != nil {
+			t.Fatal(err)
+		}
+		s.Accounts.Put(planner.Account{ID: 7, Filters: filter.Relation})
+		cl := streamstest.Client(t, b.Brokers)
+		var recs []*kgo.Record
+		for u := uint64(1); u <= 20000; u++ {
+			d := &pb.FanDelta{AccountId: 7, Uin: u, Op: pb.FanDelta_FOLLOW}
+			s.Source.Apply(d)
+			r, _ := streams.NewRecord(ns+schemas.TopicFanDelta, []byte("7"), d)
+			recs = append(recs, r)
+		}
+		streamstest.ProduceSync(t, cl, recs...)
+		if err := s.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		e := &env{t: t, ctx: ctx, ns: ns, b: b, cl: cl, stack: s}
+		wctx, wcancel := context.WithTimeout(ctx, 60*time.Second)
+		defer wcancel()
+		if err := s.WaitReady(wctx, 1); err != nil {
+			t.Fatal(err)
+		}
+		for {
+			if m, ok := s.Mirror.Get(7); ok && m.GetCardinality() == 20000 {
+				break
+			}
+			if wctx.Err() != nil {
+				t.Fatal("mirror never caught up with push.fan-delta")
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		reasonOf := func(id string) string {
+			for _, tr := range e.transitions(id) {
+				if tr.To == pb.JobState_PACKAGE_READY {
+					return tr.Reason
+				}
+			}
+			return ""
+		}
+		e.submit(&pb.SendJob{JobId: "m1", AccountId: 7, Source: pb.TargetSource_FOLLOWERS, ContentId: "c", ContentCrc: 1})
+		e.waitState("m1", pb.JobState_COMPLETED)
+		if r := reasonOf("m1"); r != "targets from mirror" {
+			t.Fatalf("first job: %q", r)
+		}
+		// The relation store moves on without the delta topic: 30% of the
+		// followers leave. The mirror still holds them, sampling sees it.
+		for u := uint64(1); u <= 6000; u++ {
+			s.Source.Apply(&pb.FanDelta{AccountId: 7, Uin: u, Op: pb.FanDelta_UNFOLLOW})
+		}
+		e.submit(&pb.SendJob{JobId: "m2", AccountId: 7, Source: pb.TargetSource_FOLLOWERS, ContentId: "c", ContentCrc: 2})
+		e.waitState("m2", pb.JobState_COMPLETED)
+		if r := reasonOf("m2"); r != "targets from source" {
+			t.Fatalf("drifted mirror used: %q", r)
+		}
+		// The fallback reached exactly the current followers (nobody online,
+		// so all went to the offline queues).
+		if q := offlineQueued(t, b.Brokers, ns, "m2"); !q.Equals(rangeSet(6001, 20001)) {
+			t.Fatalf("fallback targeted %d users, want 14000", q.GetCardinality())
 		}
 	})
 }
