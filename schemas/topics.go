@@ -35,6 +35,7 @@ const (
 	TopicTokens         = "wallet.tokens"
 	TopicLedger         = "wallet.ledger"
 	TopicWithdrawals    = "wallet.withdrawals"
+	TopicWithdrawResult = "wallet.withdrawal-results"
 	TopicStock          = "wallet.stock"
 	TopicRegistrations  = "uin.registrations"
 	TopicUsage          = "uin.usage"
@@ -69,6 +70,7 @@ var Topics = []Topic{
 	{TopicTokens, "surge.v1.Token", "act_id", 12, false, 30 * day, "signed tokens and their status changes"},
 	{TopicLedger, "surge.v1.LedgerEntry", "act_id", 12, false, 365 * day, "booked ledger entries; the account store is rebuilt from it"},
 	{TopicWithdrawals, "surge.v1.Withdrawal", "act_id", 12, false, 365 * day, "withdrawal requests"},
+	{TopicWithdrawResult, "surge.v1.Withdrawal", "act_id", 12, false, 30 * day, "the ledger's answer to each withdrawal: booked or refused with a reason"},
 	{TopicStock, "surge.v1.StockChange", "template_id", 6, false, 30 * day, "coupon stock consumption"},
 	{TopicRegistrations, "surge.v1.UinRegistration", "uin (4-byte big-endian)", 12, false, 400 * day, "uin allocations and registration completion"},
 	{TopicUsage, "surge.v1.UsageEvent", "uin (4-byte big-endian)", 12, false, 30 * day, "usage events that prove an account alive"},

@@ -19,4 +19,6 @@ scripts/kafka.sh start >/dev/null
   echo
   echo "\$ go run ./bench/push -users $users -brokers 127.0.0.1:${KAFKA_PORT:-19092}"
   go run ./bench/push -users "$users" -brokers "127.0.0.1:${KAFKA_PORT:-19092}"
+  echo
+  echo "# what bounds each figure: bench/push-notes.md"
 } | tee "$out"

@@ -178,21 +178,22 @@ func (LedgerKind) EnumDescriptor() ([]byte, []int) {
 
 // A reward granted to a person; order_no = {actID}_{sceneID}_{rainID}_{awardType}_{stage}.
 type RewardGrant struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	OrderNo       string                 `protobuf:"bytes,1,opt,name=order_no,json=orderNo,proto3" json:"order_no,omitempty"`
-	ActId         string                 `protobuf:"bytes,2,opt,name=act_id,json=actId,proto3" json:"act_id,omitempty"`
-	ActivityId    string                 `protobuf:"bytes,3,opt,name=activity_id,json=activityId,proto3" json:"activity_id,omitempty"`
-	SceneId       string                 `protobuf:"bytes,4,opt,name=scene_id,json=sceneId,proto3" json:"scene_id,omitempty"`
-	RainId        string                 `protobuf:"bytes,5,opt,name=rain_id,json=rainId,proto3" json:"rain_id,omitempty"`
-	AwardType     AwardType              `protobuf:"varint,6,opt,name=award_type,json=awardType,proto3,enum=surge.v1.AwardType" json:"award_type,omitempty"`
-	Stage         uint32                 `protobuf:"varint,7,opt,name=stage,proto3" json:"stage,omitempty"`
-	Amount        int64                  `protobuf:"varint,8,opt,name=amount,proto3" json:"amount,omitempty"` // in cents
-	AppId         string                 `protobuf:"bytes,9,opt,name=app_id,json=appId,proto3" json:"app_id,omitempty"`
-	AtMs          int64                  `protobuf:"varint,10,opt,name=at_ms,json=atMs,proto3" json:"at_ms,omitempty"`
-	TemplateId    string                 `protobuf:"bytes,11,opt,name=template_id,json=templateId,proto3" json:"template_id,omitempty"` // coupon template
-	Shadow        bool                   `protobuf:"varint,12,opt,name=shadow,proto3" json:"shadow,omitempty"`                          // load-test traffic
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state            protoimpl.MessageState `protogen:"open.v1"`
+	OrderNo          string                 `protobuf:"bytes,1,opt,name=order_no,json=orderNo,proto3" json:"order_no,omitempty"`
+	ActId            string                 `protobuf:"bytes,2,opt,name=act_id,json=actId,proto3" json:"act_id,omitempty"`
+	ActivityId       string                 `protobuf:"bytes,3,opt,name=activity_id,json=activityId,proto3" json:"activity_id,omitempty"`
+	SceneId          string                 `protobuf:"bytes,4,opt,name=scene_id,json=sceneId,proto3" json:"scene_id,omitempty"`
+	RainId           string                 `protobuf:"bytes,5,opt,name=rain_id,json=rainId,proto3" json:"rain_id,omitempty"`
+	AwardType        AwardType              `protobuf:"varint,6,opt,name=award_type,json=awardType,proto3,enum=surge.v1.AwardType" json:"award_type,omitempty"`
+	Stage            uint32                 `protobuf:"varint,7,opt,name=stage,proto3" json:"stage,omitempty"`
+	Amount           int64                  `protobuf:"varint,8,opt,name=amount,proto3" json:"amount,omitempty"` // in cents
+	AppId            string                 `protobuf:"bytes,9,opt,name=app_id,json=appId,proto3" json:"app_id,omitempty"`
+	AtMs             int64                  `protobuf:"varint,10,opt,name=at_ms,json=atMs,proto3" json:"at_ms,omitempty"`
+	TemplateId       string                 `protobuf:"bytes,11,opt,name=template_id,json=templateId,proto3" json:"template_id,omitempty"`                     // coupon template
+	Shadow           bool                   `protobuf:"varint,12,opt,name=shadow,proto3" json:"shadow,omitempty"`                                              // load-test traffic
+	ParentActivityId string                 `protobuf:"bytes,13,opt,name=parent_activity_id,json=parentActivityId,proto3" json:"parent_activity_id,omitempty"` // as requested; activity_id is the phase (child) it fell in
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *RewardGrant) Reset() {
@@ -307,6 +308,13 @@ func (x *RewardGrant) GetShadow() bool {
 		return x.Shadow
 	}
 	return false
+}
+
+func (x *RewardGrant) GetParentActivityId() string {
+	if x != nil {
+		return x.ParentActivityId
+	}
+	return ""
 }
 
 // The signed proof of a cash grant, shown to the user before it is booked.
@@ -536,11 +544,16 @@ func (x *LedgerEntry) GetBalanceAfter() int64 {
 }
 
 type Withdrawal struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	WithdrawId    string                 `protobuf:"bytes,1,opt,name=withdraw_id,json=withdrawId,proto3" json:"withdraw_id,omitempty"`
-	ActId         string                 `protobuf:"bytes,2,opt,name=act_id,json=actId,proto3" json:"act_id,omitempty"`
-	Amount        int64                  `protobuf:"varint,3,opt,name=amount,proto3" json:"amount,omitempty"`
-	AtMs          int64                  `protobuf:"varint,4,opt,name=at_ms,json=atMs,proto3" json:"at_ms,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	WithdrawId string                 `protobuf:"bytes,1,opt,name=withdraw_id,json=withdrawId,proto3" json:"withdraw_id,omitempty"`
+	ActId      string                 `protobuf:"bytes,2,opt,name=act_id,json=actId,proto3" json:"act_id,omitempty"`
+	Amount     int64                  `protobuf:"varint,3,opt,name=amount,proto3" json:"amount,omitempty"`
+	AtMs       int64                  `protobuf:"varint,4,opt,name=at_ms,json=atMs,proto3" json:"at_ms,omitempty"`
+	// Set on the outcome the ledger publishes on wallet.withdrawal-results.
+	Refused       bool   `protobuf:"varint,5,opt,name=refused,proto3" json:"refused,omitempty"`
+	Reason        string `protobuf:"bytes,6,opt,name=reason,proto3" json:"reason,omitempty"`
+	BalanceAfter  int64  `protobuf:"varint,7,opt,name=balance_after,json=balanceAfter,proto3" json:"balance_after,omitempty"`
+	ForceBooked   uint32 `protobuf:"varint,8,opt,name=force_booked,json=forceBooked,proto3" json:"force_booked,omitempty"` // unbooked tokens booked first
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -599,6 +612,34 @@ func (x *Withdrawal) GetAmount() int64 {
 func (x *Withdrawal) GetAtMs() int64 {
 	if x != nil {
 		return x.AtMs
+	}
+	return 0
+}
+
+func (x *Withdrawal) GetRefused() bool {
+	if x != nil {
+		return x.Refused
+	}
+	return false
+}
+
+func (x *Withdrawal) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *Withdrawal) GetBalanceAfter() int64 {
+	if x != nil {
+		return x.BalanceAfter
+	}
+	return 0
+}
+
+func (x *Withdrawal) GetForceBooked() uint32 {
+	if x != nil {
+		return x.ForceBooked
 	}
 	return 0
 }
@@ -684,7 +725,7 @@ var File_surge_v1_wallet_proto protoreflect.FileDescriptor
 
 const file_surge_v1_wallet_proto_rawDesc = "" +
 	"\n" +
-	"\x15surge/v1/wallet.proto\x12\bsurge.v1\"\xdb\x02\n" +
+	"\x15surge/v1/wallet.proto\x12\bsurge.v1\"\x89\x03\n" +
 	"\vRewardGrant\x12\x19\n" +
 	"\border_no\x18\x01 \x01(\tR\aorderNo\x12\x15\n" +
 	"\x06act_id\x18\x02 \x01(\tR\x05actId\x12\x1f\n" +
@@ -701,7 +742,8 @@ const file_surge_v1_wallet_proto_rawDesc = "" +
 	" \x01(\x03R\x04atMs\x12\x1f\n" +
 	"\vtemplate_id\x18\v \x01(\tR\n" +
 	"templateId\x12\x16\n" +
-	"\x06shadow\x18\f \x01(\bR\x06shadow\"\xc5\x02\n" +
+	"\x06shadow\x18\f \x01(\bR\x06shadow\x12,\n" +
+	"\x12parent_activity_id\x18\r \x01(\tR\x10parentActivityId\"\xc5\x02\n" +
 	"\x05Token\x12\x15\n" +
 	"\x06app_id\x18\x01 \x01(\tR\x05appId\x12\x15\n" +
 	"\x06act_id\x18\x02 \x01(\tR\x05actId\x12\x1f\n" +
@@ -727,14 +769,18 @@ const file_surge_v1_wallet_proto_rawDesc = "" +
 	"\vactivity_id\x18\x06 \x01(\tR\n" +
 	"activityId\x12\x19\n" +
 	"\bscene_id\x18\a \x01(\tR\asceneId\x12#\n" +
-	"\rbalance_after\x18\b \x01(\x03R\fbalanceAfter\"q\n" +
+	"\rbalance_after\x18\b \x01(\x03R\fbalanceAfter\"\xeb\x01\n" +
 	"\n" +
 	"Withdrawal\x12\x1f\n" +
 	"\vwithdraw_id\x18\x01 \x01(\tR\n" +
 	"withdrawId\x12\x15\n" +
 	"\x06act_id\x18\x02 \x01(\tR\x05actId\x12\x16\n" +
 	"\x06amount\x18\x03 \x01(\x03R\x06amount\x12\x13\n" +
-	"\x05at_ms\x18\x04 \x01(\x03R\x04atMs\"\x8e\x01\n" +
+	"\x05at_ms\x18\x04 \x01(\x03R\x04atMs\x12\x18\n" +
+	"\arefused\x18\x05 \x01(\bR\arefused\x12\x16\n" +
+	"\x06reason\x18\x06 \x01(\tR\x06reason\x12#\n" +
+	"\rbalance_after\x18\a \x01(\x03R\fbalanceAfter\x12!\n" +
+	"\fforce_booked\x18\b \x01(\rR\vforceBooked\"\x8e\x01\n" +
 	"\vStockChange\x12\x1f\n" +
 	"\vtemplate_id\x18\x01 \x01(\tR\n" +
 	"templateId\x12\x14\n" +

@@ -9,6 +9,8 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
 	"os"
 	"strings"
 	"testing"
@@ -129,4 +131,47 @@ func ReadN(t testing.TB, brokers []string, topic string, committedOnly bool, n i
 			settleUntil = time.Now().Add(settle)
 		}
 	}
+}
+
+// RedisClient returns a client for the real redis-server of the tests, if
+// SURGE_TEST_REDIS is set; with SURGE_TEST_REQUIRE_REAL=1 its absence fails.
+func RedisClient(t testing.TB) (*redis.Client, bool) {
+	addr := os.Getenv("SURGE_TEST_REDIS")
+	if addr == "" {
+		if os.Getenv("SURGE_TEST_REQUIRE_REAL") == "1" {
+			t.Fatal("SURGE_TEST_REQUIRE_REAL=1 but SURGE_TEST_REDIS is not set")
+		}
+		return nil, false
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { rdb.Close() })
+	return rdb, true
+}
+
+// EachStack runs fn twice: on kfake with miniredis, and on the real broker
+// with the real redis-server.
+func EachStack(t *testing.T, fn func(t *testing.T, b Backend, rdb *redis.Client)) {
+	t.Helper()
+	t.Run("kfake+miniredis", func(t *testing.T) {
+		k, err := embedded.StartKafka()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(k.Close)
+		m := miniredis.RunT(t)
+		rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+		t.Cleanup(func() { rdb.Close() })
+		fn(t, Backend{Name: "kfake", Brokers: k.Brokers()}, rdb)
+	})
+	t.Run("kafka+redis", func(t *testing.T) {
+		b, ok := Real()
+		rdb, rok := RedisClient(t)
+		if !ok || !rok {
+			if os.Getenv("SURGE_TEST_REQUIRE_REAL") == "1" {
+				t.Fatal("SURGE_TEST_REQUIRE_REAL=1 but SURGE_TEST_KAFKA or SURGE_TEST_REDIS is not set")
+			}
+			t.Skip("no real broker or redis: set SURGE_TEST_KAFKA and SURGE_TEST_REDIS")
+		}
+		fn(t, b, rdb)
+	})
 }

@@ -1,0 +1,90 @@
+package grant
+
+import (
+	"context"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"google.golang.org/protobuf/proto"
+
+	pb "surge/schemas/surgev1"
+)
+
+// Tokens keeps each user's tokens in Redis, one hash per user (order number
+// -> token). It is a cache of wallet.tokens for the user-facing reads; the
+// ledger is the truth about what is booked.
+type Tokens struct {
+	rdb    redis.UniversalClient
+	prefix string
+	ttl    time.Duration // 0 = keep; shadow traffic expires
+}
+
+// NewTokens returns a token store with keys prefix+actID.
+func NewTokens(rdb redis.UniversalClient, prefix string, ttl time.Duration) *Tokens {
+	return &Tokens{rdb: rdb, prefix: prefix, ttl: ttl}
+}
+
+func (t *Tokens) key(actID string) string { return t.prefix + actID }
+
+// Put stores a token.
+func (t *Tokens) Put(ctx context.Context, tok *pb.Token) error {
+	b, err := proto.Marshal(tok)
+	if err != nil {
+		return err
+	}
+	pipe := t.rdb.Pipeline()
+	pipe.HSet(ctx, t.key(tok.ActId), tok.OutTradeNo, b)
+	if t.ttl > 0 {
+		pipe.Expire(ctx, t.key(tok.ActId), t.ttl)
+	}
+	_, err = pipe.Exec(ctx)
+	return err
+}
+
+// All returns the user's tokens; undecodable ones are returned as nil
+// entries in bad (counted by the caller as forged).
+func (t *Tokens) All(ctx context.Context, actID string) (toks []*pb.Token, bad int, err error) {
+	m, err := t.rdb.HGetAll(ctx, t.key(actID)).Result()
+	if err != nil {
+		return nil, 0, err
+	}
+	for _, v := range m {
+		tok := new(pb.Token)
+		if proto.Unmarshal([]byte(v), tok) != nil {
+			bad++
+			continue
+		}
+		toks = append(toks, tok)
+	}
+	return toks, bad, nil
+}
+
+// Get returns one token (nil if absent).
+func (t *Tokens) Get(ctx context.Context, actID, orderNo string) (*pb.Token, error) {
+	v, err := t.rdb.HGet(ctx, t.key(actID), orderNo).Bytes()
+	if err == redis.Nil {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	tok := new(pb.Token)
+	return tok, proto.Unmarshal(v, tok)
+}
+
+// MarkBooked sets the status of booked tokens to SUCCESS (the signature
+// does not cover the status).
+func (t *Tokens) MarkBooked(ctx context.Context, toks []*pb.Token) error {
+	if len(toks) == 0 {
+		return nil
+	}
+	pipe := t.rdb.Pipeline()
+	for _, tok := range toks {
+		c := proto.Clone(tok).(*pb.Token)
+		c.Status = pb.TokenStatus_SUCCESS
+		b, _ := proto.Marshal(c)
+		pipe.HSet(ctx, t.key(c.ActId), c.OutTradeNo, b)
+	}
+	_, err := pipe.Exec(ctx)
+	return err
+}

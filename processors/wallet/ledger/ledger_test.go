@@ -1,0 +1,470 @@
+package ledger_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"surge/processors/wallet/config"
+	"surge/processors/wallet/grant"
+	"surge/processors/wallet/guard"
+	"surge/processors/wallet/ledger"
+	"surge/processors/wallet/order"
+	"surge/processors/wallet/token"
+	"surge/schemas"
+	pb "surge/schemas/surgev1"
+	"surge/streams"
+	"surge/streams/streamstest"
+)
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+func tree(bookingsPerSecond int) *config.Tree {
+	now := time.Now()
+	t := &config.Tree{Activities: []config.Activity{{ID: "spring",
+		Children: []config.Child{
+			{ID: "spring-test", Phase: config.PhaseTest, Start: now.Add(-72 * time.Hour), End: now.Add(-48 * time.Hour), Budget: 1000},
+			{ID: "spring-live", Phase: config.PhaseOfficial, Start: now.Add(-48 * time.Hour), End: now.Add(48 * time.Hour), Budget: 1 << 40},
+		},
+		Scenes: []config.Scene{
+			{ID: "rain", Award: "cash", MaxAmount: 1000},
+			{ID: "coupon", Award: "coupon", MaxAmount: 1, Template: "t1", Stock: 100, Switches: config.Switches{StockControl: true}},
+			{ID: "badge", Award: "pendant", MaxAmount: 1},
+		}}}}
+	t.RateLimits.BookingsPerSecond = bookingsPerSecond
+	return t
+}
+
+func cash(act, rain string, amount int64) *pb.RewardGrant {
+	n := order.Number{ActID: act, SceneID: "rain", RainID: rain, AwardType: pb.AwardType_CASH, Stage: 1}
+	return &pb.RewardGrant{OrderNo: n.String(), ActId: act, ActivityId: "spring", SceneId: "rain", RainId: rain,
+		AwardType: pb.AwardType_CASH, Stage: 1, Amount: amount, AppId: "app"}
+}
+
+type wallet struct {
+	ns     string
+	b      streamstest.Backend
+	rdb    *redis.Client
+	src    *config.Source
+	keys   *token.Keyring
+	intake *grant.Intake
+	led    *ledger.Ledger
+	cl     *kgo.Client
+	stop   context.CancelFunc
+	done   chan error
+}
+
+func topics(t *testing.T, b streamstest.Backend, ns string) {
+	var names []string
+	for _, n := range []string{schemas.TopicGrants, schemas.TopicTokens, schemas.TopicLedger, schemas.TopicWithdrawals,
+		schemas.TopicWithdrawResult, schemas.TopicDeadLetter} {
+		names = append(names, ns+n)
+	}
+	streamstest.CreateTopics(t, b.Brokers, 6, names...)
+}
+
+func newWallet(t *testing.T, b streamstest.Backend, rdb *redis.Client, tr *config.Tree, runLedger bool) *wallet {
+	ns := streamstest.Unique("w") + "."
+	topics(t, b, ns)
+	keys, err := token.Generate("k1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &wallet{ns: ns, b: b, rdb: rdb, src: config.Static(tr), keys: keys, cl: streamstest.Client(t, b.Brokers, kgo.ProducerLinger(time.Millisecond))}
+	w.intake = grant.New(grant.Deps{Config: w.src, Keys: keys, Redis: rdb, Producer: w.cl, Log: quiet, Namespace: ns})
+	if runLedger {
+		w.startLedger(t)
+	}
+	return w
+}
+
+func (w *wallet) startLedger(t *testing.T) {
+	w.led = ledger.New(ledger.Config{Namespace: w.ns, Dir: t.TempDir() + "/ledger", Source: w.src, Keys: w.keys,
+		Tokens: w.intake.Tokens(), Log: quiet}, w.b.Brokers)
+	ctx, cancel := context.WithCancel(context.Background())
+	w.stop, w.done = cancel, make(chan error, 1)
+	go func() { w.done <- w.led.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-w.done; err != nil {
+			t.Errorf("ledger: %v", err)
+		}
+	})
+	deadline := time.Now().Add(30 * time.Second)
+	for !w.led.Ready() {
+		if time.Now().After(deadline) {
+			t.Fatal("ledger not ready")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// ledgerEntries reads wallet.ledger: booked orders and their sum; a
+// booking twice fails the test.
+func (w *wallet) ledgerEntries(t *testing.T) (map[string]int64, int64) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	out, sum := map[string]int64{}, int64(0)
+	err := streams.ReadToEnd(ctx, w.b.Brokers, w.ns+schemas.TopicLedger, func(r *kgo.Record) error {
+		var e pb.LedgerEntry
+		if err := streams.Decode(r, &e); err != nil {
+			return err
+		}
+		if _, dup := out[e.OrderNo]; dup {
+			t.Fatalf("order %s booked twice", e.OrderNo)
+		}
+		out[e.OrderNo] = e.Amount
+		sum += e.Amount
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out, sum
+}
+
+func waitBooked(t *testing.T, w *wallet, n int) (map[string]int64, int64) {
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		m, sum := w.ledgerEntries(t)
+		if len(m) >= n {
+			return m, sum
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d booked", len(m), n)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// Grants are accepted at once; the user's balance includes the tokens not
+// yet booked; after the backlog drains, booked equals granted.
+func TestBacklogInvisibleAndBookedEqualsGranted(t *testing.T) {
+	streamstest.EachStack(t, func(t *testing.T, b streamstest.Backend, rdb *redis.Client) {
+		w := newWallet(t, b, rdb, tree(200), true) // booking capacity 200/s: a backlog builds
+		ctx := context.Background()
+		var granted int64
+		per := map[string]int64{}
+		for i := range 400 {
+			act := fmt.Sprintf("u%d", i%20)
+			g := cash(act, fmt.Sprintf("r%d", i), int64(1+i%100))
+			res, err := w.intake.Grant(ctx, g)
+			if err != nil || res.Token == nil || res.Duplicate || res.Activity != "spring-live" {
+				t.Fatalf("grant %d: %+v %v", i, res, err)
+			}
+			granted += g.Amount
+			per[act] += g.Amount
+		}
+		// Right after granting most is unbooked, yet every balance is whole.
+		v, err := w.led.Balance(ctx, "u3")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v.Balance != per["u3"] || v.Income != per["u3"] {
+			t.Fatalf("u3 sees %d, granted %d (unbooked %d)", v.Balance, per["u3"], v.Unbooked)
+		}
+		if v.Unbooked == 0 {
+			t.Fatal("no backlog: the test needs booking behind granting")
+		}
+		items, _, err := w.led.Flow(ctx, "u3", 0, 5)
+		if err != nil || len(items) != 5 {
+			t.Fatalf("flow page: %d items, %v", len(items), err)
+		}
+		for i := 1; i < len(items); i++ {
+			if items[i].AtMs > items[i-1].AtMs {
+				t.Fatal("flow not newest first")
+			}
+		}
+		_, sum := waitBooked(t, w, 400)
+		if sum != granted {
+			t.Fatalf("booked %d, granted %d", sum, granted)
+		}
+		for act, want := range per {
+			if v, _ := w.led.Balance(ctx, act); v.Balance != want || v.Unbooked != 0 {
+				t.Fatalf("%s: balance %d (unbooked %d), want %d", act, v.Balance, v.Unbooked, want)
+			}
+		}
+	})
+}
+
+// Bad grants are refused with a clear error and nothing is published.
+func TestIntakeRefusals(t *testing.T) {
+	streamstest.EachStack(t, func(t *testing.T, b streamstest.Backend, rdb *redis.Client) {
+		w := newWallet(t, b, rdb, tree(0), false)
+		ctx := context.Background()
+		old := cash("u1", "r0", 5)
+		old.AtMs = time.Now().Add(-100 * 24 * time.Hour).UnixMilli()
+		wrongType := cash("u1", "r1", 1)
+		wrongType.SceneId, wrongType.OrderNo = "coupon", order.Number{ActID: "u1", SceneID: "coupon", RainID: "r1", AwardType: pb.AwardType_CASH, Stage: 1}.String()
+		cases := map[string]struct {
+			g    *pb.RewardGrant
+			want error
+			text string
+		}{
+			"malformed order": {&pb.RewardGrant{OrderNo: "nope", ActId: "u1", ActivityId: "spring", SceneId: "rain", AwardType: pb.AwardType_CASH, Amount: 1}, grant.ErrInvalid, "want actID_sceneID"},
+			"mismatched":      {func() *pb.RewardGrant { g := cash("u1", "r2", 1); g.Stage = 9; return g }(), grant.ErrInvalid, "does not match"},
+			"negative":        {cash("u1", "r3", -5), grant.ErrInvalid, "must be positive"},
+			"oversized":       {cash("u1", "r4", 1001), grant.ErrOverCap, "1001 > 1000"},
+			"unknown scene":   {func() *pb.RewardGrant { g := cash("u1", "r5", 1); g.SceneId = "x"; g.OrderNo = "u1_x_r5_1_1"; return g }(), grant.ErrInvalid, "unknown scene"},
+			"unknown act":     {func() *pb.RewardGrant { g := cash("u1", "r6", 1); g.ActivityId = "autumn"; return g }(), grant.ErrInvalid, "unknown activity"},
+			"outside phases":  {old, grant.ErrInvalid, "outside every phase window"},
+			"wrong award":     {wrongType, grant.ErrInvalid, "grants coupon"},
+		}
+		for name, c := range cases {
+			_, err := w.intake.Grant(ctx, c.g)
+			if !errors.Is(err, c.want) || !strings.Contains(err.Error(), c.text) {
+				t.Errorf("%s: %v", name, err)
+			}
+		}
+		// The test phase has a budget of 1000 cents: the cap holds.
+		tp := cash("u2", "budget", 600)
+		tp.AtMs = time.Now().Add(-60 * time.Hour).UnixMilli()
+		if res, err := w.intake.Grant(ctx, tp); err != nil || res.Activity != "spring-test" {
+			t.Fatalf("test phase grant: %v", err)
+		}
+		tp2 := cash("u2", "budget2", 600)
+		tp2.AtMs = tp.AtMs
+		if _, err := w.intake.Grant(ctx, tp2); !errors.Is(err, grant.ErrOverBudget) {
+			t.Fatalf("over budget: %v", err)
+		}
+		// The same order number again: the original token, nothing new.
+		res, err := w.intake.Grant(ctx, tp)
+		if err != nil || !res.Duplicate || res.Token == nil {
+			t.Fatalf("duplicate: %+v %v", res, err)
+		}
+		recs := streamstest.ReadN(t, b.Brokers, w.ns+schemas.TopicGrants, true, 2, 5*time.Second, time.Second)
+		if len(recs) != 1 {
+			t.Fatalf("%d grants published; only the one accepted may be", len(recs))
+		}
+	})
+}
+
+// Tokens re-delivered ten times over, shuffled, into a ledger killed three
+// times mid-way: every order is booked exactly once, the sums agree, and a
+// tampered token is dead-lettered and never booked.
+func TestNoDoubleBookingUnderDuplicatesAndCrashes(t *testing.T) {
+	streamstest.EachStack(t, func(t *testing.T, b streamstest.Backend, rdb *redis.Client) {
+		w := newWallet(t, b, rdb, tree(0), false)
+		ctx := context.Background()
+		const users, grants = 50, 2000
+		var toks []*pb.Token
+		var granted int64
+		for i := range grants {
+			res, err := w.intake.Grant(ctx, cash(fmt.Sprintf("u%d", i%users), fmt.Sprintf("r%d", i), int64(1+i%500)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			toks = append(toks, res.Token)
+			granted += res.Token.Amount
+		}
+		// Ten more copies of every token, shuffled (same key, so per-user
+		// order changes but no partition mixes users).
+		var recs []*kgo.Record
+		for range 10 {
+			for _, tok := range toks {
+				r, _ := streams.NewRecord(w.ns+schemas.TopicTokens, []byte(tok.ActId), tok)
+				recs = append(recs, r)
+			}
+		}
+		rng := rand.New(rand.NewPCG(1, 2))
+		rng.Shuffle(len(recs), func(i, j int) { recs[i], recs[j] = recs[j], recs[i] })
+		forged := &pb.Token{}
+		*forged = pb.Token{AppId: "app", ActId: "u1", ActivityId: "spring-live", SceneId: "rain", Amount: 999999, OutTradeNo: "u1_rain_forged_1_1", KeyId: "k1", Signature: toks[1].Signature}
+		fr, _ := streams.NewRecord(w.ns+schemas.TopicTokens, []byte("u1"), forged)
+		recs = append(recs[:len(recs)/2], append([]*kgo.Record{fr}, recs[len(recs)/2:]...)...)
+		streamstest.ProduceSync(t, w.cl, recs...)
+
+		seed := token.ExportSeedForTest(w.keys)
+		dir := t.TempDir()
+		for kill := 1; kill <= 3; kill++ {
+			c := spawnLedger(t, b, rdb, w.ns, dir, seed)
+			deadline := time.Now().Add(60 * time.Second)
+			for {
+				m, _ := w.ledgerEntries(t)
+				if len(m) > 0 && len(m) >= kill*grants/8 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("no progress before kill %d", kill)
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			c.Process.Kill()
+			_ = c.Wait()
+			if m, _ := w.ledgerEntries(t); len(m) == grants {
+				t.Fatalf("everything booked before kill %d; the test needs a slower ledger", kill)
+			}
+		}
+		c := spawnLedger(t, b, rdb, w.ns, dir, seed)
+		defer func() { c.Process.Kill(); _ = c.Wait() }()
+		m, sum := waitBooked(t, w, grants)
+		if len(m) != grants || sum != granted {
+			t.Fatalf("booked %d orders for %d, granted %d orders for %d", len(m), sum, grants, granted)
+		}
+		if _, ok := m[forged.OutTradeNo]; ok {
+			t.Fatal("forged token booked")
+		}
+		dlq := streamstest.ReadN(t, b.Brokers, w.ns+schemas.TopicDeadLetter, true, 1, 20*time.Second, time.Second)
+		found := false
+		for _, r := range dlq {
+			why, _ := streams.Header(r, "dlq-reason")
+			found = found || strings.Contains(why, "token refused: u1_rain_forged_1_1")
+		}
+		if !found {
+			t.Fatal("forged token not dead-lettered")
+		}
+	})
+}
+
+// TestLedgerChild is the ledger process the crash test kills.
+func TestLedgerChild(t *testing.T) {
+	ns := os.Getenv("SURGE_LEDGER_CHILD_NS")
+	if ns == "" {
+		t.Skip("run by the crash test")
+	}
+	keys, err := token.FromSeed("k1", os.Getenv("SURGE_LEDGER_CHILD_SEED"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("SURGE_LEDGER_CHILD_REDIS")})
+	src := config.Static(tree(300)) // slow enough to be killed mid-way
+	l := ledger.New(ledger.Config{Namespace: ns, Dir: os.Getenv("SURGE_LEDGER_CHILD_DIR"), Source: src, Keys: keys,
+		Tokens: grant.NewTokens(rdb, ns+"wtok:", 0), Log: quiet}, strings.Split(os.Getenv("SURGE_LEDGER_CHILD_BROKERS"), ","))
+	_ = l.Run(context.Background(), streams.ClientOpts(kgo.SessionTimeout(6*time.Second), kgo.HeartbeatInterval(500*time.Millisecond)))
+}
+
+func spawnLedger(t *testing.T, b streamstest.Backend, rdb *redis.Client, ns, dir, seed string) *exec.Cmd {
+	cmd := exec.Command(os.Args[0], "-test.run=^TestLedgerChild$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "SURGE_LEDGER_CHILD_NS="+ns, "SURGE_LEDGER_CHILD_DIR="+dir, "SURGE_LEDGER_CHILD_SEED="+seed,
+		"SURGE_LEDGER_CHILD_REDIS="+rdb.Options().Addr, "SURGE_LEDGER_CHILD_BROKERS="+strings.Join(b.Brokers, ","))
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	return cmd
+}
+
+// A withdrawal first books the user's unbooked tokens, so it is never
+// blocked by the backlog; one over the balance is refused; a withdrawal id
+// is booked once.
+func TestWithdrawalForceBooks(t *testing.T) {
+	streamstest.EachStack(t, func(t *testing.T, b streamstest.Backend, rdb *redis.Client) {
+		w := newWallet(t, b, rdb, tree(0), false)
+		ctx := context.Background()
+		for i := range 5 {
+			if _, err := w.intake.Grant(ctx, cash("rich", fmt.Sprintf("r%d", i), 100)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// The withdrawal reaches the ledger before the tokens do: they are
+		// still unbooked in its input when it arrives.
+		var recs []*kgo.Record
+		for _, wd := range []*pb.Withdrawal{{WithdrawId: "w1", ActId: "rich", Amount: 450}, {WithdrawId: "w2", ActId: "rich", Amount: 100},
+			{WithdrawId: "w1", ActId: "rich", Amount: 450}} {
+			r, _ := streams.NewRecord(w.ns+schemas.TopicWithdrawals, []byte(wd.ActId), wd)
+			recs = append(recs, r)
+		}
+		// Produce the withdrawals first, then start the ledger: it reads the
+		// withdrawal partition and the token partition; the forced booking
+		// must not depend on which comes first.
+		streamstest.ProduceSync(t, w.cl, recs...)
+		w.startLedger(t)
+		res := streamstest.ReadN(t, b.Brokers, w.ns+schemas.TopicWithdrawResult, true, 3, 30*time.Second, time.Second)
+		if len(res) != 3 {
+			t.Fatalf("%d answers", len(res))
+		}
+		var outs []*pb.Withdrawal
+		for _, r := range res {
+			var o pb.Withdrawal
+			if err := streams.Decode(r, &o); err != nil {
+				t.Fatal(err)
+			}
+			outs = append(outs, &o)
+		}
+		if outs[0].Refused || outs[0].BalanceAfter != 50 {
+			t.Fatalf("first withdrawal: %+v", outs[0])
+		}
+		if !outs[1].Refused || !strings.Contains(outs[1].Reason, "over balance: 100 requested, 50 available") {
+			t.Fatalf("second withdrawal: %+v", outs[1])
+		}
+		if outs[2].Refused || outs[2].Reason != "already booked" {
+			t.Fatalf("repeated withdrawal: %+v", outs[2])
+		}
+		m, sum := waitBooked(t, w, 6)
+		if len(m) != 6 || sum != 500-450 {
+			t.Fatalf("ledger %v sum %d", m, sum)
+		}
+		if v, _ := w.led.Balance(ctx, "rich"); v.Balance != 50 {
+			t.Fatalf("balance %d", v.Balance)
+		}
+	})
+}
+
+// With the token Redis switched off, grants still go through and reads
+// show what is booked; nothing is lost.
+func TestDegradedTokenRedis(t *testing.T) {
+	streamstest.EachStack(t, func(t *testing.T, b streamstest.Backend, rdb *redis.Client) {
+		tr := tree(0)
+		tr.Degrade = map[string]bool{guard.TokenRedis: true}
+		w := newWallet(t, b, rdb, tr, true)
+		ctx := context.Background()
+		for i := range 10 {
+			if _, err := w.intake.Grant(ctx, cash("d", fmt.Sprintf("r%d", i), 10)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if toks, _, _ := w.intake.Tokens().All(ctx, "d"); len(toks) != 0 {
+			t.Fatal("tokens written to a switched-off Redis")
+		}
+		waitBooked(t, w, 10)
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			v, _ := w.led.Balance(ctx, "d")
+			if v.Balance == 100 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("balance %d", v.Balance)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	})
+}
+
+// Load-test traffic goes to shadow topics and keys that expire.
+func TestShadowTraffic(t *testing.T) {
+	streamstest.EachStack(t, func(t *testing.T, b streamstest.Backend, rdb *redis.Client) {
+		w := newWallet(t, b, rdb, tree(0), false)
+		streamstest.CreateTopics(t, b.Brokers, 6, schemas.ShadowPrefix+w.ns+schemas.TopicGrants, schemas.ShadowPrefix+w.ns+schemas.TopicTokens)
+		g := cash("s1", "r1", 5)
+		g.Shadow = true
+		if _, err := w.intake.Grant(context.Background(), g); err != nil {
+			t.Fatal(err)
+		}
+		if n := len(streamstest.ReadN(t, b.Brokers, schemas.ShadowPrefix+w.ns+schemas.TopicTokens, true, 1, 10*time.Second, 0)); n != 1 {
+			t.Fatalf("%d shadow tokens", n)
+		}
+		if n := len(streamstest.ReadN(t, b.Brokers, w.ns+schemas.TopicTokens, true, 1, 2*time.Second, 0)); n != 0 {
+			t.Fatal("shadow grant reached the live topic")
+		}
+		ttl, err := rdb.TTL(context.Background(), "shadow:"+w.ns+"wtok:s1").Result()
+		if err != nil || ttl <= 0 {
+			t.Fatalf("shadow token key ttl %v %v", ttl, err)
+		}
+		if n, _ := rdb.Exists(context.Background(), w.ns+"wtok:s1").Result(); n != 0 {
+			t.Fatal("shadow token in the live key")
+		}
+	})
+}
+

@@ -1,0 +1,28 @@
+package order
+
+import (
+	"testing"
+
+	pb "surge/schemas/surgev1"
+)
+
+func TestParseAndCheck(t *testing.T) {
+	n := Number{ActID: "a1", SceneID: "s1", RainID: "r9", AwardType: pb.AwardType_CASH, Stage: 2}
+	got, err := Parse(n.String())
+	if err != nil || got != n {
+		t.Fatalf("round trip: %v %v", got, err)
+	}
+	for _, bad := range []string{"", "a_b_c_1", "a_b_c_1_2_3", "a_b_c_9_1", "a_b_c_0_1", "a_b_c_x_1", "a_b_c_1_-1", "a b_s_r_1_1", "a__r_1_1"} {
+		if _, err := Parse(bad); err == nil {
+			t.Errorf("%q parsed", bad)
+		}
+	}
+	g := &pb.RewardGrant{OrderNo: n.String(), ActId: "a1", SceneId: "s1", RainId: "r9", AwardType: pb.AwardType_CASH, Stage: 2}
+	if err := Check(g); err != nil {
+		t.Fatal(err)
+	}
+	g.Stage = 3
+	if err := Check(g); err == nil {
+		t.Fatal("mismatched order number accepted")
+	}
+}

@@ -1,0 +1,126 @@
+// Package stock controls coupon stock per template in Redis. Consumption is
+// counted with INCRBY and compared with the stock; a hot template is split
+// over several keys, each holding a share, so one key never takes the
+// whole load. A timed-out INCRBY is not retried (it may have counted): the
+// 5% buffer held back from every template covers such lost units, so stock
+// is never oversold. Issuers stop when less than 10% remains.
+package stock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Rules from the seed.
+const (
+	BufferShare = 0.05 // held back for timed-out increments
+	StopShare   = 0.10 // issuers stop below this share remaining
+)
+
+// ErrOut is a refusal: the template has no stock left.
+var ErrOut = errors.New("stock: out of stock")
+
+// ErrTimeout is an increment whose outcome is unknown; it is counted as
+// consumed and never retried.
+var ErrTimeout = errors.New("stock: timed out; not retried")
+
+// Control is the stock of templates in one Redis.
+type Control struct {
+	rdb    redis.UniversalClient
+	prefix string
+	splits int
+}
+
+// New returns a stock control with keys under prefix, each template split
+// over splits keys.
+func New(rdb redis.UniversalClient, prefix string, splits int) *Control {
+	return &Control{rdb: rdb, prefix: prefix, splits: max(splits, 1)}
+}
+
+func (c *Control) key(tpl string, i int) string { return fmt.Sprintf("%s%s:%d", c.prefix, tpl, i) }
+
+// shares splits the sellable stock (total minus the buffer) over the keys.
+func (c *Control) shares(total int64) []int64 {
+	sellable := total - int64(float64(total)*BufferShare)
+	out := make([]int64, c.splits)
+	for i := range out {
+		out[i] = sellable / int64(c.splits)
+		if int64(i) < sellable%int64(c.splits) {
+			out[i]++
+		}
+	}
+	return out
+}
+
+// Take consumes n units of tpl (of total stock). It tries the keys from a
+// random one on: a key over its share gives the units back and the next is
+// tried; all full means out of stock.
+func (c *Control) Take(ctx context.Context, tpl string, total, n int64) error {
+	shares := c.shares(total)
+	start := rand.IntN(c.splits)
+	for k := range c.splits {
+		i := (start + k) % c.splits
+		if shares[i] < n {
+			continue
+		}
+		v, err := c.rdb.IncrBy(ctx, c.key(tpl, i), n).Result()
+		if err != nil {
+			if errors.Is(err, context.DeadlineExceeded) || isTimeout(err) {
+				return ErrTimeout
+			}
+			return err
+		}
+		if v <= shares[i] {
+			return nil
+		}
+		// Over this key's share: give back, try the next key.
+		if err := c.rdb.DecrBy(ctx, c.key(tpl, i), n).Err(); err != nil {
+			return err
+		}
+	}
+	return ErrOut
+}
+
+func isTimeout(err error) bool {
+	var ne interface{ Timeout() bool }
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// Remaining is what can still be sold (over every key).
+func (c *Control) Remaining(ctx context.Context, tpl string, total int64) (int64, error) {
+	keys := make([]string, c.splits)
+	for i := range keys {
+		keys[i] = c.key(tpl, i)
+	}
+	vals, err := c.rdb.MGet(ctx, keys...).Result()
+	if err != nil {
+		return 0, err
+	}
+	var used int64
+	for _, v := range vals {
+		if s, ok := v.(string); ok {
+			var n int64
+			fmt.Sscan(s, &n)
+			used += n
+		}
+	}
+	var sellable int64
+	for _, s := range c.shares(total) {
+		sellable += s
+	}
+	return max(sellable-used, 0), nil
+}
+
+// ShouldStop reports whether issuers should stop offering tpl: less than
+// 10% of its stock remains.
+func (c *Control) ShouldStop(ctx context.Context, tpl string, total int64) (bool, error) {
+	r, err := c.Remaining(ctx, tpl, total)
+	if err != nil {
+		return false, err
+	}
+	return float64(r) < StopShare*float64(total), nil
+}
