@@ -1,0 +1,212 @@
+// Package api is the wallet's small HTTP API: grant intake for the
+// activity side, and the user-facing balance, flow list and withdrawal.
+// Request and response bodies are JSON; records use protobuf's JSON form.
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"surge/processors/wallet/config"
+	"surge/processors/wallet/counter"
+	"surge/processors/wallet/grant"
+	"surge/processors/wallet/guard"
+	"surge/processors/wallet/ledger"
+	"surge/processors/wallet/stock"
+	"surge/schemas"
+	pb "surge/schemas/surgev1"
+	"surge/streams"
+)
+
+// Server serves the API.
+type Server struct {
+	Intake    *grant.Intake
+	Ledger    *ledger.Ledger
+	Counter   *counter.Counter
+	Producer  *kgo.Client
+	Redis     redis.UniversalClient
+	Config    *config.Source
+	Namespace string
+	Log       *slog.Logger
+	Timeout   time.Duration // how long a withdrawal waits for the ledger's answer
+
+	mu      sync.Mutex
+	waiters map[string]chan *pb.Withdrawal
+}
+
+// FollowResults delivers the ledger's withdrawal answers to waiting
+// requests; it runs until ctx ends.
+func (s *Server) FollowResults(ctx context.Context, brokers []string) error {
+	_, err := streams.FollowTable(ctx, brokers, s.Namespace+schemas.TopicWithdrawResult, func(r *kgo.Record) {
+		var w pb.Withdrawal
+		if streams.Decode(r, &w) != nil {
+			return
+		}
+		s.mu.Lock()
+		ch := s.waiters[w.WithdrawId]
+		delete(s.waiters, w.WithdrawId)
+		s.mu.Unlock()
+		if ch != nil {
+			ch <- &w
+		}
+	})
+	return err
+}
+
+// Handler routes the API.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/grants", s.grant)
+	mux.HandleFunc("GET /v1/users/{act}/balance", s.balance)
+	mux.HandleFunc("GET /v1/users/{act}/flow", s.flow)
+	mux.HandleFunc("POST /v1/users/{act}/withdrawals", s.withdraw)
+	mux.HandleFunc("GET /v1/total", s.total)
+	return mux
+}
+
+func reply(w http.ResponseWriter, code int, body any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(body)
+}
+
+func fail(w http.ResponseWriter, code int, err error) {
+	reply(w, code, map[string]string{"error": err.Error()})
+}
+
+func (s *Server) grant(w http.ResponseWriter, r *http.Request) {
+	var g pb.RewardGrant
+	body, err := io.ReadAll(io.LimitReader(r.Body, 64<<10))
+	if err == nil {
+		err = protojson.Unmarshal(body, &g)
+	}
+	if err != nil {
+		fail(w, http.StatusBadRequest, fmt.Errorf("malformed grant: %w", err))
+		return
+	}
+	res, err := s.Intake.Grant(r.Context(), &g)
+	switch {
+	case errors.Is(err, grant.ErrInvalid), errors.Is(err, grant.ErrOverCap):
+		fail(w, http.StatusBadRequest, err)
+	case errors.Is(err, grant.ErrRateLimited):
+		fail(w, http.StatusTooManyRequests, err)
+	case errors.Is(err, grant.ErrOverBudget), errors.Is(err, stock.ErrOut), errors.Is(err, grant.ErrDegraded):
+		fail(w, http.StatusConflict, err)
+	case err != nil:
+		fail(w, http.StatusServiceUnavailable, err)
+	default:
+		out := map[string]any{"duplicate": res.Duplicate, "activity": res.Activity}
+		if res.Token != nil {
+			tj, _ := protojson.Marshal(res.Token)
+			out["token"] = json.RawMessage(tj)
+		}
+		reply(w, http.StatusOK, out)
+	}
+}
+
+func (s *Server) balance(w http.ResponseWriter, r *http.Request) {
+	v, err := s.Ledger.Balance(r.Context(), r.PathValue("act"))
+	if err != nil {
+		fail(w, http.StatusServiceUnavailable, err)
+		return
+	}
+	reply(w, http.StatusOK, map[string]any{"balance": v.Balance, "income": v.Income, "unbooked": v.Unbooked, "forged": v.Forged})
+}
+
+func (s *Server) flow(w http.ResponseWriter, r *http.Request) {
+	page, _ := strconv.Atoi(r.URL.Query().Get("page"))
+	size, _ := strconv.Atoi(r.URL.Query().Get("size"))
+	if size <= 0 || size > 100 {
+		size = 20
+	}
+	items, v, err := s.Ledger.Flow(r.Context(), r.PathValue("act"), max(page, 0), size)
+	if err != nil {
+		fail(w, http.StatusServiceUnavailable, err)
+		return
+	}
+	out := make([]map[string]any, len(items))
+	for i, it := range items {
+		out[i] = map[string]any{"order_no": it.OrderNo, "kind": it.Kind.String(), "amount": it.Amount, "at_ms": it.AtMs, "booked": it.Booked}
+	}
+	reply(w, http.StatusOK, map[string]any{"items": out, "balance": v.Balance, "page": page, "size": size})
+}
+
+func (s *Server) total(w http.ResponseWriter, _ *http.Request) {
+	if s.Counter == nil || s.Config.Tree().Degraded(guard.Counter) {
+		fail(w, http.StatusServiceUnavailable, errors.New("live total switched off"))
+		return
+	}
+	reply(w, http.StatusOK, map[string]any{"total": s.Counter.Shown()})
+}
+
+func (s *Server) withdraw(w http.ResponseWriter, r *http.Request) {
+	act := r.PathValue("act")
+	var req struct {
+		WithdrawID string `json:"withdraw_id"`
+		Amount     int64  `json:"amount"`
+	}
+	if err := json.NewDecoder(r.Body).Decode(&req); err != nil || req.WithdrawID == "" || req.Amount <= 0 {
+		fail(w, http.StatusBadRequest, errors.New("want {\"withdraw_id\": non-empty, \"amount\": positive cents}"))
+		return
+	}
+	ctx := r.Context()
+	// One withdrawal per user at a time (a double-clicked button); the
+	// ledger's per-user order keeps the balance right even without it.
+	if !s.Config.Tree().Degraded(guard.Lock) {
+		lock := s.Namespace + "wlock:" + act
+		ok, err := s.Redis.SetNX(ctx, lock, req.WithdrawID, 10*time.Second).Result()
+		if err == nil && !ok {
+			fail(w, http.StatusConflict, errors.New("another withdrawal of this user is in progress"))
+			return
+		}
+		if err == nil {
+			defer s.Redis.Del(context.WithoutCancel(ctx), lock)
+		}
+	}
+	ch := make(chan *pb.Withdrawal, 1)
+	s.mu.Lock()
+	if s.waiters == nil {
+		s.waiters = map[string]chan *pb.Withdrawal{}
+	}
+	s.waiters[req.WithdrawID] = ch
+	s.mu.Unlock()
+	defer func() { s.mu.Lock(); delete(s.waiters, req.WithdrawID); s.mu.Unlock() }()
+	rec, err := streams.NewRecord(s.Namespace+schemas.TopicWithdrawals, []byte(act),
+		&pb.Withdrawal{WithdrawId: req.WithdrawID, ActId: act, Amount: req.Amount, AtMs: time.Now().UnixMilli()})
+	if err == nil {
+		err = s.Producer.ProduceSync(ctx, rec).FirstErr()
+	}
+	if err != nil {
+		fail(w, http.StatusServiceUnavailable, err)
+		return
+	}
+	timeout := s.Timeout
+	if timeout == 0 {
+		timeout = 10 * time.Second
+	}
+	select {
+	case res := <-ch:
+		body := map[string]any{"withdraw_id": res.WithdrawId, "balance_after": res.BalanceAfter, "force_booked": res.ForceBooked}
+		if res.Refused {
+			body["error"] = res.Reason
+			reply(w, http.StatusConflict, body)
+			return
+		}
+		reply(w, http.StatusOK, body)
+	case <-time.After(timeout):
+		fail(w, http.StatusAccepted, errors.New("accepted; the ledger has not answered yet (retry with the same withdraw_id)"))
+	case <-ctx.Done():
+	}
+}
