@@ -63,6 +63,7 @@ type config struct {
 	onCommit       func(in, out int)
 	static         bool
 	onBatchEnd     func(committed bool)
+	beforeBatch    func(ctx context.Context, recs []*kgo.Record)
 	beforeCommit   func(ctx context.Context) error
 }
 
@@ -165,6 +166,13 @@ func StaticMembership() Option { return func(c *config) { c.static = true } }
 // stages its changes during the batch and applies them here only on commit,
 // so a replayed batch sees the state it saw the first time.
 func OnBatchEnd(fn func(committed bool)) Option { return func(c *config) { c.onBatchEnd = fn } }
+
+// BeforeBatch is called with a batch's records before the handler sees
+// any of them: the place for work that is pure per record and worth doing
+// in parallel (signature checks), whose results the handler then reads.
+func BeforeBatch(fn func(ctx context.Context, recs []*kgo.Record)) Option {
+	return func(c *config) { c.beforeBatch = fn }
+}
 
 // BeforeCommit is called after a batch is processed and before its outputs
 // and offsets commit; an error retries the batch (with back-off), so a sink

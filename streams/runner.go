@@ -228,6 +228,9 @@ func (r *Runner) runBatch(work, ctx context.Context, c committer, recs []*kgo.Re
 	if err := c.begin(); err != nil {
 		return false, err
 	}
+	if r.cfg.beforeBatch != nil {
+		r.cfg.beforeBatch(work, recs)
+	}
 	// Transient handler errors retry the batch in place (outputs are not
 	// produced yet); process dead-letters a record once its attempts run out.
 	dlq := 0

@@ -113,30 +113,93 @@ func (in *Intake) refuse(kind string, err error) (*Result, error) {
 // Grant validates and accepts one grant. g.ActivityId is the parent
 // activity as requested; on success it is the phase the grant fell in.
 func (in *Intake) Grant(ctx context.Context, g *pb.RewardGrant) (*Result, error) {
+	out := in.GrantBatch(ctx, []*pb.RewardGrant{g})
+	return out[0].Result, out[0].Err
+}
+
+// Outcome is one grant's answer in a batch.
+type Outcome struct {
+	Result *Result
+	Err    error
+}
+
+// pending is a grant on its way through a batch.
+type pending struct {
+	g      *pb.RewardGrant
+	l      *lane
+	phase  config.Child
+	scene  config.Scene
+	idem   string
+	out    *Outcome
+	spent  bool // budget taken (refund on failure)
+	fresh  bool
+}
+
+// GrantBatch accepts many grants with one Redis round trip per stage and
+// one produce: the idempotency check for all, the budget once per phase,
+// the tokens' cache, then grants and tokens published together. Every
+// grant gets its own outcome; a refusal of one never affects another.
+func (in *Intake) GrantBatch(ctx context.Context, gs []*pb.RewardGrant) []Outcome {
+	outs := make([]Outcome, len(gs))
 	tree := in.d.Config.Tree()
 	in.local.SetRate(tree.RateLimits.GrantsPerInstance)
-	if !in.local.Allow(1) {
-		return in.refuse("rate_limited", fmt.Errorf("%w: instance limit %d/s", ErrRateLimited, tree.RateLimits.GrantsPerInstance))
+	now := in.d.Now()
+	var ps []*pending
+	for i, g := range gs {
+		p, err := in.validate(ctx, tree, g, now)
+		if err != nil {
+			outs[i] = Outcome{Err: err}
+			continue
+		}
+		p.out = &outs[i]
+		ps = append(ps, p)
 	}
-	l := in.live
+	if len(ps) == 0 {
+		return outs
+	}
+	if err := in.claim(ctx, tree, ps); err != nil {
+		for _, p := range ps {
+			*p.out = Outcome{Err: err}
+		}
+		return outs
+	}
+	var fresh []*pending
+	for _, p := range ps {
+		if p.fresh {
+			fresh = append(fresh, p)
+		}
+	}
+	fresh = in.spendBudget(ctx, fresh)
+	fresh = in.takeStock(ctx, tree, fresh)
+	in.publish(ctx, tree, fresh, now)
+	return outs
+}
+
+func (in *Intake) validate(ctx context.Context, tree *config.Tree, g *pb.RewardGrant, now time.Time) (*pending, error) {
+	if !in.local.Allow(1) {
+		_, err := in.refuse("rate_limited", fmt.Errorf("%w: instance limit %d/s", ErrRateLimited, tree.RateLimits.GrantsPerInstance))
+		return nil, err
+	}
+	l := &in.live
 	if g.Shadow {
-		l = in.shadow
+		l = &in.shadow
 	}
 	if lim := tree.RateLimits.GrantsGlobal; lim > 0 && !tree.Degraded(guard.GlobalLimit) {
 		ok, err := in.global.Allow(ctx, l.keys+"grants", lim, 1)
 		if err == nil && !ok {
-			return in.refuse("rate_limited", fmt.Errorf("%w: global limit %d/s", ErrRateLimited, lim))
+			_, err := in.refuse("rate_limited", fmt.Errorf("%w: global limit %d/s", ErrRateLimited, lim))
+			return nil, err
 		}
 	}
-	now := in.d.Now()
+	bad := func(kind string, err error) (*pending, error) { _, err = in.refuse(kind, err); return nil, err }
 	if g.AtMs == 0 {
 		g.AtMs = now.UnixMilli()
 	}
 	if err := order.Check(g); err != nil {
-		return in.refuse("invalid", fmt.Errorf("%w: %v", ErrInvalid, err))
+		return bad("invalid", fmt.Errorf("%w: %v", ErrInvalid, err))
 	}
 	if g.Amount <= 0 {
-		return in.refuse("invalid", fmt.Errorf("%w: amount %d must be positive", ErrInvalid, g.Amount))
+		return bad("invalid", fmt.Errorf("%w: amount %d must be positive", ErrInvalid, g.Amount))
 	}
 	parent := g.ParentActivityId
 	if parent == "" {
@@ -144,93 +207,210 @@ func (in *Intake) Grant(ctx context.Context, g *pb.RewardGrant) (*Result, error)
 	}
 	phase, scene, err := tree.Resolve(parent, g.SceneId, time.UnixMilli(g.AtMs))
 	if err != nil {
-		return in.refuse("invalid", fmt.Errorf("%w: %v", ErrInvalid, err))
+		return bad("invalid", fmt.Errorf("%w: %v", ErrInvalid, err))
 	}
 	award, _ := config.Award(scene.Award)
 	if award != g.AwardType {
-		return in.refuse("invalid", fmt.Errorf("%w: scene %s grants %s, not %s", ErrInvalid, scene.ID, scene.Award, g.AwardType))
+		return bad("invalid", fmt.Errorf("%w: scene %s grants %s, not %s", ErrInvalid, scene.ID, scene.Award, g.AwardType))
 	}
 	if g.Amount > scene.MaxAmount {
-		return in.refuse("over_cap", fmt.Errorf("%w: %d > %d", ErrOverCap, g.Amount, scene.MaxAmount))
+		return bad("over_cap", fmt.Errorf("%w: %d > %d", ErrOverCap, g.Amount, scene.MaxAmount))
 	}
 	g.ParentActivityId, g.ActivityId, g.TemplateId = parent, phase.ID, scene.Template
+	return &pending{g: g, l: l, phase: phase, scene: scene, idem: l.keys + "wgrant:" + g.OrderNo}, nil
+}
 
-	// Idempotency first: a replayed order number gets the original answer
-	// and spends no budget or stock.
-	idem := l.keys + "wgrant:" + g.OrderNo
-	fresh, err := in.d.Redis.SetNX(ctx, idem, phase.ID, 30*24*time.Hour).Result()
-	if err != nil {
-		return nil, fmt.Errorf("grant: idempotency check: %w", err)
+// claim is the idempotency check: SETNX of every order number in one
+// pipeline. A replayed order number gets the original token and spends
+// no budget or stock. Two grants of one order number in the same batch:
+// the second is the duplicate.
+func (in *Intake) claim(ctx context.Context, tree *config.Tree, ps []*pending) error {
+	pipe := in.d.Redis.Pipeline()
+	cmds := make([]*redis.BoolCmd, len(ps))
+	for i, p := range ps {
+		cmds[i] = pipe.SetNX(ctx, p.idem, p.phase.ID, 30*24*time.Hour)
 	}
-	if !fresh {
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return fmt.Errorf("grant: idempotency check: %w", err)
+	}
+	var dups []*pending
+	for i, p := range ps {
+		p.fresh = cmds[i].Val()
+		if !p.fresh {
+			dups = append(dups, p)
+		}
+	}
+	for _, p := range dups {
 		in.mResult.With("duplicate").Inc()
-		res := &Result{Duplicate: true, Activity: phase.ID}
-		if g.AwardType == pb.AwardType_CASH && !tree.Degraded(guard.TokenRedis) {
-			res.Token, _ = l.tokens.Get(ctx, g.ActId, g.OrderNo)
+		res := &Result{Duplicate: true, Activity: p.phase.ID}
+		if p.g.AwardType == pb.AwardType_CASH && !tree.Degraded(guard.TokenRedis) {
+			res.Token, _ = p.l.tokens.Get(ctx, p.g.ActId, p.g.OrderNo)
 		}
-		return res, nil
+		*p.out = Outcome{Result: res}
 	}
-	undo := func() { _ = in.d.Redis.Del(context.WithoutCancel(ctx), idem).Err() }
-	if phase.Budget > 0 {
-		key := l.keys + "wbudget:" + phase.ID
-		spent, err := in.d.Redis.IncrBy(ctx, key, g.Amount).Result()
-		if err != nil {
-			undo()
-			return nil, fmt.Errorf("grant: budget: %w", err)
-		}
-		refund := func() { _ = in.d.Redis.DecrBy(context.WithoutCancel(ctx), key, g.Amount).Err() }
-		if spent > phase.Budget {
-			refund()
-			undo()
-			return in.refuse("over_budget", fmt.Errorf("%w: %s has %d of %d left", ErrOverBudget, phase.ID, phase.Budget-(spent-g.Amount), phase.Budget))
-		}
-		prev := undo
-		undo = func() { refund(); prev() }
+	return nil
+}
+
+// undo releases what a grant claimed, so the caller may retry it.
+func (in *Intake) undo(ctx context.Context, ps []*pending) {
+	if len(ps) == 0 {
+		return
 	}
-	if g.AwardType == pb.AwardType_COUPON && scene.Switches.StockControl {
+	ctx = context.WithoutCancel(ctx)
+	pipe := in.d.Redis.Pipeline()
+	for _, p := range ps {
+		if p.idem != "" {
+			pipe.Del(ctx, p.idem)
+		}
+		if p.spent {
+			pipe.DecrBy(ctx, p.l.keys+"wbudget:"+p.phase.ID, p.g.Amount)
+		}
+	}
+	_, _ = pipe.Exec(ctx)
+}
+
+// spendBudget takes the budget of a phase once for all its grants; if the
+// sum does not fit, it gives it back and takes grant by grant, so the
+// grants that fit still pass.
+func (in *Intake) spendBudget(ctx context.Context, ps []*pending) []*pending {
+	groups := map[string][]*pending{}
+	for _, p := range ps {
+		if p.phase.Budget > 0 {
+			k := p.l.keys + "wbudget:" + p.phase.ID
+			groups[k] = append(groups[k], p)
+		}
+	}
+	failed := map[*pending]bool{}
+	for key, group := range groups {
+		var sum int64
+		for _, p := range group {
+			sum += p.g.Amount
+		}
+		budget := group[0].phase.Budget
+		spent, err := in.d.Redis.IncrBy(ctx, key, sum).Result()
+		if err == nil && spent <= budget {
+			for _, p := range group {
+				p.spent = true
+			}
+			continue
+		}
+		if err == nil {
+			_ = in.d.Redis.DecrBy(context.WithoutCancel(ctx), key, sum).Err()
+		}
+		for _, p := range group { // slow path: one by one
+			spent, err := in.d.Redis.IncrBy(ctx, key, p.g.Amount).Result()
+			switch {
+			case err != nil:
+				*p.out = Outcome{Err: fmt.Errorf("grant: budget: %w", err)}
+			case spent > budget:
+				_ = in.d.Redis.DecrBy(context.WithoutCancel(ctx), key, p.g.Amount).Err()
+				_, e := in.refuse("over_budget", fmt.Errorf("%w: %s has %d of %d left", ErrOverBudget, p.phase.ID, budget-(spent-p.g.Amount), budget))
+				*p.out = Outcome{Err: e}
+			default:
+				p.spent = true
+				continue
+			}
+			failed[p] = true
+		}
+	}
+	return in.keep(ctx, ps, failed)
+}
+
+// keep drops the failed grants from ps and releases their claims.
+func (in *Intake) keep(ctx context.Context, ps []*pending, failed map[*pending]bool) []*pending {
+	if len(failed) == 0 {
+		return ps
+	}
+	var ok, bad []*pending
+	for _, p := range ps {
+		if failed[p] {
+			bad = append(bad, p)
+		} else {
+			ok = append(ok, p)
+		}
+	}
+	in.undo(ctx, bad)
+	return ok
+}
+
+func (in *Intake) takeStock(ctx context.Context, tree *config.Tree, ps []*pending) []*pending {
+	failed := map[*pending]bool{}
+	for _, p := range ps {
+		if p.g.AwardType != pb.AwardType_COUPON || !p.scene.Switches.StockControl {
+			continue
+		}
+		var err error
 		if tree.Degraded(guard.Stock) {
-			undo()
-			return in.refuse("degraded", fmt.Errorf("%w: coupon stock", ErrDegraded))
-		}
-		if err := l.stock.Take(ctx, scene.Template, scene.Stock, g.Amount); err != nil {
-			if !errors.Is(err, stock.ErrTimeout) { // a timed-out take may have counted: keep the order number spent
-				undo()
-			}
-			return in.refuse("out_of_stock", err)
-		}
-	}
-	res := &Result{Activity: phase.ID}
-	recs := make([]*kgo.Record, 0, 2)
-	gr, err := streams.NewRecord(l.ns+schemas.TopicGrants, []byte(g.ActId), g)
-	if err != nil {
-		undo()
-		return nil, err
-	}
-	recs = append(recs, gr)
-	if g.AwardType == pb.AwardType_CASH {
-		tok := &pb.Token{AppId: g.AppId, ActId: g.ActId, ActivityId: phase.ID, SceneId: g.SceneId, Amount: g.Amount,
-			OutTradeNo: g.OrderNo, OpenTime: now.UnixMilli(), RainId: g.RainId, Status: pb.TokenStatus_PROCESSING}
-		in.d.Keys.Sign(tok)
-		res.Token = tok
-		if !tree.Degraded(guard.TokenRedis) {
-			if err := l.tokens.Put(ctx, tok); err != nil {
-				in.d.Log.Warn("grant: token not cached in Redis; reads show it once booked", "order", g.OrderNo, "err", err)
+			_, err = in.refuse("degraded", fmt.Errorf("%w: coupon stock", ErrDegraded))
+		} else if err = p.l.stock.Take(ctx, p.scene.Template, p.scene.Stock, p.g.Amount); err != nil {
+			in.mResult.With("out_of_stock").Inc()
+			if errors.Is(err, stock.ErrTimeout) {
+				p.idem = "" // a timed-out take may have counted: keep the order number spent
 			}
 		}
-		tr, err := streams.NewRecord(l.ns+schemas.TopicTokens, []byte(g.ActId), tok)
 		if err != nil {
-			undo()
-			return nil, err
+			*p.out = Outcome{Err: err}
+			failed[p] = true
 		}
-		recs = append(recs, tr)
+	}
+	return in.keep(ctx, ps, failed)
+}
+
+// publish signs the cash tokens, caches them and publishes grants and
+// tokens in one produce.
+func (in *Intake) publish(ctx context.Context, tree *config.Tree, ps []*pending, now time.Time) {
+	if len(ps) == 0 {
+		return
+	}
+	recs := make([]*kgo.Record, 0, 2*len(ps))
+	pipe := in.d.Redis.Pipeline()
+	cached := 0
+	for _, p := range ps {
+		g := p.g
+		res := &Result{Activity: p.phase.ID}
+		gr, err := streams.NewRecord(p.l.ns+schemas.TopicGrants, []byte(g.ActId), g)
+		if err != nil {
+			*p.out = Outcome{Err: err}
+			continue
+		}
+		recs = append(recs, gr)
+		if g.AwardType == pb.AwardType_CASH {
+			tok := &pb.Token{AppId: g.AppId, ActId: g.ActId, ActivityId: p.phase.ID, SceneId: g.SceneId, Amount: g.Amount,
+				OutTradeNo: g.OrderNo, OpenTime: now.UnixMilli(), RainId: g.RainId, Status: pb.TokenStatus_PROCESSING}
+			in.d.Keys.Sign(tok)
+			res.Token = tok
+			tr, err := streams.NewRecord(p.l.ns+schemas.TopicTokens, []byte(g.ActId), tok)
+			if err != nil {
+				*p.out = Outcome{Err: err}
+				continue
+			}
+			recs = append(recs, tr)
+			if !tree.Degraded(guard.TokenRedis) {
+				p.l.tokens.put(ctx, pipe, tok, tr.Value)
+				cached++
+			}
+		}
+		*p.out = Outcome{Result: res}
+	}
+	if cached > 0 {
+		if _, err := pipe.Exec(ctx); err != nil {
+			in.d.Log.Warn("grant: tokens not cached in Redis; reads show them once booked", "tokens", cached, "err", err)
+		}
 	}
 	if err := in.d.Producer.ProduceSync(ctx, recs...).FirstErr(); err != nil {
-		undo() // not published: let the caller retry the same order number
-		return nil, fmt.Errorf("grant: publish: %w", err)
+		in.undo(ctx, ps) // not published: the caller may retry the same order numbers
+		for _, p := range ps {
+			*p.out = Outcome{Err: fmt.Errorf("grant: publish: %w", err)}
+		}
+		return
 	}
-	if in.d.Counter != nil && g.AwardType == pb.AwardType_CASH && !tree.Degraded(guard.Counter) && !g.Shadow {
-		in.d.Counter.Add(g.Amount)
+	for _, p := range ps {
+		if p.out.Err != nil {
+			continue
+		}
+		if in.d.Counter != nil && p.g.AwardType == pb.AwardType_CASH && !tree.Degraded(guard.Counter) && !p.g.Shadow {
+			in.d.Counter.Add(p.g.Amount)
+		}
+		in.mResult.With("accepted").Inc()
 	}
-	in.mResult.With("accepted").Inc()
-	return res, nil
 }

@@ -41,6 +41,14 @@ func (t *Tokens) Put(ctx context.Context, tok *pb.Token) error {
 	return err
 }
 
+// put adds a token (already marshalled) to a pipeline.
+func (t *Tokens) put(ctx context.Context, pipe redis.Pipeliner, tok *pb.Token, b []byte) {
+	pipe.HSet(ctx, t.key(tok.ActId), tok.OutTradeNo, b)
+	if t.ttl > 0 {
+		pipe.Expire(ctx, t.key(tok.ActId), t.ttl)
+	}
+}
+
 // All returns the user's tokens; undecodable ones are returned as nil
 // entries in bad (counted by the caller as forged).
 func (t *Tokens) All(ctx context.Context, actID string) (toks []*pb.Token, bad int, err error) {

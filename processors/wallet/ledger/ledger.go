@@ -19,6 +19,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -59,6 +60,8 @@ type Ledger struct {
 
 	mu      sync.Mutex // guards staged and the handler
 	staged  *pebble.Batch
+	checked map[*kgo.Record]error // signature verdicts of the batch, computed in parallel
+	seen    *token.Verified       // tokens verified on earlier reads
 	booked  []*pb.Token // tokens booked in the open batch (marked SUCCESS after commit)
 	ready   atomic.Bool
 	Bookings, Forged, Refused atomic.Int64
@@ -75,7 +78,7 @@ func New(cfg Config, brokers []string) *Ledger {
 		cfg.Metrics = metrics.NewRegistry()
 	}
 	c := cfg.Metrics.NewCounterVec("surge_wallet_ledger_total", "ledger events", "event")
-	return &Ledger{cfg: cfg, brokers: brokers, limit: guard.NewBucket(cfg.Source.Tree().RateLimits.BookingsPerSecond),
+	return &Ledger{cfg: cfg, brokers: brokers, seen: token.NewVerified(1 << 20), limit: guard.NewBucket(cfg.Source.Tree().RateLimits.BookingsPerSecond),
 		mBooked: c.With("booked"), mForged: c.With("forged_token"), mRefused: c.With("withdrawal_refused")}
 }
 
@@ -183,12 +186,44 @@ func (l *Ledger) Run(ctx context.Context, opts ...streams.Option) error {
 		streams.DeadLetterTopic(l.topic(schemas.TopicDeadLetter)),
 		streams.ClientOpts(kgo.Balancers(kgo.RangeBalancer())), // co-partitioned by actID
 		streams.OnBatchEnd(l.batchEnd),
+		streams.BeforeBatch(l.verifyBatch),
 	}, opts...)
 	r, err := streams.New("wallet-ledger", l.Handle(), opts...)
 	if err != nil {
 		return err
 	}
 	return r.Run(ctx)
+}
+
+// verifyBatch checks the signatures of a batch's tokens on every core;
+// Ed25519 verification is most of a booking's cost.
+func (l *Ledger) verifyBatch(_ context.Context, recs []*kgo.Record) {
+	verdicts := make([]error, len(recs))
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range runtime.GOMAXPROCS(0) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= len(recs) {
+					return
+				}
+				var tok pb.Token
+				if streams.Decode(recs[i], &tok) == nil && tok.Status == pb.TokenStatus_PROCESSING {
+					verdicts[i] = l.cfg.Keys.Verify(&tok)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	l.mu.Lock()
+	l.checked = make(map[*kgo.Record]error, len(recs))
+	for i, r := range recs {
+		l.checked[r] = verdicts[i]
+	}
+	l.mu.Unlock()
 }
 
 // Ready reports whether the store has been rebuilt and reads are served.
@@ -236,15 +271,19 @@ func (l *Ledger) Handle() streams.Handler {
 		if tok.Status == pb.TokenStatus_SUCCESS {
 			return nil // our own status update
 		}
-		_, err := l.book(ctx, &tok, out)
+		verdict, checked := l.checked[in]
+		_, err := l.book(ctx, &tok, !checked, verdict, out)
 		return err
 	}
 }
 
 // book books one token unless its order number already is. It returns
 // whether it booked.
-func (l *Ledger) book(ctx context.Context, tok *pb.Token, out *streams.Output) (bool, error) {
-	if err := l.cfg.Keys.Verify(tok); err != nil {
+func (l *Ledger) book(ctx context.Context, tok *pb.Token, verify bool, verdict error, out *streams.Output) (bool, error) {
+	if verify {
+		verdict = l.cfg.Keys.Verify(tok)
+	}
+	if err := verdict; err != nil {
 		l.Forged.Add(1)
 		l.mForged.Inc()
 		return false, streams.Reject("token refused: "+tok.OutTradeNo, err)
@@ -313,7 +352,7 @@ func (l *Ledger) withdraw(ctx context.Context, w *pb.Withdrawal, out *streams.Ou
 			if tok.Status != pb.TokenStatus_PROCESSING {
 				continue
 			}
-			ok, err := l.book(ctx, tok, out)
+			ok, err := l.book(ctx, tok, true, nil, out)
 			if streams.IsReject(err) {
 				continue // a forged token in Redis: counted, never booked
 			}
@@ -421,7 +460,7 @@ func (l *Ledger) read(ctx context.Context, actID string, flow bool) (View, []Ite
 			if ok, _ := booked(l.db, tok.OutTradeNo); ok {
 				continue // booked; Redis not updated yet
 			}
-			if l.cfg.Keys.Verify(tok) != nil || tok.ActId != actID {
+			if l.seen.Verify(l.cfg.Keys, tok) != nil || tok.ActId != actID {
 				v.Forged++
 				l.Forged.Add(1)
 				l.mForged.Inc()

@@ -78,6 +78,40 @@ func (k *Keyring) Sign(t *pb.Token) {
 	t.Signature = ed25519.Sign(k.signer, signed(t))
 }
 
+// Verified remembers tokens whose signature was checked, so a user who
+// reloads the balance page does not pay ten Ed25519 verifications again.
+// The key is the whole signed byte string plus the signature: any change to
+// a token misses the cache. It is bounded and simply starts over when full.
+type Verified struct {
+	mu  sync.Mutex
+	max int
+	ok  map[string]struct{}
+}
+
+// NewVerified returns a cache of up to max tokens.
+func NewVerified(max int) *Verified { return &Verified{max: max, ok: make(map[string]struct{}, max)} }
+
+// Verify checks t, from the cache when it was verified before.
+func (v *Verified) Verify(k *Keyring, t *pb.Token) error {
+	key := string(signed(t)) + t.KeyId + string(t.Signature)
+	v.mu.Lock()
+	_, hit := v.ok[key]
+	v.mu.Unlock()
+	if hit {
+		return nil
+	}
+	if err := k.Verify(t); err != nil {
+		return err
+	}
+	v.mu.Lock()
+	if len(v.ok) >= v.max {
+		clear(v.ok)
+	}
+	v.ok[key] = struct{}{}
+	v.mu.Unlock()
+	return nil
+}
+
 // Verify checks the signature.
 func (k *Keyring) Verify(t *pb.Token) error {
 	k.mu.RLock()

@@ -1,0 +1,222 @@
+// Command wallet measures the reward wallet: grant intake (validate,
+// idempotency check, sign, produce), booking into the ledger, and balance
+// reads while a backlog of unbooked tokens waits.
+//
+//	go run ./bench/wallet -redis 127.0.0.1:16379                          # kfake
+//	go run ./bench/wallet -redis 127.0.0.1:16379 -brokers 127.0.0.1:19092 # real broker
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"runtime"
+	"runtime/pprof"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"google.golang.org/protobuf/proto"
+
+	"surge/processors/wallet/config"
+	"surge/processors/wallet/grant"
+	"surge/processors/wallet/ledger"
+	"surge/processors/wallet/order"
+	"surge/processors/wallet/token"
+	"surge/schemas"
+	pb "surge/schemas/surgev1"
+	"surge/streams"
+	"surge/streams/embedded"
+)
+
+func main() {
+	brokersFlag := flag.String("brokers", "", "real broker(s); empty starts kfake in process")
+	redisAddr := flag.String("redis", "127.0.0.1:16379", "redis-server")
+	grants := flag.Int("grants", 200_000, "grants to accept")
+	users := flag.Int("users", 100_000, "users the grants spread over")
+	workers := flag.Int("workers", 512, "concurrent callers")
+	backlog := flag.Int("backlog", 1_000_000, "unbooked tokens waiting while balances are read")
+	reads := flag.Int("reads", 20_000, "balance reads")
+	batch := flag.Int("batch", 256, "grants per intake batch (concurrent calls coalesced)")
+	cpuprofile := flag.String("cpuprofile", "", "CPU profile of the intake phase")
+	flag.Parse()
+
+	brokers := strings.Split(*brokersFlag, ",")
+	backend := "kafka " + *brokersFlag
+	if *brokersFlag == "" {
+		k, err := embedded.StartKafka()
+		must(err)
+		defer k.Close()
+		brokers, backend = k.Brokers(), "kfake (in process)"
+	}
+	ctx := context.Background()
+	ns := fmt.Sprintf("wbench%d.", time.Now().UnixNano())
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ProducerLinger(2*time.Millisecond), kgo.MaxBufferedRecords(1<<20))
+	must(err)
+	defer cl.Close()
+	for _, n := range []string{schemas.TopicGrants, schemas.TopicTokens, schemas.TopicLedger, schemas.TopicWithdrawals, schemas.TopicWithdrawResult, schemas.TopicDeadLetter} {
+		t, _ := schemas.TopicByName(n)
+		t.Name = ns + n
+		must(streams.EnsureTopics(ctx, cl, 1, t))
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: *redisAddr, PoolSize: *workers})
+	defer rdb.Close()
+	now := time.Now()
+	tree := &config.Tree{Activities: []config.Activity{{ID: "spring",
+		Children: []config.Child{{ID: "spring-live", Phase: config.PhaseOfficial, Start: now.Add(-time.Hour), End: now.Add(24 * time.Hour), Budget: 1 << 50}},
+		Scenes:   []config.Scene{{ID: "rain", Award: "cash", MaxAmount: 1000}}}}}
+	src := config.Static(tree)
+	keys, err := token.Generate("bench")
+	must(err)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	in := grant.New(grant.Deps{Config: src, Keys: keys, Redis: rdb, Producer: cl, Log: log, Namespace: ns})
+	batcher := grant.NewBatcher(in, *batch, time.Millisecond, 4)
+	defer batcher.Close()
+	fmt.Printf("backend: %s, redis-server %s; %d cores, %s\n", backend, *redisAddr, runtime.NumCPU(), runtime.Version())
+
+	// 1. Intake.
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		must(err)
+		must(pprof.StartCPUProfile(f))
+	}
+	var next, amount atomic.Int64
+	var wg sync.WaitGroup
+	cpu0 := cpuTime()
+	start := time.Now()
+	for range *workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := next.Add(1) - 1
+				if i >= int64(*grants) {
+					return
+				}
+				act := fmt.Sprintf("u%d", i%int64(*users))
+				n := order.Number{ActID: act, SceneID: "rain", RainID: fmt.Sprintf("r%d", i), AwardType: pb.AwardType_CASH, Stage: 1}
+				g := &pb.RewardGrant{OrderNo: n.String(), ActId: act, ActivityId: "spring", SceneId: "rain", RainId: n.RainID,
+					AwardType: pb.AwardType_CASH, Stage: 1, Amount: 1 + i%100, AppId: "bench"}
+				if _, err := batcher.Grant(ctx, g); err != nil {
+					must(err)
+				}
+				amount.Add(g.Amount)
+			}
+		}()
+	}
+	wg.Wait()
+	el := time.Since(start)
+	cpu := cpuTime() - cpu0
+	if *cpuprofile != "" {
+		pprof.StopCPUProfile()
+	}
+	fmt.Printf("intake: %d grants in %v = %.0f grants/s with %d callers, batches of up to %d; process CPU %.2f cores = %.0f grants/s per core of this process\n",
+		*grants, el.Round(time.Millisecond), float64(*grants)/el.Seconds(), *workers, *batch, cpu.Seconds()/el.Seconds(), float64(*grants)/cpu.Seconds())
+	fmt.Println("  (redis-server and, on the real broker, the JVM take the other share of the machine)")
+
+	// 2. Booking: the ledger drains the tokens at full speed (no limit).
+	led := ledger.New(ledger.Config{Namespace: ns, Dir: must2(os.MkdirTemp("", "wbench-ledger-")), Source: src, Keys: keys,
+		Tokens: in.Tokens(), Log: log}, brokers)
+	lctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	cpu0 = cpuTime()
+	start = time.Now()
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile + ".booking")
+		must(err)
+		must(pprof.StartCPUProfile(f))
+	}
+	go func() { done <- led.Run(lctx, streams.MaxBatch(20000)) }()
+	for led.Bookings.Load() < int64(*grants) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	el = time.Since(start)
+	cpu = cpuTime() - cpu0
+	if *cpuprofile != "" {
+		pprof.StopCPUProfile()
+	}
+	fmt.Printf("booking: %d tokens booked in %v = %.0f bookings/s; process CPU %.2f cores = %.0f bookings/s per core\n",
+		*grants, el.Round(time.Millisecond), float64(*grants)/el.Seconds(), cpu.Seconds()/el.Seconds(), float64(*grants)/cpu.Seconds())
+
+	// 3. Reads with a backlog: a million tokens in the users' Redis hashes
+	// that the ledger has not booked (written to Redis only, as when
+	// booking is far behind the grant peak).
+	backlogUsers := *backlog / 10 // ten unbooked tokens per user
+	pipe := rdb.Pipeline()
+	for i := range *backlog {
+		act := fmt.Sprintf("b%d", i%backlogUsers)
+		tok := &pb.Token{AppId: "bench", ActId: act, ActivityId: "spring-live", SceneId: "rain", Amount: 10,
+			OutTradeNo: fmt.Sprintf("%s_rain_x%d_1_1", act, i), OpenTime: time.Now().UnixMilli(), RainId: fmt.Sprint(i), Status: pb.TokenStatus_PROCESSING}
+		keys.Sign(tok)
+		b, _ := protoMarshal(tok)
+		pipe.HSet(ctx, ns+"wtok:"+act, tok.OutTradeNo, b)
+		if i%10000 == 9999 {
+			_, err := pipe.Exec(ctx)
+			must(err)
+		}
+	}
+	_, err = pipe.Exec(ctx)
+	must(err)
+	readPass := func(label string, readers int) {
+		lat := make([]time.Duration, *reads)
+		var ri atomic.Int64
+		start := time.Now()
+		for range readers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					i := ri.Add(1) - 1
+					if i >= int64(*reads) {
+						return
+					}
+					t0 := time.Now()
+					v, err := led.Balance(ctx, fmt.Sprintf("b%d", i%int64(backlogUsers)))
+					lat[i] = time.Since(t0)
+					must(err)
+					if v.Unbooked != 10 || v.Balance != 100 {
+						must(fmt.Errorf("balance %+v", v))
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		el := time.Since(start)
+		sort.Slice(lat, func(a, b int) bool { return lat[a] < lat[b] })
+		fmt.Printf("balance reads, %s, %d readers, %d unbooked tokens waiting (%d users x 10): %d reads in %v = %.0f/s, p50 %v, p99 %v, max %v\n",
+			label, readers, *backlog, backlogUsers, *reads, el.Round(time.Millisecond), float64(*reads)/el.Seconds(), lat[len(lat)/2].Round(time.Microsecond),
+			lat[len(lat)*99/100].Round(time.Microsecond), lat[len(lat)-1].Round(time.Microsecond))
+	}
+	readPass("first read of each user (10 signature checks)", 2)
+	readPass("read again (signatures cached)", 2)
+	readPass("read again (signatures cached)", 8)
+	fmt.Println("  (each read: the booked account from Pebble, the user's tokens from Redis, their signatures checked)")
+	stop()
+	<-done
+	_ = amount.Load()
+}
+
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+func protoMarshal(m *pb.Token) ([]byte, error) { return proto.Marshal(m) }
+
+func must(err error) {
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func must2(s string, err error) string { must(err); return s }

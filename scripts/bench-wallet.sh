@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Wallet figures: grant intake, booking, balance reads under a 1M-token
+# backlog; on kfake and on the real broker, both with redis-server.
+# Writes bench/wallet.txt.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$root"
+grants="${GRANTS:-200000}"
+out=bench/wallet.txt
+scripts/kafka.sh start >/dev/null
+scripts/redis.sh start >/dev/null
+redis="127.0.0.1:${REDIS_PORT:-16379}"
+{
+  echo "# reward wallet: intake, booking, balance reads"
+  echo "# made by: scripts/bench-wallet.sh (GRANTS=$grants) on $(date -u +%F), $(nproc) cores, $(go version | cut -d' ' -f3)"
+  echo
+  echo "\$ GOMAXPROCS=1 go test -run xxx -bench . ./processors/wallet/token/"
+  GOMAXPROCS=1 go test -run xxx -bench . ./processors/wallet/token/ | grep -E '^Benchmark'
+  echo
+  echo "\$ go run ./bench/wallet -grants $grants -backlog 1000000 -redis $redis"
+  go run ./bench/wallet -grants "$grants" -backlog 1000000 -redis "$redis" 2>&1 | grep -v ' INFO '
+  echo
+  echo "\$ go run ./bench/wallet -grants $grants -backlog 1000000 -redis $redis -brokers 127.0.0.1:${KAFKA_PORT:-19092}"
+  go run ./bench/wallet -grants "$grants" -backlog 1000000 -redis "$redis" -brokers "127.0.0.1:${KAFKA_PORT:-19092}" 2>&1 | grep -v ' INFO '
+  echo
+  echo "# what bounds each figure: bench/wallet-notes.md"
+} | tee "$out"
