@@ -33,6 +33,10 @@ commands:
              followers, login churn, jobs of mixed source, size and priority,
              through the whole push stack (kfake unless --kafka.brokers), with
              a progress bar and a check that nobody got a message twice
+  wallet     the reward wallet: grant intake, ledger, live total and the HTTP
+             API (POST /v1/grants, GET /v1/users/{act}/balance|flow, POST
+             /v1/users/{act}/withdrawals, GET /v1/total); kfake and miniredis
+             unless --kafka.brokers / --redis.addr
   run NAME   run one processor or sink against the configured servers
              (names: presence, sink-dead-letters, sink-presence)
   topics     list the topic registry; --create creates the topics
@@ -53,6 +57,8 @@ func main() {
 	defer stop()
 	var err error
 	switch cmd {
+	case "wallet":
+		err = cmdWallet(ctx, args)
 	case "loadgen":
 		err = cmdLoadgen(ctx, args)
 	case "embedded":
