@@ -19,6 +19,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"runtime"
 	"sort"
 	"sync"
@@ -187,6 +188,9 @@ func (l *Ledger) Run(ctx context.Context, opts ...streams.Option) error {
 		streams.ClientOpts(kgo.Balancers(kgo.RangeBalancer())), // co-partitioned by actID
 		streams.OnBatchEnd(l.batchEnd),
 		streams.BeforeBatch(l.verifyBatch),
+		// A token has no failure state: a transient error (Redis, the
+		// disk) is retried until it books, never dead-lettered.
+		streams.MaxAttempts(math.MaxInt32),
 	}, opts...)
 	r, err := streams.New("wallet-ledger", l.Handle(), opts...)
 	if err != nil {
