@@ -350,6 +350,8 @@ func (g *traffic) summary(ctx context.Context, bs []string, ns string, s *push.S
 			return nil
 		case pb.DeliveryStatus_DELIVERED_ON_LOGIN:
 			onLogin += set.GetCardinality()
+		case pb.DeliveryStatus_QUEUED_OFFLINE:
+			return nil // counted by the offline queues
 		}
 		d := delivered[rep.JobId]
 		if d == nil {

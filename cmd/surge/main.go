@@ -38,7 +38,12 @@ commands:
              /v1/users/{act}/withdrawals, GET /v1/total); kfake and miniredis
              unless --kafka.brokers / --redis.addr
   run NAME   run one processor or sink against the configured servers
-             (names: presence, sink-dead-letters, sink-presence)
+             (names: presence, sink-dead-letters, sink-presence, sink-grants,
+             sink-tokens, sink-ledger, sink-withdrawals, sink-job-states,
+             sink-deliveries, sink-recycle-steps, sink-recon)
+  recon      reconciliation over ClickHouse: "recon report [--json]" (status
+             per hour, open mismatches, totals), "recon run --hour TIME"
+             (one hour now), "recon serve" (h+1, h+2 fallback, every minute)
   topics     list the topic registry; --create creates the topics
   produce    produce one record: --topic T --json '{...}' [--key K]
   consume    print a topic's records as JSON: --topic T [--max N]
@@ -57,6 +62,8 @@ func main() {
 	defer stop()
 	var err error
 	switch cmd {
+	case "recon":
+		err = cmdRecon(ctx, args)
 	case "wallet":
 		err = cmdWallet(ctx, args)
 	case "loadgen":

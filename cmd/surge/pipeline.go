@@ -23,13 +23,17 @@ type pipeline struct {
 }
 
 // component names accepted by `surge run`.
-var components = []string{"presence", "sink-dead-letters", "sink-presence"}
+var components = []string{"presence", "sink-dead-letters", "sink-presence", "sink-grants", "sink-tokens", "sink-ledger",
+	"sink-withdrawals", "sink-job-states", "sink-deliveries", "sink-recycle-steps", "sink-recon"}
+
+// defaultComponents are what `embedded` starts.
+var defaultComponents = []string{"presence", "sink-dead-letters", "sink-presence"}
 
 // start runs the named components (all when names is empty) until ctx ends.
 // store may be nil when no sink is named.
 func startPipeline(ctx context.Context, log *slog.Logger, brokers []string, store clickhouse.Store, mirror *presence.RedisMirror, names []string, opts map[string][]streams.Option) (*pipeline, error) {
 	if len(names) == 0 {
-		names = components
+		names = defaultComponents
 	}
 	p := &pipeline{}
 	for _, name := range names {
@@ -42,13 +46,16 @@ func startPipeline(ctx context.Context, log *slog.Logger, brokers []string, stor
 				p.presence.WithMirror(ctx, mirror)
 			}
 			run = func(ctx context.Context) error { return p.presence.Run(ctx, brokers, o...) }
-		case "sink-dead-letters", "sink-presence":
+		case "sink-dead-letters", "sink-presence", "sink-grants", "sink-tokens", "sink-ledger",
+			"sink-withdrawals", "sink-job-states", "sink-deliveries", "sink-recycle-steps", "sink-recon":
 			if store == nil {
 				return nil, fmt.Errorf("%s needs ClickHouse", name)
 			}
-			s := clickhouse.DeadLetters()
-			if name == "sink-presence" {
-				s = clickhouse.Presence()
+			var s *clickhouse.Sink
+			for _, f := range clickhouse.Facts() {
+				if f.Name == name {
+					s = f
+				}
 			}
 			s.Bind(store)
 			run = func(ctx context.Context) error { return s.Run(ctx, brokers, o...) }

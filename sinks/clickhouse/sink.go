@@ -29,6 +29,9 @@ type Sink struct {
 	Table   string
 	Columns []string
 	Row     RowFunc
+	// Rows, when set instead of Row, maps one record to many rows (a
+	// batch record such as a delivery report).
+	Rows func(r *kgo.Record) ([]string, error)
 
 	store Store
 	rows  []string
@@ -40,6 +43,14 @@ func (s *Sink) Bind(st Store) *Sink { s.store = st; return s }
 // Handle is the streams handler: it only buffers.
 func (s *Sink) Handle() streams.Handler {
 	return func(_ context.Context, in *kgo.Record, _ *streams.Output) error {
+		if s.Rows != nil {
+			rows, err := s.Rows(in)
+			if err != nil {
+				return err
+			}
+			s.rows = append(s.rows, rows...)
+			return nil
+		}
 		row, err := s.Row(in)
 		if err != nil {
 			return err
@@ -132,4 +143,12 @@ func Presence() *Sink {
 			return fmt.Sprintf("(%d, %d, %d)", ev.Uin, on, ev.AtMs), nil
 		},
 	}
+}
+
+// FlushForBench inserts and clears the buffered rows, as a batch commit
+// would; benchmarks drive the sink without a broker through it.
+func (s *Sink) FlushForBench(ctx context.Context) error {
+	err := s.flush(ctx)
+	s.rows = s.rows[:0]
+	return err
 }

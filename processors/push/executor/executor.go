@@ -281,6 +281,17 @@ func (x *Executor) queueOffline(u *pb.SendTaskUnit, offline *roaring.Bitmap, now
 	if offline.IsEmpty() {
 		return nil
 	}
+	// One report for the unit's offline part, so push.reports alone
+	// accounts for every target (reconciliation reads it).
+	all, err := offline.ToBytes()
+	if err != nil {
+		return err
+	}
+	if err := out.EmitMsg(x.topic(schemas.TopicReports), []byte(u.JobId), &pb.DeliveryReport{
+		JobId: u.JobId, Status: pb.DeliveryStatus_QUEUED_OFFLINE, AtMs: now, UnitId: u.UnitId, Uins: all,
+		DisplayAtMs: u.DisplayAtMs, Executor: x.cfg.Name, ContentId: u.ContentId}); err != nil {
+		return err
+	}
 	parts := make([]*roaring.Bitmap, x.loginParts)
 	it := offline.Iterator()
 	var key [4]byte

@@ -1,0 +1,114 @@
+// Command sinks measures the ClickHouse side on chDB: rows per second
+// through a sink's insert path (records decoded, rows rendered, one INSERT
+// per batch), and the cost of one hourly reconciliation over 10M grants
+// (and their 10M bookings and tokens).
+//
+//	CHDB_LIB_PATH=... go run ./bench/sinks -rows 2000000 -grants 10000000
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/RoaringBitmap/roaring/v2"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"surge/schemas"
+	pb "surge/schemas/surgev1"
+	"surge/sinks/clickhouse"
+	"surge/sinks/recon"
+	"surge/streams"
+)
+
+func main() {
+	rows := flag.Int("rows", 2_000_000, "rows through the grants sink")
+	batch := flag.Int("batch", 100_000, "rows per INSERT (the sink's batch)")
+	grants := flag.Int("grants", 10_000_000, "grants in the reconciled hour")
+	flag.Parse()
+	dir, err := os.MkdirTemp("", "bench-sinks-")
+	must(err)
+	defer os.RemoveAll(dir)
+	st, err := clickhouse.OpenChDB(dir)
+	must(err)
+	defer st.Close()
+	ctx := context.Background()
+	_, err = clickhouse.Migrate(ctx, st)
+	must(err)
+	fmt.Printf("chDB (embedded ClickHouse 26.x); %d cores, %s\n", runtime.NumCPU(), runtime.Version())
+
+	// 1. Sink path: grant records -> rows -> INSERT.
+	sink := clickhouse.Grants()
+	recs := make([]*kgo.Record, *batch)
+	for i := range recs {
+		g := &pb.RewardGrant{OrderNo: fmt.Sprintf("u%d_rain_r%d_1_1", i%100000, i), ActId: fmt.Sprintf("u%d", i%100000), ActivityId: "spring-live",
+			ParentActivityId: "spring", SceneId: "rain", AwardType: pb.AwardType_CASH, Stage: 1, Amount: int64(1 + i%100), AtMs: time.Now().UnixMilli()}
+		recs[i], err = streams.NewRecord(schemas.TopicGrants, []byte(g.ActId), g)
+		must(err)
+	}
+	h := sink.Bind(st).Handle()
+	start := time.Now()
+	for done := 0; done < *rows; done += *batch {
+		for _, r := range recs {
+			must(h(ctx, r, nil))
+		}
+		must(sink.FlushForBench(ctx))
+	}
+	el := time.Since(start)
+	fmt.Printf("sink-grants: %d rows in %v = %.0f rows/s (batches of %d: decode, render, INSERT)\n", *rows, el.Round(time.Millisecond), float64(*rows)/el.Seconds(), *batch)
+
+	// Deliveries: one report record per 65,536 targets expands to rows.
+	dsink := clickhouse.Deliveries()
+	dh := dsink.Bind(st).Handle()
+	set := roaring.New()
+	set.AddRange(0, 65536)
+	b, _ := set.ToBytes()
+	rep, _ := streams.NewRecord(schemas.TopicReports, []byte("j"), &pb.DeliveryReport{JobId: "bench", Status: pb.DeliveryStatus_DELIVERED, Uins: b})
+	start = time.Now()
+	n := 0
+	for n < *rows {
+		must(dh(ctx, rep, nil))
+		n += 65536
+		if n%(*batch) < 65536 {
+			must(dsink.FlushForBench(ctx))
+		}
+	}
+	must(dsink.FlushForBench(ctx))
+	el = time.Since(start)
+	fmt.Printf("sink-deliveries: %d rows in %v = %.0f rows/s (roaring batches expanded to a row per uin)\n", n, el.Round(time.Millisecond), float64(n)/el.Seconds())
+
+	// 2. One hour of 10M grants, tokens and bookings, generated in place.
+	hour := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	h0 := hour.UnixMilli()
+	t0 := time.Now()
+	gen := func(sql string) {
+		sql = strings.NewReplacer("{N}", fmt.Sprint(*grants), "{H0}", fmt.Sprint(h0)).Replace(sql)
+		must(st.Exec(ctx, sql))
+	}
+	order := "concat('u', toString(number % 1000000), '_rain_h', toString(number), '_1_1')"
+	user := "concat('u', toString(number % 1000000))"
+	scene := "concat('scene', toString(number % 4))"
+	gen("INSERT INTO grants SELECT " + order + ", " + user + ", 'spring-live', 'spring', " + scene + ", 'CASH', 1 + number % 100, {H0} + number % 3600000 FROM numbers({N})")
+	gen("INSERT INTO tokens SELECT " + order + ", " + user + ", 'spring-live', " + scene + ", 1 + number % 100, 'PROCESSING', {H0} + number % 3600000 FROM numbers({N})")
+	gen("INSERT INTO ledger SELECT " + order + ", " + user + ", 'GRANT', 1 + number % 100, 'spring-live', " + scene + ", 0, {H0} + number % 3600000 + 5000 FROM numbers({N})")
+	fmt.Printf("generated %d grants, tokens and bookings in %v\n", *grants, time.Since(t0).Round(time.Millisecond))
+	r := &recon.Reconciler{Store: st, Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))}
+	start = time.Now()
+	res, bad, err := r.Run(ctx, recon.Hour(hour, recon.AttemptH1))
+	must(err)
+	el = time.Since(start)
+	fmt.Printf("hourly reconciliation over %d grants: %v (%d results, %d mismatches; all three checks, per activity/scene and per user)\n",
+		*grants, el.Round(time.Millisecond), len(res), bad)
+}
+
+func must(err error) {
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}

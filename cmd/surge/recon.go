@@ -1,0 +1,83 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/spf13/pflag"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"surge/sinks/clickhouse"
+	"surge/sinks/recon"
+	"surge/streams/metrics"
+)
+
+// cmdRecon is the operator's reconciliation command.
+func cmdRecon(ctx context.Context, args []string) error {
+	var asJSON bool
+	var hours int
+	var hour string
+	v, fs, err := loadConfig("recon", args, func(fs *pflag.FlagSet) {
+		fs.BoolVar(&asJSON, "json", false, "report: JSON instead of text")
+		fs.IntVar(&hours, "hours", 24, "report: hours back to show")
+		fs.StringVar(&hour, "hour", "", "run: the hour to reconcile (RFC 3339, e.g. 2026-12-02T10:00:00Z); default the last full hour")
+	})
+	if err != nil {
+		return err
+	}
+	if fs.NArg() != 1 {
+		return fmt.Errorf("recon takes one of: report, run, serve")
+	}
+	log := newLogger(v)
+	st, err := openStore(ctx, v.GetString("clickhouse.dsn"), v.GetString("clickhouse.chdb_dir"), log)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	if _, err := clickhouse.Migrate(ctx, st); err != nil {
+		return err
+	}
+	r := &recon.Reconciler{Store: st, Log: log, Metrics: metrics.Default}
+	if bs := brokers(v); len(bs) > 0 {
+		cl, err := kgo.NewClient(kgo.SeedBrokers(bs...))
+		if err != nil {
+			return err
+		}
+		defer cl.Close()
+		r.Producer = cl
+	}
+	switch fs.Arg(0) {
+	case "report":
+		rep, err := recon.BuildReport(ctx, st, time.Now().Add(-time.Duration(hours)*time.Hour).Truncate(time.Hour))
+		if err != nil {
+			return err
+		}
+		if asJSON {
+			return rep.WriteJSON(os.Stdout)
+		}
+		return rep.WriteText(os.Stdout)
+	case "run":
+		h := time.Now().Add(-time.Hour)
+		if hour != "" {
+			if h, err = time.Parse(time.RFC3339, hour); err != nil {
+				return fmt.Errorf("--hour: %w", err)
+			}
+		}
+		res, bad, err := r.Run(ctx, recon.Hour(h, recon.AttemptH1))
+		if err != nil {
+			return err
+		}
+		fmt.Printf("%d results, %d mismatches for the hour from %s\n", len(res), bad, h.Truncate(time.Hour).UTC().Format(time.RFC3339))
+		if bad > 0 {
+			return fmt.Errorf("recon: %d mismatches", bad)
+		}
+		return nil
+	case "serve":
+		serveMetrics(ctx, v, log)
+		r.Serve(ctx, time.Minute)
+		return nil
+	}
+	return fmt.Errorf("recon: unknown action %q (report, run, serve)", fs.Arg(0))
+}

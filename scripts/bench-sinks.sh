@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# ClickHouse figures on chDB: sink rows per second, one hourly
+# reconciliation over 10M grants. Writes bench/sinks.txt.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$root"
+CHDB_LIB_PATH="$(scripts/chdb.sh)"
+export CHDB_LIB_PATH
+rows="${ROWS:-2000000}"
+grants="${GRANTS:-10000000}"
+out=bench/sinks.txt
+{
+  echo "# ClickHouse (chDB): sink throughput, hourly reconciliation"
+  echo "# made by: scripts/bench-sinks.sh (ROWS=$rows GRANTS=$grants) on $(date -u +%F), $(nproc) cores, $(go version | cut -d' ' -f3)"
+  echo
+  echo "\$ go run ./bench/sinks -rows $rows -grants $grants"
+  go run ./bench/sinks -rows "$rows" -grants "$grants" 2>&1 | grep -v 'level=DEBUG'
+} | tee "$out"

@@ -1,0 +1,156 @@
+package recon_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"surge/sinks/clickhouse"
+	"surge/sinks/recon"
+)
+
+var store clickhouse.Store
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "surge-recon-")
+	if err != nil {
+		panic(err)
+	}
+	if store, err = clickhouse.OpenChDB(dir); err != nil {
+		panic(err)
+	}
+	if _, err := clickhouse.Migrate(context.Background(), store); err != nil {
+		panic(err)
+	}
+	code := m.Run()
+	_ = store.Close()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func exec(t *testing.T, sql string) {
+	t.Helper()
+	if err := store.Exec(context.Background(), sql); err != nil {
+		t.Fatalf("%v\n%s", err, sql)
+	}
+}
+
+// One hour of clean facts, then a lost booking, a double booking and a
+// lost delivery injected into the next hour: the clean hour reconciles,
+// each fault is found with its scope.
+func TestFindsLostDoubleAndUndelivered(t *testing.T) {
+	base := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	for _, h := range []time.Time{base, base.Add(time.Hour)} {
+		at := h.UnixMilli() + 1000
+		var grants, tokens, ledger []string
+		for i := range 100 {
+			no := fmt.Sprintf("u%d_rain_%d_1_1", i%10, h.Hour()*1000+i)
+			grants = append(grants, fmt.Sprintf("('%s', 'u%d', 'spring-live', 'spring', 'rain', 'CASH', %d, %d)", no, i%10, 10+i, at+int64(i)))
+			tokens = append(tokens, fmt.Sprintf("('%s', 'u%d', 'spring-live', 'rain', %d, 'PROCESSING', %d)", no, i%10, 10+i, at+int64(i)))
+			ledger = append(ledger, fmt.Sprintf("('%s', 'u%d', 'GRANT', %d, 'spring-live', 'rain', 0, %d)", no, i%10, 10+i, at+5000+int64(i)))
+		}
+		exec(t, "INSERT INTO grants (order_no, act_id, activity_id, parent_activity_id, scene_id, award_type, amount, at_ms) VALUES "+strings.Join(grants, ","))
+		exec(t, "INSERT INTO tokens (order_no, act_id, activity_id, scene_id, amount, status, open_time) VALUES "+strings.Join(tokens, ","))
+		if h == base {
+			exec(t, "INSERT INTO ledger (order_no, act_id, kind, amount, activity_id, scene_id, balance_after, booked_at_ms) VALUES "+strings.Join(ledger, ","))
+			// The sink redelivered a batch: identical rows must not count twice.
+			exec(t, "INSERT INTO ledger (order_no, act_id, kind, amount, activity_id, scene_id, balance_after, booked_at_ms) VALUES "+strings.Join(ledger[:10], ","))
+		} else {
+			// Lost booking: the first order of the hour never booked.
+			// Double booking: the second booked again a second later.
+			dbl := strings.Replace(ledger[1], fmt.Sprint(at+5000+1), fmt.Sprint(at+6000+1), 1)
+			exec(t, "INSERT INTO ledger (order_no, act_id, kind, amount, activity_id, scene_id, balance_after, booked_at_ms) VALUES "+strings.Join(append(ledger[1:], dbl), ","))
+		}
+		// A push job per hour: 50 targets after filtering.
+		job := fmt.Sprintf("job-%d", h.Hour())
+		exec(t, fmt.Sprintf(`INSERT INTO job_states (job_id, from_state, to_state, reason, executor, position, targets, at_ms) VALUES
+			('%s', 'FILTERING', 'QUEUED', '', '', 0, 50, %d), ('%s', 'SENDING', 'COMPLETED', '', '', 1, 50, %d)`, job, at, job, at+100))
+		var del []string
+		n := 50
+		if h != base {
+			n = 49 // one target never delivered nor queued
+		}
+		for u := range n {
+			status := "DELIVERED"
+			if u%5 == 0 {
+				status = "QUEUED_OFFLINE"
+			}
+			del = append(del, fmt.Sprintf("('%s', %d, '%s', '', 0, 0, %d)", job, u+1, status, at))
+		}
+		del = append(del, fmt.Sprintf("('%s', 5, 'DELIVERED_ON_LOGIN', '', 0, 0, %d)", job, at+50)) // queued, then delivered: one target
+		exec(t, "INSERT INTO deliveries (job_id, uin, status, filter, unit_id, display_at_ms, at_ms) VALUES "+strings.Join(del, ","))
+	}
+
+	r := &recon.Reconciler{Store: store, Now: func() time.Time { return base.Add(3 * time.Hour) }}
+	ctx := context.Background()
+	res, bad, err := r.Run(ctx, recon.Hour(base, recon.AttemptH1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bad != 0 || len(res) < 3 {
+		for _, x := range res {
+			t.Log(x)
+		}
+		t.Fatalf("clean hour: %d mismatches in %d results", bad, len(res))
+	}
+	res, bad, err = r.Run(ctx, recon.Hour(base.Add(time.Hour), recon.AttemptH1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var found []string
+	for _, x := range res {
+		if x.Mismatch {
+			found = append(found, x.Check+": "+x.Scope)
+		}
+	}
+	all := strings.Join(found, "\n")
+	for _, want := range []string{
+		"granted_vs_booked: activity=spring-live scene=rain grants=100 lost=1 doubled=1",
+		"granted_vs_booked: user=u0", // the lost booking's user is underpaid
+		"granted_vs_booked: user=u1", // the doubled booking's user is overpaid
+		"tokens_vs_ledger: tokens=100 unbooked=1",
+		"targets_vs_deliveries: job=job-11",
+	} {
+		if !strings.Contains(all, want) {
+			t.Errorf("not found: %q\nmismatches:\n%s", want, all)
+		}
+	}
+	if bad != len(found) || bad < 5 {
+		t.Fatalf("%d mismatches", bad)
+	}
+	// Results are in the table, for the report.
+	rows, err := store.QueryStrings(ctx, "SELECT count(), sum(mismatch) FROM recon_results FINAL")
+	if err != nil || rows[0][1] != fmt.Sprint(bad) {
+		t.Fatalf("recon_results: %v %v", rows, err)
+	}
+}
+
+func TestReport(t *testing.T) {
+	TestFindsLostDoubleAndUndelivered(t) // fills the tables and results
+	rep, err := recon.BuildReport(context.Background(), store, time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Hours) < 6 || len(rep.Open) < 5 || rep.Totals.Grants < 200 {
+		t.Fatalf("report: %d hour rows, %d open, %+v", len(rep.Hours), len(rep.Open), rep.Totals)
+	}
+	var text, js strings.Builder
+	if err := rep.WriteText(&text); err != nil {
+		t.Fatal(err)
+	}
+	if err := rep.WriteJSON(&js); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"2026-12-01 10:00  granted_vs_booked", "MISMATCH", "open mismatches:", "lost=1 doubled=1"} {
+		if !strings.Contains(text.String(), want) {
+			t.Errorf("text report lacks %q:\n%s", want, text.String())
+		}
+	}
+	if !strings.Contains(js.String(), `"open_mismatches"`) {
+		t.Fatalf("json: %s", js.String())
+	}
+	t.Log("\n" + text.String())
+}
