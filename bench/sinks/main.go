@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"os"
 	"runtime"
+	"runtime/pprof"
 	"strings"
 	"time"
 
@@ -30,6 +31,7 @@ func main() {
 	rows := flag.Int("rows", 2_000_000, "rows through the grants sink")
 	batch := flag.Int("batch", 100_000, "rows per INSERT (the sink's batch)")
 	grants := flag.Int("grants", 10_000_000, "grants in the reconciled hour")
+	cpuprofile := flag.String("cpuprofile", "", "CPU profile of the sink part")
 	flag.Parse()
 	dir, err := os.MkdirTemp("", "bench-sinks-")
 	must(err)
@@ -52,6 +54,11 @@ func main() {
 		must(err)
 	}
 	h := sink.Bind(st).Handle()
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		must(err)
+		must(pprof.StartCPUProfile(f))
+	}
 	start := time.Now()
 	for done := 0; done < *rows; done += *batch {
 		for _, r := range recs {
@@ -60,6 +67,9 @@ func main() {
 		must(sink.FlushForBench(ctx))
 	}
 	el := time.Since(start)
+	if *cpuprofile != "" {
+		pprof.StopCPUProfile()
+	}
 	fmt.Printf("sink-grants: %d rows in %v = %.0f rows/s (batches of %d: decode, render, INSERT)\n", *rows, el.Round(time.Millisecond), float64(*rows)/el.Seconds(), *batch)
 
 	// Deliveries: one report record per 65,536 targets expands to rows.
