@@ -42,6 +42,14 @@ func TestComposeFileParsesAndNamesRealComponents(t *testing.T) {
 		}
 		switch s.Command[0] {
 		case "topics":
+		case "wallet":
+			if s.Env["SURGE_REDIS_ADDR"] == "" {
+				t.Errorf("%s: the wallet needs redis", name)
+			}
+		case "recon":
+			if len(s.Command) != 2 || s.Command[1] != "serve" {
+				t.Errorf("%s: recon must serve, not %v", name, s.Command)
+			}
 		case "run":
 			if len(s.Command) != 2 || !slices.Contains(components, s.Command[1]) {
 				t.Errorf("%s: runs %v, not one of %v", name, s.Command, components)
