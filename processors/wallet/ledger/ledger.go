@@ -203,6 +203,7 @@ func (l *Ledger) Run(ctx context.Context, opts ...streams.Option) error {
 // Ed25519 verification is most of a booking's cost.
 func (l *Ledger) verifyBatch(_ context.Context, recs []*kgo.Record) {
 	verdicts := make([]error, len(recs))
+	done := make([]bool, len(recs))
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	for range runtime.GOMAXPROCS(0) {
@@ -216,7 +217,7 @@ func (l *Ledger) verifyBatch(_ context.Context, recs []*kgo.Record) {
 				}
 				var tok pb.Token
 				if streams.Decode(recs[i], &tok) == nil && tok.Status == pb.TokenStatus_PROCESSING {
-					verdicts[i] = l.cfg.Keys.Verify(&tok)
+					verdicts[i], done[i] = l.cfg.Keys.Verify(&tok), true
 				}
 			}
 		}()
@@ -225,7 +226,9 @@ func (l *Ledger) verifyBatch(_ context.Context, recs []*kgo.Record) {
 	l.mu.Lock()
 	l.checked = make(map[*kgo.Record]error, len(recs))
 	for i, r := range recs {
-		l.checked[r] = verdicts[i]
+		if done[i] { // only verdicts reached; the handler checks the rest itself
+			l.checked[r] = verdicts[i]
+		}
 	}
 	l.mu.Unlock()
 }
@@ -274,6 +277,11 @@ func (l *Ledger) Handle() streams.Handler {
 		}
 		if tok.Status == pb.TokenStatus_SUCCESS {
 			return nil // our own status update
+		}
+		if tok.Status != pb.TokenStatus_PROCESSING {
+			l.Forged.Add(1)
+			l.mForged.Inc()
+			return streams.Reject(fmt.Sprintf("token %s with status %s", tok.OutTradeNo, tok.Status), nil)
 		}
 		verdict, checked := l.checked[in]
 		_, err := l.book(ctx, &tok, !checked, verdict, out)

@@ -280,9 +280,14 @@ func TestNoDoubleBookingUnderDuplicatesAndCrashes(t *testing.T) {
 		rng := rand.New(rand.NewPCG(1, 2))
 		rng.Shuffle(len(recs), func(i, j int) { recs[i], recs[j] = recs[j], recs[i] })
 		forged := &pb.Token{}
-		*forged = pb.Token{AppId: "app", ActId: "u1", ActivityId: "spring-live", SceneId: "rain", Amount: 999999, OutTradeNo: "u1_rain_forged_1_1", KeyId: "k1", Signature: toks[1].Signature}
+		*forged = pb.Token{AppId: "app", ActId: "u1", ActivityId: "spring-live", SceneId: "rain", Amount: 999999, OutTradeNo: "u1_rain_forged_1_1",
+			KeyId: "k1", Signature: toks[1].Signature, Status: pb.TokenStatus_PROCESSING}
 		fr, _ := streams.NewRecord(w.ns+schemas.TopicTokens, []byte("u1"), forged)
-		recs = append(recs[:len(recs)/2], append([]*kgo.Record{fr}, recs[len(recs)/2:]...)...)
+		// And one with no status at all (never written by intake).
+		nostatus := &pb.Token{AppId: "app", ActId: "u1", ActivityId: "spring-live", SceneId: "rain", Amount: 5, OutTradeNo: "u1_rain_nostatus_1_1"}
+		w.keys.Sign(nostatus)
+		nr, _ := streams.NewRecord(w.ns+schemas.TopicTokens, []byte("u1"), nostatus)
+		recs = append(recs[:len(recs)/2], append([]*kgo.Record{fr, nr}, recs[len(recs)/2:]...)...)
 		streamstest.ProduceSync(t, w.cl, recs...)
 
 		seed := token.ExportSeedForTest(w.keys)
@@ -314,6 +319,9 @@ func TestNoDoubleBookingUnderDuplicatesAndCrashes(t *testing.T) {
 		}
 		if _, ok := m[forged.OutTradeNo]; ok {
 			t.Fatal("forged token booked")
+		}
+		if _, ok := m[nostatus.OutTradeNo]; ok {
+			t.Fatal("token without a status booked")
 		}
 		dlq := streamstest.ReadN(t, b.Brokers, w.ns+schemas.TopicDeadLetter, true, 1, 20*time.Second, time.Second)
 		found := false

@@ -1,0 +1,256 @@
+// Package pool hands out uins (32-bit account numbers) from a central pool
+// in Redis and per-allocator local pools. The central pool is split into
+// buckets by uin mod bucket count (seed: 1,000) so no one key is hot;
+// an allocator whose local pool runs low pulls a chunk from a random
+// bucket with SPOP, which removes the uins atomically: a uin leaves the
+// central pool once, into exactly one local pool, and is handed out once.
+// Allocation from the local pool is a slice pop, no I/O. Insertion refuses
+// a uin that is in use, leased to a local pool, or already pooled.
+package pool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Why an insertion is refused.
+var (
+	ErrInUse    = errors.New("uin in use")
+	ErrLeased   = errors.New("uin leased to a local pool")
+	ErrInPool   = errors.New("uin already in the pool")
+	ErrExhausted = errors.New("pool: no uin available")
+)
+
+// Central is the pool in Redis.
+type Central struct {
+	rdb     redis.UniversalClient
+	prefix  string
+	buckets int
+}
+
+// NewCentral returns the central pool with keys under prefix.
+func NewCentral(rdb redis.UniversalClient, prefix string, buckets int) *Central {
+	return &Central{rdb: rdb, prefix: prefix, buckets: max(buckets, 1)}
+}
+
+func (c *Central) bucket(uin uint32) string {
+	return c.prefix + "bucket:" + strconv.Itoa(int(uin%uint32(c.buckets)))
+}
+func (c *Central) used() string   { return c.prefix + "used" }   // bitmap: registered uins
+func (c *Central) leased() string { return c.prefix + "leased" } // bitmap: in some local pool
+
+// Insert adds uins to the pool; errs[i] says why uins[i] was refused.
+func (c *Central) Insert(ctx context.Context, uins []uint32) ([]error, error) {
+	pipe := c.rdb.Pipeline()
+	used := make([]*redis.IntCmd, len(uins))
+	leased := make([]*redis.IntCmd, len(uins))
+	for i, u := range uins {
+		used[i] = pipe.GetBit(ctx, c.used(), int64(u))
+		leased[i] = pipe.GetBit(ctx, c.leased(), int64(u))
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, err
+	}
+	errs := make([]error, len(uins))
+	add := c.rdb.Pipeline()
+	adds := make([]*redis.IntCmd, len(uins))
+	for i, u := range uins {
+		switch {
+		case used[i].Val() == 1:
+			errs[i] = fmt.Errorf("%w: %d", ErrInUse, u)
+		case leased[i].Val() == 1:
+			errs[i] = fmt.Errorf("%w: %d", ErrLeased, u)
+		default:
+			adds[i] = add.SAdd(ctx, c.bucket(u), u)
+		}
+	}
+	if _, err := add.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, err
+	}
+	for i, cmd := range adds {
+		if cmd != nil && cmd.Val() == 0 {
+			errs[i] = fmt.Errorf("%w: %d", ErrInPool, uins[i])
+		}
+	}
+	return errs, nil
+}
+
+// lease pulls up to n uins from a random bucket (trying others when it is
+// empty) and marks them leased.
+func (c *Central) lease(ctx context.Context, n int, rng *rand.Rand) ([]uint32, error) {
+	start := rng.IntN(c.buckets)
+	for k := range c.buckets {
+		key := c.prefix + "bucket:" + strconv.Itoa((start+k)%c.buckets)
+		vals, err := c.rdb.SPopN(ctx, key, int64(n)).Result()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return nil, err
+		}
+		if len(vals) == 0 {
+			continue
+		}
+		out := make([]uint32, 0, len(vals))
+		pipe := c.rdb.Pipeline()
+		for _, v := range vals {
+			u, err := strconv.ParseUint(v, 10, 32)
+			if err != nil {
+				continue
+			}
+			out = append(out, uint32(u))
+			pipe.SetBit(ctx, c.leased(), int64(u), 1)
+		}
+		_, err = pipe.Exec(ctx)
+		return out, err
+	}
+	return nil, ErrExhausted
+}
+
+// markUsed records allocations: used set, lease cleared.
+func (c *Central) markUsed(ctx context.Context, uins []uint32) error {
+	pipe := c.rdb.Pipeline()
+	for _, u := range uins {
+		pipe.SetBit(ctx, c.used(), int64(u), 1)
+		pipe.SetBit(ctx, c.leased(), int64(u), 0)
+	}
+	_, err := pipe.Exec(ctx)
+	return err
+}
+
+// Size is the number of uins in the central pool.
+func (c *Central) Size(ctx context.Context) (int64, error) {
+	pipe := c.rdb.Pipeline()
+	cmds := make([]*redis.IntCmd, c.buckets)
+	for b := range c.buckets {
+		cmds[b] = pipe.SCard(ctx, c.prefix+"bucket:"+strconv.Itoa(b))
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return 0, err
+	}
+	var n int64
+	for _, c := range cmds {
+		n += c.Val()
+	}
+	return n, nil
+}
+
+// Allocator is a stateless allocator's local pool: what it holds is only
+// a lease, and its allocations are recorded in Redis in the background.
+type Allocator struct {
+	c          *Central
+	low, chunk int
+	rng        *rand.Rand
+
+	mu      sync.Mutex
+	local   []uint32
+	pending []uint32 // allocated, not yet marked used
+	filling atomic.Bool
+	refill  chan struct{}
+	// Allocated counts allocations.
+	Allocated atomic.Int64
+}
+
+// NewAllocator returns a local pool that pulls chunk uins when it holds
+// fewer than low; Run must be running for refills and used marks.
+func NewAllocator(c *Central, low, chunk int, seed uint64) *Allocator {
+	return &Allocator{c: c, low: low, chunk: chunk, rng: rand.New(rand.NewPCG(seed, seed^0x9e37)), refill: make(chan struct{}, 1)}
+}
+
+// Run refills the local pool and flushes used marks until ctx ends, then
+// flushes once more.
+func (a *Allocator) Run(ctx context.Context) error {
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	if err := a.fill(ctx); err != nil && !errors.Is(err, ErrExhausted) {
+		return err
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return a.flush(context.WithoutCancel(ctx))
+		case <-a.refill:
+			if err := a.fill(ctx); err != nil && !errors.Is(err, ErrExhausted) && ctx.Err() == nil {
+				return err
+			}
+		case <-t.C:
+			if err := a.flush(ctx); err != nil && ctx.Err() == nil {
+				return err
+			}
+		}
+	}
+}
+
+func (a *Allocator) fill(ctx context.Context) error {
+	a.mu.Lock()
+	need := len(a.local) < a.low
+	a.mu.Unlock()
+	if !need {
+		return nil
+	}
+	uins, err := a.c.lease(ctx, a.chunk, a.rng)
+	if err != nil {
+		return err
+	}
+	a.mu.Lock()
+	a.local = append(a.local, uins...)
+	a.mu.Unlock()
+	return nil
+}
+
+func (a *Allocator) flush(ctx context.Context) error {
+	a.mu.Lock()
+	batch := a.pending
+	a.pending = nil
+	a.mu.Unlock()
+	if len(batch) == 0 {
+		return nil
+	}
+	if err := a.c.markUsed(ctx, batch); err != nil {
+		a.mu.Lock()
+		a.pending = append(a.pending, batch...)
+		a.mu.Unlock()
+		return err
+	}
+	return nil
+}
+
+// Allocate hands out one uin from the local pool.
+func (a *Allocator) Allocate() (uint32, error) {
+	a.mu.Lock()
+	n := len(a.local)
+	if n == 0 {
+		a.mu.Unlock()
+		a.kick()
+		return 0, ErrExhausted
+	}
+	u := a.local[n-1]
+	a.local = a.local[:n-1]
+	a.pending = append(a.pending, u)
+	low := n-1 < a.low
+	a.mu.Unlock()
+	a.Allocated.Add(1)
+	if low {
+		a.kick()
+	}
+	return u, nil
+}
+
+func (a *Allocator) kick() {
+	select {
+	case a.refill <- struct{}{}:
+	default:
+	}
+}
+
+// Held is the number of uins in the local pool.
+func (a *Allocator) Held() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.local)
+}

@@ -1,0 +1,177 @@
+package pool
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"surge/streams/streamstest"
+)
+
+func eachRedis(t *testing.T, fn func(t *testing.T, rdb *redis.Client)) {
+	t.Run("miniredis", func(t *testing.T) { fn(t, redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr()})) })
+	t.Run("redis", func(t *testing.T) {
+		rdb, ok := streamstest.RedisClient(t)
+		if !ok {
+			t.Skip("no real redis: set SURGE_TEST_REDIS")
+		}
+		fn(t, rdb)
+	})
+}
+
+// Four stateless allocators with local pools, eight callers each, drain a
+// pool of 20,000 uins: every uin is handed out once, none twice, and the
+// used ones can never go back into the pool.
+func TestNoUinAllocatedTwice(t *testing.T) {
+	eachRedis(t, func(t *testing.T, rdb *redis.Client) {
+		c := NewCentral(rdb, streamstest.Unique("pool")+":", 1000)
+		ctx := context.Background()
+		var uins []uint32
+		for u := uint32(100_000); u < 120_000; u++ {
+			uins = append(uins, u)
+		}
+		errs, err := c.Insert(ctx, uins)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range errs {
+			if e != nil {
+				t.Fatal(e)
+			}
+		}
+		// The same uins again: refused as already pooled.
+		errs, _ = c.Insert(ctx, uins[:10])
+		for _, e := range errs {
+			if !errors.Is(e, ErrInPool) {
+				t.Fatalf("re-insert: %v", e)
+			}
+		}
+		rctx, cancel := context.WithCancel(ctx)
+		var allocs []*Allocator
+		var runs sync.WaitGroup
+		for i := range 4 {
+			a := NewAllocator(c, 200, 500, uint64(i+1))
+			allocs = append(allocs, a)
+			runs.Add(1)
+			go func() { defer runs.Done(); _ = a.Run(rctx) }()
+		}
+		var mu sync.Mutex
+		got := map[uint32]int{}
+		var wg sync.WaitGroup
+		deadline := time.Now().Add(30 * time.Second)
+		for _, a := range allocs {
+			for range 8 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for time.Now().Before(deadline) {
+						u, err := a.Allocate()
+						if errors.Is(err, ErrExhausted) {
+							if n, _ := c.Size(ctx); n == 0 && a.Held() == 0 {
+								return
+							}
+							time.Sleep(time.Millisecond)
+							continue
+						}
+						mu.Lock()
+						got[u]++
+						mu.Unlock()
+					}
+				}()
+			}
+		}
+		wg.Wait()
+		cancel()
+		runs.Wait() // final used marks flushed
+		if len(got) != len(uins) {
+			t.Fatalf("%d distinct uins allocated of %d", len(got), len(uins))
+		}
+		for u, n := range got {
+			if n != 1 {
+				t.Fatalf("uin %d allocated %d times", u, n)
+			}
+		}
+		errs, _ = c.Insert(ctx, uins[:100])
+		for _, e := range errs {
+			if !errors.Is(e, ErrInUse) {
+				t.Fatalf("a used uin went back: %v", e)
+			}
+		}
+	})
+}
+
+// A leased uin (in a local pool, not yet handed out) cannot be inserted.
+func TestLeasedRefused(t *testing.T) {
+	eachRedis(t, func(t *testing.T, rdb *redis.Client) {
+		c := NewCentral(rdb, streamstest.Unique("pool")+":", 10)
+		ctx := context.Background()
+		if _, err := c.Insert(ctx, []uint32{7}); err != nil {
+			t.Fatal(err)
+		}
+		a := NewAllocator(c, 1, 10, 1)
+		if err := a.fill(ctx); err != nil || a.Held() != 1 {
+			t.Fatalf("fill: %v, held %d", err, a.Held())
+		}
+		errs, _ := c.Insert(ctx, []uint32{7})
+		if !errors.Is(errs[0], ErrLeased) {
+			t.Fatalf("leased uin re-inserted: %v", errs[0])
+		}
+	})
+}
+
+// BenchmarkAllocate is allocations per second from local pools with
+// concurrent callers (the refills from Redis run in the background).
+func BenchmarkAllocate(b *testing.B) {
+	rdb := redis.NewClient(&redis.Options{Addr: miniredis.RunT(b).Addr()})
+	if r, ok := streamstest.RedisClient(b); ok {
+		rdb = r
+	}
+	c := NewCentral(rdb, streamstest.Unique("bench")+":", 1000)
+	ctx := context.Background()
+	const total = 2_000_000
+	for lo := uint32(1); lo < total; lo += 100_000 {
+		var uins []uint32
+		for u := lo; u < lo+100_000; u++ {
+			uins = append(uins, u)
+		}
+		if _, err := c.Insert(ctx, uins); err != nil {
+			b.Fatal(err)
+		}
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var allocs []*Allocator
+	for i := range 4 {
+		a := NewAllocator(c, 50_000, 100_000, uint64(i+1))
+		allocs = append(allocs, a)
+		go func() { _ = a.Run(rctx) }()
+	}
+	for _, a := range allocs {
+		for a.Held() < 50_000 {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	b.ResetTimer()
+	var i int64
+	var mu sync.Mutex
+	b.RunParallel(func(pb *testing.PB) {
+		mu.Lock()
+		a := allocs[i%4]
+		i++
+		mu.Unlock()
+		for pb.Next() {
+			for {
+				if _, err := a.Allocate(); err == nil {
+					break
+				}
+				time.Sleep(10 * time.Microsecond)
+			}
+		}
+	})
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "allocs/s")
+}
