@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -23,17 +24,18 @@ import (
 
 // Why an insertion is refused.
 var (
-	ErrInUse    = errors.New("uin in use")
-	ErrLeased   = errors.New("uin leased to a local pool")
-	ErrInPool   = errors.New("uin already in the pool")
+	ErrInUse     = errors.New("uin in use")
+	ErrLeased    = errors.New("uin leased to a local pool")
+	ErrInPool    = errors.New("uin already in the pool")
 	ErrExhausted = errors.New("pool: no uin available")
 )
 
 // Central is the pool in Redis.
 type Central struct {
-	rdb     redis.UniversalClient
-	prefix  string
-	buckets int
+	rdb        redis.UniversalClient
+	prefix     string
+	buckets    int
+	noBitfield atomic.Bool
 }
 
 // NewCentral returns the central pool with keys under prefix.
@@ -83,43 +85,85 @@ func (c *Central) Insert(ctx context.Context, uins []uint32) ([]error, error) {
 	return errs, nil
 }
 
-// lease pulls up to n uins from a random bucket (trying others when it is
-// empty) and marks them leased.
+// lease pulls up to n uins from random buckets and marks them leased: one
+// pipeline of SPOPs over 16 random buckets, and over every bucket when
+// those were empty (a pool running dry), so a lease is one or two round
+// trips however empty the pool gets.
 func (c *Central) lease(ctx context.Context, n int, rng *rand.Rand) ([]uint32, error) {
-	start := rng.IntN(c.buckets)
-	for k := range c.buckets {
-		key := c.prefix + "bucket:" + strconv.Itoa((start+k)%c.buckets)
-		vals, err := c.rdb.SPopN(ctx, key, int64(n)).Result()
-		if err != nil && !errors.Is(err, redis.Nil) {
-			return nil, err
-		}
-		if len(vals) == 0 {
-			continue
-		}
-		out := make([]uint32, 0, len(vals))
-		pipe := c.rdb.Pipeline()
-		for _, v := range vals {
-			u, err := strconv.ParseUint(v, 10, 32)
-			if err != nil {
-				continue
-			}
-			out = append(out, uint32(u))
-			pipe.SetBit(ctx, c.leased(), int64(u), 1)
-		}
-		_, err = pipe.Exec(ctx)
+	pick := make([]int, 0, 16)
+	for range min(16, c.buckets) {
+		pick = append(pick, rng.IntN(c.buckets))
+	}
+	out, err := c.spop(ctx, pick, max(n/len(pick), 1))
+	if err != nil || len(out) > 0 {
 		return out, err
 	}
-	return nil, ErrExhausted
+	all := make([]int, c.buckets)
+	for b := range all {
+		all[b] = b
+	}
+	out, err = c.spop(ctx, all, max(n/c.buckets, 1))
+	if err == nil && len(out) == 0 {
+		err = ErrExhausted
+	}
+	return out, err
 }
 
-// markUsed records allocations: used set, lease cleared.
-func (c *Central) markUsed(ctx context.Context, uins []uint32) error {
+func (c *Central) spop(ctx context.Context, buckets []int, each int) ([]uint32, error) {
 	pipe := c.rdb.Pipeline()
-	for _, u := range uins {
-		pipe.SetBit(ctx, c.used(), int64(u), 1)
-		pipe.SetBit(ctx, c.leased(), int64(u), 0)
+	cmds := make([]*redis.StringSliceCmd, len(buckets))
+	for i, b := range buckets {
+		cmds[i] = pipe.SPopN(ctx, c.prefix+"bucket:"+strconv.Itoa(b), int64(each))
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, err
+	}
+	var out []uint32
+	for _, cmd := range cmds {
+		for _, v := range cmd.Val() {
+			if u, err := strconv.ParseUint(v, 10, 32); err == nil {
+				out = append(out, uint32(u))
+			}
+		}
+	}
+	if len(out) == 0 {
+		return nil, nil
+	}
+	return out, c.setBits(ctx, c.leased(), out)
+}
+
+// markUsed records allocations in the used bitmap. The lease bit stays:
+// used is checked first, so it no longer matters, and one SETBIT per
+// allocation instead of two keeps Redis off the allocation path's bound.
+func (c *Central) markUsed(ctx context.Context, uins []uint32) error {
+	return c.setBits(ctx, c.used(), uins)
+}
+
+// setBits sets bits with BITFIELD, a thousand per command: one command
+// object per thousand uins, not one per uin.
+func (c *Central) setBits(ctx context.Context, key string, uins []uint32) error {
+	if c.noBitfield.Load() {
+		pipe := c.rdb.Pipeline()
+		for _, u := range uins {
+			pipe.SetBit(ctx, key, int64(u), 1)
+		}
+		_, err := pipe.Exec(ctx)
+		return err
+	}
+	pipe := c.rdb.Pipeline()
+	for lo := 0; lo < len(uins); lo += 1000 {
+		hi := min(lo+1000, len(uins))
+		args := make([]any, 0, 4*(hi-lo))
+		for _, u := range uins[lo:hi] {
+			args = append(args, "SET", "u1", u, 1)
+		}
+		pipe.BitField(ctx, key, args...)
 	}
 	_, err := pipe.Exec(ctx)
+	if err != nil && strings.Contains(err.Error(), "unknown command") {
+		c.noBitfield.Store(true) // a Redis without BITFIELD (miniredis)
+		return c.setBits(ctx, key, uins)
+	}
 	return err
 }
 
@@ -186,21 +230,24 @@ func (a *Allocator) Run(ctx context.Context) error {
 	}
 }
 
+// fill leases until the local pool holds at least low uins (or the
+// central pool is dry).
 func (a *Allocator) fill(ctx context.Context) error {
-	a.mu.Lock()
-	need := len(a.local) < a.low
-	a.mu.Unlock()
-	if !need {
-		return nil
+	for {
+		a.mu.Lock()
+		need := len(a.local) < a.low
+		a.mu.Unlock()
+		if !need {
+			return nil
+		}
+		uins, err := a.c.lease(ctx, a.chunk, a.rng)
+		if err != nil {
+			return err
+		}
+		a.mu.Lock()
+		a.local = append(a.local, uins...)
+		a.mu.Unlock()
 	}
-	uins, err := a.c.lease(ctx, a.chunk, a.rng)
-	if err != nil {
-		return err
-	}
-	a.mu.Lock()
-	a.local = append(a.local, uins...)
-	a.mu.Unlock()
-	return nil
 }
 
 func (a *Allocator) flush(ctx context.Context) error {
