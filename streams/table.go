@@ -42,41 +42,21 @@ func (t *Table) Ready() <-chan struct{} { return t.ready }
 
 func (t *Table) run(ctx context.Context, ends map[int32]int64) {
 	defer t.cl.Close()
-	seen := map[int32]bool{}
-	var idleSince time.Time
-	caughtUp := func() {
-		if ends != nil && len(ends) == 0 {
-			close(t.ready)
-			ends = nil
-		}
-	}
-	caughtUp()
+	cu := NewCatchUp(ends)
+	ready := false
 	for ctx.Err() == nil {
+		if !ready && cu.Done() {
+			close(t.ready)
+			ready = true
+		}
 		pctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
 		fs := t.cl.PollRecords(pctx, 10000)
 		cancel()
 		fs.EachRecord(func(r *kgo.Record) {
 			t.apply(r)
-			seen[r.Partition] = true
-			if end, ok := ends[r.Partition]; ok && r.Offset+1 >= end {
-				delete(ends, r.Partition)
-			}
+			cu.Saw(r)
 		})
-		if ends != nil && fs.NumRecords() == 0 {
-			// Only transaction markers left below the snapshot (they take
-			// offsets, carry no records); a silent partition gets longer.
-			if idleSince.IsZero() {
-				idleSince = time.Now()
-			}
-			for p := range ends {
-				if seen[p] || time.Since(idleSince) > 3*time.Second {
-					delete(ends, p)
-				}
-			}
-		} else {
-			idleSince = time.Time{}
-		}
-		caughtUp()
+		cu.Polled(fs.NumRecords())
 	}
 }
 

@@ -70,8 +70,7 @@ type Service struct {
 	fired   atomic.Int64
 	live    atomic.Bool
 
-	seen      map[int32]bool // partitions read from during the restore
-	idleSince time.Time
+	restore *streams.CatchUp // how far the restore has read
 }
 
 type options struct {
@@ -119,7 +118,7 @@ func New(brokers []string, opts ...Option) *Service {
 	for _, f := range opts {
 		f(&o)
 	}
-	return &Service{brokers: brokers, o: o, seen: map[int32]bool{}}
+	return &Service{brokers: brokers, o: o}
 }
 
 // Pending is the number of armed timers.
@@ -185,6 +184,7 @@ func (s *Service) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	s.restore = streams.NewCatchUp(ends)
 	publish := s.publishMetrics()
 	for ctx.Err() == nil {
 		publish()
@@ -199,10 +199,10 @@ func (s *Service) Run(ctx context.Context) error {
 		pctx, cancel := context.WithTimeout(ctx, wait)
 		fs := in.PollRecords(pctx, 10000)
 		cancel()
-		if err := s.apply(fs, ends); err != nil {
+		if err := s.apply(fs); err != nil {
 			return err
 		}
-		if !s.live.Load() && len(ends) == 0 {
+		if !s.live.Load() && s.restore.Done() {
 			s.live.Store(true)
 			s.o.log.Info("timer: restored", "pending", s.pending.Load())
 		}
@@ -244,8 +244,8 @@ func (s *Service) endOffsets(ctx context.Context, cl *kgo.Client) (map[int32]int
 	return ends, nil
 }
 
-// apply writes polled timer records into the store; ends tracks the restore.
-func (s *Service) apply(fs kgo.Fetches, ends map[int32]int64) error {
+// apply writes polled timer records into the store.
+func (s *Service) apply(fs kgo.Fetches) error {
 	b := s.db.NewIndexedBatch() // so a cancel sees an arm earlier in the batch
 	defer b.Close()
 	var applyErr error
@@ -253,10 +253,7 @@ func (s *Service) apply(fs kgo.Fetches, ends map[int32]int64) error {
 		if applyErr != nil {
 			return
 		}
-		s.seen[r.Partition] = true
-		if end, ok := ends[r.Partition]; ok && r.Offset+1 >= end {
-			delete(ends, r.Partition)
-		}
+		s.restore.Saw(r)
 		id := string(r.Key)
 		if err := s.remove(b, id); err != nil {
 			applyErr = err
@@ -280,22 +277,7 @@ func (s *Service) apply(fs kgo.Fetches, ends map[int32]int64) error {
 	if applyErr != nil {
 		return applyErr
 	}
-	if len(ends) > 0 && fs.NumRecords() == 0 && !fs.IsClientClosed() {
-		// An idle poll below the snapshot: what is left of a partition we
-		// have read from are transaction markers, which take offsets but
-		// carry no records. A partition never heard from gets longer, in
-		// case the first fetch is merely slow.
-		if s.idleSince.IsZero() {
-			s.idleSince = time.Now()
-		}
-		for p := range ends {
-			if s.seen[p] || time.Since(s.idleSince) > 3*time.Second {
-				delete(ends, p)
-			}
-		}
-	} else {
-		s.idleSince = time.Time{}
-	}
+	s.restore.Polled(fs.NumRecords())
 	return b.Commit(pebble.NoSync)
 }
 

@@ -125,14 +125,14 @@ type Outcome struct {
 
 // pending is a grant on its way through a batch.
 type pending struct {
-	g      *pb.RewardGrant
-	l      *lane
-	phase  config.Child
-	scene  config.Scene
-	idem   string
-	out    *Outcome
-	spent  bool // budget taken (refund on failure)
-	fresh  bool
+	g     *pb.RewardGrant
+	l     *lane
+	phase config.Child
+	scene config.Scene
+	idem  string
+	out   *Outcome
+	spent bool // budget taken (refund on failure)
+	fresh bool
 }
 
 // GrantBatch accepts many grants with one Redis round trip per stage and

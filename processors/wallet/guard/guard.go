@@ -77,7 +77,9 @@ type Global struct {
 }
 
 // NewGlobal returns a distributed limiter.
-func NewGlobal(rdb redis.UniversalClient, prefix string) *Global { return &Global{rdb: rdb, prefix: prefix} }
+func NewGlobal(rdb redis.UniversalClient, prefix string) *Global {
+	return &Global{rdb: rdb, prefix: prefix}
+}
 
 // Allow counts n in the current second and says whether it is within limit.
 func (g *Global) Allow(ctx context.Context, name string, limit, n int) (bool, error) {

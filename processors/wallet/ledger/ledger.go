@@ -59,12 +59,12 @@ type Ledger struct {
 	db      *pebble.DB
 	limit   *guard.Bucket
 
-	mu      sync.Mutex // guards staged and the handler
-	staged  *pebble.Batch
-	checked map[*kgo.Record]error // signature verdicts of the batch, computed in parallel
-	seen    *token.Verified       // tokens verified on earlier reads
-	booked  []*pb.Token // tokens booked in the open batch (marked SUCCESS after commit)
-	ready   atomic.Bool
+	mu                        sync.Mutex // guards staged and the handler
+	staged                    *pebble.Batch
+	checked                   map[*kgo.Record]error // signature verdicts of the batch, computed in parallel
+	seen                      *token.Verified       // tokens verified on earlier reads
+	booked                    []*pb.Token           // tokens booked in the open batch (marked SUCCESS after commit)
+	ready                     atomic.Bool
 	Bookings, Forged, Refused atomic.Int64
 
 	mBooked, mForged, mRefused metrics.Counter

@@ -476,7 +476,6 @@ func TestShadowTraffic(t *testing.T) {
 	})
 }
 
-
 // The account store is a cache: a ledger started on an empty directory
 // rebuilds it from wallet.ledger to exactly the same balances and flows.
 func TestRebuildByReplay(t *testing.T) {

@@ -1,0 +1,61 @@
+package streams
+
+import (
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// CatchUp tracks a read of a topic up to the end offsets seen when it
+// began: the restore of a cache from its topic. A partition is caught up
+// when a record at end-1 was read. Transaction markers take offsets but
+// carry no records, so the last data record can sit a little below the
+// end; a partition read to within trailingMarkers of its end is caught up
+// after a second without records, and any partition after idleGiveUp (a
+// tail of aborted transactions, or compaction). An empty poll alone never
+// ends a restore: under load a poll can come back empty with data left.
+type CatchUp struct {
+	ends      map[int32]int64
+	last      map[int32]int64
+	idleSince time.Time
+}
+
+const (
+	trailingMarkers = 16
+	idleMarkers     = time.Second
+	idleGiveUp      = 5 * time.Second
+)
+
+// NewCatchUp tracks the partitions in ends (end offsets; empty ones left out).
+func NewCatchUp(ends map[int32]int64) *CatchUp {
+	return &CatchUp{ends: ends, last: map[int32]int64{}}
+}
+
+// Saw records a record read.
+func (c *CatchUp) Saw(r *kgo.Record) {
+	c.last[r.Partition] = r.Offset
+	if end, ok := c.ends[r.Partition]; ok && r.Offset+1 >= end {
+		delete(c.ends, r.Partition)
+	}
+}
+
+// Polled is called after each poll with the number of records it gave.
+func (c *CatchUp) Polled(n int) {
+	if n > 0 || len(c.ends) == 0 {
+		c.idleSince = time.Time{}
+		return
+	}
+	if c.idleSince.IsZero() {
+		c.idleSince = time.Now()
+	}
+	idle := time.Since(c.idleSince)
+	for p, end := range c.ends {
+		last, seen := c.last[p]
+		if idle > idleGiveUp || idle > idleMarkers && seen && last+1 >= end-trailingMarkers {
+			delete(c.ends, p)
+		}
+	}
+}
+
+// Done reports whether every partition is caught up.
+func (c *CatchUp) Done() bool { return len(c.ends) == 0 }
