@@ -17,7 +17,6 @@ import (
 	"os"
 	"runtime"
 	"runtime/pprof"
-	"strings"
 	"time"
 
 	"github.com/RoaringBitmap/roaring/v2"
@@ -43,14 +42,9 @@ func main() {
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the timed part")
 	flag.Parse()
 
-	brokers := strings.Split(*brokersFlag, ",")
-	backend := "kafka " + *brokersFlag
-	if *brokersFlag == "" {
-		k, err := embedded.StartKafka()
-		must(err)
-		defer k.Close()
-		brokers, backend = k.Brokers(), "kfake (in process)"
-	}
+	brokers, backend, stopKafka, err := embedded.KafkaOr(*brokersFlag)
+	must(err)
+	defer stopKafka()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	dir, err := os.MkdirTemp("", "bench-push-")

@@ -15,7 +15,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -34,14 +33,9 @@ func main() {
 	partitions := flag.Int("partitions", 6, "partitions of input and output")
 	flag.Parse()
 
-	brokers := strings.Split(*brokersFlag, ",")
-	backend := "kafka " + *brokersFlag
-	if *brokersFlag == "" {
-		k, err := embedded.StartKafka()
-		must(err)
-		defer k.Close()
-		brokers, backend = k.Brokers(), "kfake (in process)"
-	}
+	brokers, backend, stopKafka, err := embedded.KafkaOr(*brokersFlag)
+	must(err)
+	defer stopKafka()
 	ctx := context.Background()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ProducerLinger(2*time.Millisecond))
 	must(err)

@@ -13,7 +13,6 @@ import (
 	"log/slog"
 	"os"
 	"runtime"
-	"strings"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -30,14 +29,9 @@ func main() {
 	n := flag.Int("timers", 1_000_000, "pending timers")
 	delay := flag.Duration("delay", 90*time.Second, "timers are due this long after arming (longer than the restore)")
 	flag.Parse()
-	brokers := strings.Split(*brokersFlag, ",")
-	backend := "kafka " + *brokersFlag
-	if *brokersFlag == "" {
-		k, err := embedded.StartKafka()
-		must(err)
-		defer k.Close()
-		brokers, backend = k.Brokers(), "kfake (in process)"
-	}
+	brokers, backend, stopKafka, err := embedded.KafkaOr(*brokersFlag)
+	must(err)
+	defer stopKafka()
 	ctx := context.Background()
 	ns := fmt.Sprintf("tbench%d.", time.Now().UnixNano())
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ProducerLinger(5*time.Millisecond), kgo.MaxBufferedRecords(1<<20))

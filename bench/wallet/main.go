@@ -16,7 +16,6 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"sort"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -49,14 +48,9 @@ func main() {
 	cpuprofile := flag.String("cpuprofile", "", "CPU profile of the intake phase")
 	flag.Parse()
 
-	brokers := strings.Split(*brokersFlag, ",")
-	backend := "kafka " + *brokersFlag
-	if *brokersFlag == "" {
-		k, err := embedded.StartKafka()
-		must(err)
-		defer k.Close()
-		brokers, backend = k.Brokers(), "kfake (in process)"
-	}
+	brokers, backend, stopKafka, err := embedded.KafkaOr(*brokersFlag)
+	must(err)
+	defer stopKafka()
 	ctx := context.Background()
 	ns := fmt.Sprintf("wbench%d.", time.Now().UnixNano())
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ProducerLinger(2*time.Millisecond), kgo.MaxBufferedRecords(1<<20))

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"log/slog"
 	"os"
 	"sort"
 	"strings"
@@ -9,6 +10,8 @@ import (
 
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
+
+	"surge/streams/embedded"
 )
 
 // Every option, its default and what it does. Each is settable in the
@@ -124,4 +127,32 @@ func printConfig(v *viper.Viper) {
 	for _, k := range keys {
 		fmt.Printf("%-28s = %v\n", k, v.Get(k))
 	}
+}
+
+// brokersOrEmbedded returns the configured brokers or, when none are,
+// starts kfake in process (its data in kafka.embedded_dir). The returned
+// stop closes what was started.
+func brokersOrEmbedded(v *viper.Viper, log *slog.Logger) ([]string, func(), error) {
+	if bs := brokers(v); len(bs) > 0 {
+		return bs, func() {}, nil
+	}
+	k, err := embedded.StartKafka(embedded.DataDir(v.GetString("kafka.embedded_dir")))
+	if err != nil {
+		return nil, nil, err
+	}
+	log.Info("embedded kafka (kfake) started", "brokers", k.Brokers())
+	return k.Brokers(), k.Close, nil
+}
+
+// redisOrEmbedded returns redis.addr or, when empty, starts miniredis.
+func redisOrEmbedded(v *viper.Viper, log *slog.Logger) (string, func(), error) {
+	if addr := v.GetString("redis.addr"); addr != "" {
+		return addr, func() {}, nil
+	}
+	r, err := embedded.StartRedis()
+	if err != nil {
+		return "", nil, err
+	}
+	log.Info("embedded redis (miniredis) started", "addr", r.Addr())
+	return r.Addr(), r.Close, nil
 }

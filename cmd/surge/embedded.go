@@ -15,7 +15,6 @@ import (
 	"surge/schemas"
 	"surge/schemas/surgev1"
 	"surge/streams"
-	"surge/streams/embedded"
 )
 
 // cmdEmbedded runs the whole pipeline on in-process servers and, unless
@@ -27,16 +26,11 @@ func cmdEmbedded(ctx context.Context, args []string) error {
 		return err
 	}
 	log := newLogger(v)
-	bs := brokers(v)
-	if len(bs) == 0 {
-		k, err := embedded.StartKafka(embedded.DataDir(v.GetString("kafka.embedded_dir")))
-		if err != nil {
-			return err
-		}
-		defer k.Close()
-		bs = k.Brokers()
-		log.Info("embedded kafka (kfake) started", "brokers", bs)
+	bs, stopKafka, err := brokersOrEmbedded(v, log)
+	if err != nil {
+		return err
 	}
+	defer stopKafka()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(bs...), kgo.ProducerLinger(5*time.Millisecond))
 	if err != nil {
 		return err
@@ -51,16 +45,11 @@ func cmdEmbedded(ctx context.Context, args []string) error {
 	}
 	defer store.Close()
 	serveMetrics(ctx, v, log)
-	redisAddr := v.GetString("redis.addr")
-	if redisAddr == "" {
-		r, err := embedded.StartRedis()
-		if err != nil {
-			return err
-		}
-		defer r.Close()
-		redisAddr = r.Addr()
-		log.Info("embedded redis (miniredis) started", "addr", redisAddr)
+	redisAddr, stopRedis, err := redisOrEmbedded(v, log)
+	if err != nil {
+		return err
 	}
+	defer stopRedis()
 	mirror, closeMirror, err := openMirror(ctx, redisAddr, v.GetString("redis.prefix"), log)
 	if err != nil {
 		return err

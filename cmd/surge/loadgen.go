@@ -24,7 +24,6 @@ import (
 	"surge/schemas"
 	pb "surge/schemas/surgev1"
 	"surge/streams"
-	"surge/streams/embedded"
 	"surge/streams/metrics"
 )
 
@@ -39,15 +38,11 @@ func cmdLoadgen(ctx context.Context, args []string) error {
 		return err
 	}
 	log := newLogger(v)
-	bs := brokers(v)
-	if len(bs) == 0 {
-		k, err := embedded.StartKafka(embedded.DataDir(v.GetString("kafka.embedded_dir")))
-		if err != nil {
-			return err
-		}
-		defer k.Close()
-		bs = k.Brokers()
+	bs, stopKafka, err := brokersOrEmbedded(v, log)
+	if err != nil {
+		return err
 	}
+	defer stopKafka()
 	dir := v.GetString("push.dir")
 	if dir == "" {
 		if dir, err = os.MkdirTemp("", "surge-push-"); err != nil {

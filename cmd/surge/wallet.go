@@ -19,7 +19,6 @@ import (
 	"surge/processors/wallet/token"
 	"surge/schemas"
 	"surge/streams"
-	"surge/streams/embedded"
 	"surge/streams/metrics"
 )
 
@@ -47,26 +46,16 @@ func cmdWallet(ctx context.Context, args []string) error {
 		return err
 	}
 	log := newLogger(v)
-	bs := brokers(v)
-	if len(bs) == 0 {
-		k, err := embedded.StartKafka(embedded.DataDir(v.GetString("kafka.embedded_dir")))
-		if err != nil {
-			return err
-		}
-		defer k.Close()
-		bs = k.Brokers()
-		log.Info("embedded kafka (kfake) started", "brokers", bs)
+	bs, stopKafka, err := brokersOrEmbedded(v, log)
+	if err != nil {
+		return err
 	}
-	redisAddr := v.GetString("redis.addr")
-	if redisAddr == "" {
-		r, err := embedded.StartRedis()
-		if err != nil {
-			return err
-		}
-		defer r.Close()
-		redisAddr = r.Addr()
-		log.Info("embedded redis (miniredis) started", "addr", redisAddr)
+	defer stopKafka()
+	redisAddr, stopRedis, err := redisOrEmbedded(v, log)
+	if err != nil {
+		return err
 	}
+	defer stopRedis()
 	src := config.Static(demoTree())
 	if f := v.GetString("wallet.config"); f != "" {
 		if src, err = config.Load(f, log); err != nil {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"io"
 	"log/slog"
-	"os"
 	"testing"
 	"time"
 
@@ -14,32 +13,10 @@ import (
 	"surge/schemas/surgev1"
 	"surge/streams"
 	"surge/streams/metrics"
+	"surge/streams/streamstest"
 )
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
-
-// eachRedis runs fn on miniredis and, when SURGE_TEST_REDIS is set, on a
-// real redis-server (required when SURGE_TEST_REQUIRE_REAL=1).
-func eachRedis(t *testing.T, fn func(t *testing.T, rdb *redis.Client)) {
-	t.Run("miniredis", func(t *testing.T) {
-		m := miniredis.RunT(t)
-		rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
-		t.Cleanup(func() { rdb.Close() })
-		fn(t, rdb)
-	})
-	t.Run("redis", func(t *testing.T) {
-		addr := os.Getenv("SURGE_TEST_REDIS")
-		if addr == "" {
-			if os.Getenv("SURGE_TEST_REQUIRE_REAL") == "1" {
-				t.Fatal("SURGE_TEST_REQUIRE_REAL=1 but SURGE_TEST_REDIS is not set")
-			}
-			t.Skip("no real redis: set SURGE_TEST_REDIS (scripts/redis.sh start)")
-		}
-		rdb := redis.NewClient(&redis.Options{Addr: addr})
-		t.Cleanup(func() { rdb.Close() })
-		fn(t, rdb)
-	})
-}
 
 func feed(t *testing.T, p *Processor, events ...*surgev1.LoginEvent) {
 	t.Helper()
@@ -57,7 +34,7 @@ func feed(t *testing.T, p *Processor, events ...*surgev1.LoginEvent) {
 }
 
 func TestRedisMirrorMatchesTheCommittedBitmap(t *testing.T) {
-	eachRedis(t, func(t *testing.T, rdb *redis.Client) {
+	streamstest.EachRedis(t, func(t *testing.T, rdb *redis.Client) {
 		ctx := context.Background()
 		prefix := "test.online." + time.Now().Format("150405.000000") + ":"
 		m := NewRedisMirror(rdb, prefix, metrics.NewRegistry(), quiet)

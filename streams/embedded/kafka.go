@@ -7,6 +7,7 @@ package embedded
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -61,3 +62,16 @@ func (k *Kafka) Brokers() []string { return k.c.ListenAddrs() }
 
 // Close stops the cluster; its data is gone.
 func (k *Kafka) Close() { k.c.Close() }
+
+// KafkaOr returns the comma-separated brokers in list or, when list is
+// empty, starts kfake; backend names which, for a benchmark's report.
+func KafkaOr(list string) (brokers []string, backend string, stop func(), err error) {
+	if list != "" {
+		return strings.Split(list, ","), "kafka " + list, func() {}, nil
+	}
+	k, err := StartKafka()
+	if err != nil {
+		return nil, "", nil, err
+	}
+	return k.Brokers(), "kfake (in process)", k.Close, nil
+}

@@ -175,3 +175,21 @@ func EachStack(t *testing.T, fn func(t *testing.T, b Backend, rdb *redis.Client)
 		fn(t, b, rdb)
 	})
 }
+
+// EachRedis runs fn on miniredis and on the real redis-server of the tests
+// (SURGE_TEST_REDIS; its absence fails under SURGE_TEST_REQUIRE_REAL=1).
+func EachRedis(t *testing.T, fn func(t *testing.T, rdb *redis.Client)) {
+	t.Helper()
+	t.Run("miniredis", func(t *testing.T) {
+		rdb := redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr()})
+		t.Cleanup(func() { rdb.Close() })
+		fn(t, rdb)
+	})
+	t.Run("redis", func(t *testing.T) {
+		rdb, ok := RedisClient(t)
+		if !ok {
+			t.Skip("no real redis: set SURGE_TEST_REDIS (scripts/redis.sh start)")
+		}
+		fn(t, rdb)
+	})
+}

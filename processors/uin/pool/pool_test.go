@@ -13,22 +13,11 @@ import (
 	"surge/streams/streamstest"
 )
 
-func eachRedis(t *testing.T, fn func(t *testing.T, rdb *redis.Client)) {
-	t.Run("miniredis", func(t *testing.T) { fn(t, redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr()})) })
-	t.Run("redis", func(t *testing.T) {
-		rdb, ok := streamstest.RedisClient(t)
-		if !ok {
-			t.Skip("no real redis: set SURGE_TEST_REDIS")
-		}
-		fn(t, rdb)
-	})
-}
-
 // Four stateless allocators with local pools, eight callers each, drain a
 // pool of 20,000 uins: every uin is handed out once, none twice, and the
 // used ones can never go back into the pool.
 func TestNoUinAllocatedTwice(t *testing.T) {
-	eachRedis(t, func(t *testing.T, rdb *redis.Client) {
+	streamstest.EachRedis(t, func(t *testing.T, rdb *redis.Client) {
 		c := NewCentral(rdb, streamstest.Unique("pool")+":", 1000)
 		ctx := context.Background()
 		var uins []uint32
@@ -117,7 +106,7 @@ func TestNoUinAllocatedTwice(t *testing.T) {
 
 // A leased uin (in a local pool, not yet handed out) cannot be inserted.
 func TestLeasedRefused(t *testing.T) {
-	eachRedis(t, func(t *testing.T, rdb *redis.Client) {
+	streamstest.EachRedis(t, func(t *testing.T, rdb *redis.Client) {
 		c := NewCentral(rdb, streamstest.Unique("pool")+":", 10)
 		ctx := context.Background()
 		if _, err := c.Insert(ctx, []uint32{7}); err != nil {

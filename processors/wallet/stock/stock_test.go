@@ -8,31 +8,16 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
 	"surge/streams/streamstest"
 )
 
-func eachRedis(t *testing.T, fn func(t *testing.T, rdb *redis.Client)) {
-	t.Run("miniredis", func(t *testing.T) {
-		m := miniredis.RunT(t)
-		fn(t, redis.NewClient(&redis.Options{Addr: m.Addr()}))
-	})
-	t.Run("redis", func(t *testing.T) {
-		rdb, ok := streamstest.RedisClient(t)
-		if !ok {
-			t.Skip("no real redis: set SURGE_TEST_REDIS")
-		}
-		fn(t, rdb)
-	})
-}
-
 // Many issuers at once on one hot template, split over keys: never more
 // than the sellable stock (total minus the 5% buffer) is given out, and all
 // of it is, before refusals start.
 func TestNeverOversold(t *testing.T) {
-	eachRedis(t, func(t *testing.T, rdb *redis.Client) {
+	streamstest.EachRedis(t, func(t *testing.T, rdb *redis.Client) {
 		tpl := streamstest.Unique("tpl")
 		const total = 10_000
 		issuers := make([]*Control, 8) // separate instances, same Redis
@@ -78,7 +63,7 @@ func TestNeverOversold(t *testing.T) {
 }
 
 func TestStopThreshold(t *testing.T) {
-	eachRedis(t, func(t *testing.T, rdb *redis.Client) {
+	streamstest.EachRedis(t, func(t *testing.T, rdb *redis.Client) {
 		c := New(rdb, "test:", 4)
 		tpl := streamstest.Unique("tpl")
 		ctx := context.Background()
