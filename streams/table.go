@@ -28,7 +28,7 @@ func FollowTable(ctx context.Context, brokers []string, topic string, apply func
 		return nil, err
 	}
 	t := &Table{topic: topic, cl: cl, apply: apply, ready: make(chan struct{})}
-	ends, err := endOffsets(ctx, cl, topic)
+	ends, err := EndOffsets(ctx, cl, topic)
 	if err != nil {
 		cl.Close()
 		return nil, err
@@ -60,7 +60,9 @@ func (t *Table) run(ctx context.Context, ends map[int32]int64) {
 	}
 }
 
-func endOffsets(ctx context.Context, cl *kgo.Client, topic string) (map[int32]int64, error) {
+// EndOffsets lists the end offset of each non-empty partition of topic,
+// retrying for ten seconds while the topic is not yet known.
+func EndOffsets(ctx context.Context, cl *kgo.Client, topic string) (map[int32]int64, error) {
 	adm := kadm.NewClient(cl)
 	var listed kadm.ListedOffsets
 	err := retryFor(ctx, 10*time.Second, func() error {

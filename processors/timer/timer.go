@@ -25,7 +25,6 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/protobuf/proto"
 
@@ -217,30 +216,21 @@ func (s *Service) Run(ctx context.Context) error {
 }
 
 func (s *Service) endOffsets(ctx context.Context, cl *kgo.Client) (map[int32]int64, error) {
-	adm := kadm.NewClient(cl)
-	var listed kadm.ListedOffsets
-	var err error
-	for attempt := 0; ; attempt++ {
-		if listed, err = adm.ListEndOffsets(ctx, s.o.topic); err == nil {
-			if err = listed.Error(); err == nil {
-				break
+	ends, err := streams.EndOffsets(ctx, cl, s.o.topic)
+	if err != nil {
+		return nil, fmt.Errorf("timer: end offsets of %s: %w", s.o.topic, err)
+	}
+	if len(s.o.partitions) > 0 {
+		owned := map[int32]bool{}
+		for _, p := range s.o.partitions {
+			owned[p] = true
+		}
+		for p := range ends {
+			if !owned[p] {
+				delete(ends, p)
 			}
 		}
-		if ctx.Err() != nil || attempt > 50 {
-			return nil, fmt.Errorf("timer: end offsets of %s: %w", s.o.topic, err)
-		}
-		time.Sleep(200 * time.Millisecond)
 	}
-	ends := map[int32]int64{}
-	owned := map[int32]bool{}
-	for _, p := range s.o.partitions {
-		owned[p] = true
-	}
-	listed.Each(func(o kadm.ListedOffset) {
-		if o.Offset > 0 && (len(owned) == 0 || owned[o.Partition]) {
-			ends[o.Partition] = o.Offset
-		}
-	})
 	return ends, nil
 }
 
