@@ -55,6 +55,10 @@ func init() {
 	register(1, 1, func() proto.Message { return new(surgev1.UsageEvent) })
 	register(1, 1, func() proto.Message { return new(surgev1.RecycleStep) })
 	register(1, 1, func() proto.Message { return new(surgev1.PoolChange) })
+	register(1, 1, func() proto.Message { return new(surgev1.RegistrationCheck) })
+	register(1, 1, func() proto.Message { return new(surgev1.Tracking) })
+	register(1, 1, func() proto.Message { return new(surgev1.AccountBackup) })
+	register(1, 1, func() proto.Message { return new(surgev1.DeletionNotice) })
 	register(1, 1, func() proto.Message { return new(surgev1.Timer) })
 	register(1, 1, func() proto.Message { return new(surgev1.ReconResult) })
 }

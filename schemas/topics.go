@@ -41,6 +41,11 @@ const (
 	TopicUsage          = "uin.usage"
 	TopicRecycleSteps   = "uin.recycle-steps"
 	TopicPool           = "uin.pool"
+	TopicChecks         = "uin.checks"
+	TopicTracking       = "uin.tracking"
+	TopicRecycleReqs    = "uin.recycle-requests"
+	TopicBackups        = "uin.backups"
+	TopicDeletions      = "uin.deletions"
 	TopicTimers         = "platform.timers"
 	TopicRecon          = "platform.recon"
 	TopicDeadLetter     = "platform.dlq"
@@ -74,8 +79,13 @@ var Topics = []Topic{
 	{TopicStock, "surge.v1.StockChange", "template_id", 6, false, 30 * day, "coupon stock consumption"},
 	{TopicRegistrations, "surge.v1.UinRegistration", "uin (4-byte big-endian)", 12, false, 400 * day, "uin allocations and registration completion"},
 	{TopicUsage, "surge.v1.UsageEvent", "uin (4-byte big-endian)", 12, false, 30 * day, "usage events that prove an account alive"},
-	{TopicRecycleSteps, "surge.v1.RecycleStep", "uin (4-byte big-endian)", 12, false, 400 * day, "every step of every recycle ticket"},
+	{TopicRecycleSteps, "surge.v1.RecycleStep", "uin (4-byte big-endian)", 12, false, 400 * day, "every applied step of every recycle ticket; the recycle controller's changelog"},
 	{TopicPool, "surge.v1.PoolChange", "bucket", 12, false, 30 * day, "insertions into and allocations from the uin pool"},
+	{TopicChecks, "surge.v1.RegistrationCheck", "uin (4-byte big-endian)", 12, false, 7 * day, "registration checkpoints, fired by the timer service; co-partitioned with uin.registrations"},
+	{TopicTracking, "surge.v1.Tracking", "uin (4-byte big-endian)", 12, true, 0, "the registration tracker's state per uin; compacted changelog its store is rebuilt from"},
+	{TopicRecycleReqs, "surge.v1.RecycleStep", "uin (4-byte big-endian)", 12, false, 30 * day, "requested recycle steps (ticket grants from the checks, timed steps from the timer service); applied only by compare-and-set"},
+	{TopicBackups, "surge.v1.AccountBackup", "username", 12, true, 0, "backups of recycled accounts' core data, keyed by username; the restore tool reads them"},
+	{TopicDeletions, "surge.v1.DeletionNotice", "uin (4-byte big-endian)", 12, false, 30 * day, "deleted accounts: other systems delete their own data of them"},
 	{TopicTimers, "surge.v1.Timer", "timer_id", 12, true, 0, "pending timers; compacted, a fired or cancelled timer is tombstoned"},
 	{TopicRecon, "surge.v1.ReconResult", "check", 3, false, 90 * day, "reconciliation results and mismatches"},
 	{TopicDeadLetter, "", "original key", 3, false, 30 * day, "records that failed to decode, validate or process, with the reason in headers"},
@@ -108,4 +118,19 @@ func (t Topic) BrokerConfigs() map[string]string {
 		"cleanup.policy": "delete",
 		"retention.ms":   fmt.Sprint(t.Retention.Milliseconds()),
 	}
+}
+
+// Namespaced returns the registry contracts of names, each renamed behind
+// the namespace prefix ns (tests, benches and side-by-side stacks).
+func Namespaced(ns string, names ...string) []Topic {
+	out := make([]Topic, 0, len(names))
+	for _, n := range names {
+		t, err := TopicByName(n)
+		if err != nil {
+			panic(err) // a name not in the registry is a programming error
+		}
+		t.Name = ns + n
+		out = append(out, t)
+	}
+	return out
 }

@@ -31,6 +31,10 @@ func NewCatchUp(ends map[int32]int64) *CatchUp {
 	return &CatchUp{ends: ends, last: map[int32]int64{}}
 }
 
+// From records that partition p is read from offset on, so a partition
+// whose remaining offsets are only markers counts as read near its end.
+func (c *CatchUp) From(p int32, offset int64) { c.last[p] = offset - 1 }
+
 // Saw records a record read.
 func (c *CatchUp) Saw(r *kgo.Record) {
 	c.last[r.Partition] = r.Offset

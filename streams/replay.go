@@ -88,8 +88,18 @@ func Replay(ctx context.Context, brokers []string, topic string, from ReplayFrom
 		return err
 	}
 	defer rc.Close()
-	idle := 0
-	for len(remaining) > 0 {
+	// The same catch-up rule as every restore: a partition ends at its
+	// last record before the end offset, or, when only transaction markers
+	// are left (they take offsets but are never returned), once idle.
+	want := make(map[int32]int64, len(remaining))
+	for p, end := range remaining {
+		want[p] = end
+	}
+	cu := NewCatchUp(want)
+	for p, o := range offsets[topic] {
+		cu.From(p, o.EpochOffset().Offset)
+	}
+	for !cu.Done() {
 		pctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 		f := rc.PollFetches(pctx)
 		cancel()
@@ -105,38 +115,25 @@ func Replay(ctx context.Context, brokers []string, topic string, from ReplayFrom
 		if ferr != nil {
 			return ferr
 		}
-		if f.NumRecords() == 0 {
-			// Everything before the end offsets was written before we
-			// began, so a quiet second means only transaction markers
-			// (which take offsets but are never returned) are left.
-			if idle++; idle >= 2 {
-				return nil
-			}
-			continue
-		}
-		idle = 0
+		n := 0
 		var cbErr error
 		f.EachPartition(func(p kgo.FetchTopicPartition) {
-			end, ok := remaining[p.Partition]
-			if !ok {
-				return
-			}
+			end := remaining[p.Partition]
 			for _, r := range p.Records {
+				cu.Saw(r)
 				if r.Offset >= end {
-					delete(remaining, p.Partition)
 					return
 				}
+				n++
 				if cbErr == nil {
 					cbErr = fn(r)
-				}
-				if r.Offset == end-1 {
-					delete(remaining, p.Partition)
 				}
 			}
 		})
 		if cbErr != nil {
 			return cbErr
 		}
+		cu.Polled(n)
 	}
 	return nil
 }

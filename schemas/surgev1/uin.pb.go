@@ -136,7 +136,7 @@ func (x PoolChange_Op) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use PoolChange_Op.Descriptor instead.
 func (PoolChange_Op) EnumDescriptor() ([]byte, []int) {
-	return file_surge_v1_uin_proto_rawDescGZIP(), []int{3, 0}
+	return file_surge_v1_uin_proto_rawDescGZIP(), []int{7, 0}
 }
 
 type UinRegistration struct {
@@ -283,23 +283,409 @@ func (x *UsageEvent) GetSource() string {
 	return ""
 }
 
-type RecycleStep struct {
+// A registration checkpoint, fired by the timer service onto uin.checks.
+type RegistrationCheck struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	Uin            uint64                 `protobuf:"varint,1,opt,name=uin,proto3" json:"uin,omitempty"`
+	Checkpoint     int32                  `protobuf:"varint,2,opt,name=checkpoint,proto3" json:"checkpoint,omitempty"` // index into the configured checkpoints
+	RegisteredAtMs int64                  `protobuf:"varint,3,opt,name=registered_at_ms,json=registeredAtMs,proto3" json:"registered_at_ms,omitempty"`
+	DueAtMs        int64                  `protobuf:"varint,4,opt,name=due_at_ms,json=dueAtMs,proto3" json:"due_at_ms,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *RegistrationCheck) Reset() {
+	*x = RegistrationCheck{}
+	mi := &file_surge_v1_uin_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegistrationCheck) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegistrationCheck) ProtoMessage() {}
+
+func (x *RegistrationCheck) ProtoReflect() protoreflect.Message {
+	mi := &file_surge_v1_uin_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegistrationCheck.ProtoReflect.Descriptor instead.
+func (*RegistrationCheck) Descriptor() ([]byte, []int) {
+	return file_surge_v1_uin_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *RegistrationCheck) GetUin() uint64 {
+	if x != nil {
+		return x.Uin
+	}
+	return 0
+}
+
+func (x *RegistrationCheck) GetCheckpoint() int32 {
+	if x != nil {
+		return x.Checkpoint
+	}
+	return 0
+}
+
+func (x *RegistrationCheck) GetRegisteredAtMs() int64 {
+	if x != nil {
+		return x.RegisteredAtMs
+	}
+	return 0
+}
+
+func (x *RegistrationCheck) GetDueAtMs() int64 {
+	if x != nil {
+		return x.DueAtMs
+	}
+	return 0
+}
+
+// The registration tracker's view of one uin: its changelog record on the
+// compacted uin.tracking, from which the tracker's store is rebuilt.
+type Tracking struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	Uin            uint64                 `protobuf:"varint,1,opt,name=uin,proto3" json:"uin,omitempty"`
+	Username       string                 `protobuf:"bytes,2,opt,name=username,proto3" json:"username,omitempty"`
+	RegisteredAtMs int64                  `protobuf:"varint,3,opt,name=registered_at_ms,json=registeredAtMs,proto3" json:"registered_at_ms,omitempty"`
+	Completed      bool                   `protobuf:"varint,4,opt,name=completed,proto3" json:"completed,omitempty"`
+	NextCheckpoint int32                  `protobuf:"varint,5,opt,name=next_checkpoint,json=nextCheckpoint,proto3" json:"next_checkpoint,omitempty"`
+	Logins         int64                  `protobuf:"varint,6,opt,name=logins,proto3" json:"logins,omitempty"`
+	Messages       int64                  `protobuf:"varint,7,opt,name=messages,proto3" json:"messages,omitempty"`
+	SpamReports    int64                  `protobuf:"varint,8,opt,name=spam_reports,json=spamReports,proto3" json:"spam_reports,omitempty"`
+	LastUsageMs    int64                  `protobuf:"varint,9,opt,name=last_usage_ms,json=lastUsageMs,proto3" json:"last_usage_ms,omitempty"`
+	LastLoginMs    int64                  `protobuf:"varint,10,opt,name=last_login_ms,json=lastLoginMs,proto3" json:"last_login_ms,omitempty"`
+	Verdict        string                 `protobuf:"bytes,11,opt,name=verdict,proto3" json:"verdict,omitempty"` // "" while tracked; live, abandoned, spam, handed_over
+	Channel        string                 `protobuf:"bytes,12,opt,name=channel,proto3" json:"channel,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *Tracking) Reset() {
+	*x = Tracking{}
+	mi := &file_surge_v1_uin_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Tracking) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Tracking) ProtoMessage() {}
+
+func (x *Tracking) ProtoReflect() protoreflect.Message {
+	mi := &file_surge_v1_uin_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Tracking.ProtoReflect.Descriptor instead.
+func (*Tracking) Descriptor() ([]byte, []int) {
+	return file_surge_v1_uin_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *Tracking) GetUin() uint64 {
+	if x != nil {
+		return x.Uin
+	}
+	return 0
+}
+
+func (x *Tracking) GetUsername() string {
+	if x != nil {
+		return x.Username
+	}
+	return ""
+}
+
+func (x *Tracking) GetRegisteredAtMs() int64 {
+	if x != nil {
+		return x.RegisteredAtMs
+	}
+	return 0
+}
+
+func (x *Tracking) GetCompleted() bool {
+	if x != nil {
+		return x.Completed
+	}
+	return false
+}
+
+func (x *Tracking) GetNextCheckpoint() int32 {
+	if x != nil {
+		return x.NextCheckpoint
+	}
+	return 0
+}
+
+func (x *Tracking) GetLogins() int64 {
+	if x != nil {
+		return x.Logins
+	}
+	return 0
+}
+
+func (x *Tracking) GetMessages() int64 {
+	if x != nil {
+		return x.Messages
+	}
+	return 0
+}
+
+func (x *Tracking) GetSpamReports() int64 {
+	if x != nil {
+		return x.SpamReports
+	}
+	return 0
+}
+
+func (x *Tracking) GetLastUsageMs() int64 {
+	if x != nil {
+		return x.LastUsageMs
+	}
+	return 0
+}
+
+func (x *Tracking) GetLastLoginMs() int64 {
+	if x != nil {
+		return x.LastLoginMs
+	}
+	return 0
+}
+
+func (x *Tracking) GetVerdict() string {
+	if x != nil {
+		return x.Verdict
+	}
+	return ""
+}
+
+func (x *Tracking) GetChannel() string {
+	if x != nil {
+		return x.Channel
+	}
+	return ""
+}
+
+// A backup of one account's core data, keyed by username, never by uin:
+// once the account is deleted its uin may belong to somebody else.
+type AccountBackup struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
-	Uin           uint64                 `protobuf:"varint,1,opt,name=uin,proto3" json:"uin,omitempty"`
-	TicketId      string                 `protobuf:"bytes,2,opt,name=ticket_id,json=ticketId,proto3" json:"ticket_id,omitempty"`
-	Step          RecycleStepKind        `protobuf:"varint,3,opt,name=step,proto3,enum=surge.v1.RecycleStepKind" json:"step,omitempty"`
-	ExpectedPrev  RecycleStepKind        `protobuf:"varint,4,opt,name=expected_prev,json=expectedPrev,proto3,enum=surge.v1.RecycleStepKind" json:"expected_prev,omitempty"` // compare-and-set: runs only if the current step is this
-	AtMs          int64                  `protobuf:"varint,5,opt,name=at_ms,json=atMs,proto3" json:"at_ms,omitempty"`
-	Reason        string                 `protobuf:"bytes,6,opt,name=reason,proto3" json:"reason,omitempty"`
-	Username      string                 `protobuf:"bytes,7,opt,name=username,proto3" json:"username,omitempty"`
-	Category      string                 `protobuf:"bytes,8,opt,name=category,proto3" json:"category,omitempty"` // gap, abandoned, inactive, spam
+	Username      string                 `protobuf:"bytes,1,opt,name=username,proto3" json:"username,omitempty"`
+	OldUin        uint64                 `protobuf:"varint,2,opt,name=old_uin,json=oldUin,proto3" json:"old_uin,omitempty"`
+	Profile       map[string]string      `protobuf:"bytes,3,rep,name=profile,proto3" json:"profile,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Friends       []string               `protobuf:"bytes,4,rep,name=friends,proto3" json:"friends,omitempty"` // friends by username
+	Moments       []string               `protobuf:"bytes,5,rep,name=moments,proto3" json:"moments,omitempty"`
+	BackedUpAtMs  int64                  `protobuf:"varint,6,opt,name=backed_up_at_ms,json=backedUpAtMs,proto3" json:"backed_up_at_ms,omitempty"`
+	TicketId      string                 `protobuf:"bytes,7,opt,name=ticket_id,json=ticketId,proto3" json:"ticket_id,omitempty"`
+	Category      string                 `protobuf:"bytes,8,opt,name=category,proto3" json:"category,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
+func (x *AccountBackup) Reset() {
+	*x = AccountBackup{}
+	mi := &file_surge_v1_uin_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AccountBackup) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AccountBackup) ProtoMessage() {}
+
+func (x *AccountBackup) ProtoReflect() protoreflect.Message {
+	mi := &file_surge_v1_uin_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AccountBackup.ProtoReflect.Descriptor instead.
+func (*AccountBackup) Descriptor() ([]byte, []int) {
+	return file_surge_v1_uin_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *AccountBackup) GetUsername() string {
+	if x != nil {
+		return x.Username
+	}
+	return ""
+}
+
+func (x *AccountBackup) GetOldUin() uint64 {
+	if x != nil {
+		return x.OldUin
+	}
+	return 0
+}
+
+func (x *AccountBackup) GetProfile() map[string]string {
+	if x != nil {
+		return x.Profile
+	}
+	return nil
+}
+
+func (x *AccountBackup) GetFriends() []string {
+	if x != nil {
+		return x.Friends
+	}
+	return nil
+}
+
+func (x *AccountBackup) GetMoments() []string {
+	if x != nil {
+		return x.Moments
+	}
+	return nil
+}
+
+func (x *AccountBackup) GetBackedUpAtMs() int64 {
+	if x != nil {
+		return x.BackedUpAtMs
+	}
+	return 0
+}
+
+func (x *AccountBackup) GetTicketId() string {
+	if x != nil {
+		return x.TicketId
+	}
+	return ""
+}
+
+func (x *AccountBackup) GetCategory() string {
+	if x != nil {
+		return x.Category
+	}
+	return ""
+}
+
+// Tells other systems that an account was deleted, so they delete their own
+// data of it (uin.deletions).
+type DeletionNotice struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Uin           uint64                 `protobuf:"varint,1,opt,name=uin,proto3" json:"uin,omitempty"`
+	Username      string                 `protobuf:"bytes,2,opt,name=username,proto3" json:"username,omitempty"`
+	TicketId      string                 `protobuf:"bytes,3,opt,name=ticket_id,json=ticketId,proto3" json:"ticket_id,omitempty"`
+	Category      string                 `protobuf:"bytes,4,opt,name=category,proto3" json:"category,omitempty"`
+	AtMs          int64                  `protobuf:"varint,5,opt,name=at_ms,json=atMs,proto3" json:"at_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeletionNotice) Reset() {
+	*x = DeletionNotice{}
+	mi := &file_surge_v1_uin_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeletionNotice) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeletionNotice) ProtoMessage() {}
+
+func (x *DeletionNotice) ProtoReflect() protoreflect.Message {
+	mi := &file_surge_v1_uin_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeletionNotice.ProtoReflect.Descriptor instead.
+func (*DeletionNotice) Descriptor() ([]byte, []int) {
+	return file_surge_v1_uin_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *DeletionNotice) GetUin() uint64 {
+	if x != nil {
+		return x.Uin
+	}
+	return 0
+}
+
+func (x *DeletionNotice) GetUsername() string {
+	if x != nil {
+		return x.Username
+	}
+	return ""
+}
+
+func (x *DeletionNotice) GetTicketId() string {
+	if x != nil {
+		return x.TicketId
+	}
+	return ""
+}
+
+func (x *DeletionNotice) GetCategory() string {
+	if x != nil {
+		return x.Category
+	}
+	return ""
+}
+
+func (x *DeletionNotice) GetAtMs() int64 {
+	if x != nil {
+		return x.AtMs
+	}
+	return 0
+}
+
+type RecycleStep struct {
+	state             protoimpl.MessageState `protogen:"open.v1"`
+	Uin               uint64                 `protobuf:"varint,1,opt,name=uin,proto3" json:"uin,omitempty"`
+	TicketId          string                 `protobuf:"bytes,2,opt,name=ticket_id,json=ticketId,proto3" json:"ticket_id,omitempty"`
+	Step              RecycleStepKind        `protobuf:"varint,3,opt,name=step,proto3,enum=surge.v1.RecycleStepKind" json:"step,omitempty"`
+	ExpectedPrev      RecycleStepKind        `protobuf:"varint,4,opt,name=expected_prev,json=expectedPrev,proto3,enum=surge.v1.RecycleStepKind" json:"expected_prev,omitempty"` // compare-and-set: runs only if the current step is this
+	AtMs              int64                  `protobuf:"varint,5,opt,name=at_ms,json=atMs,proto3" json:"at_ms,omitempty"`
+	Reason            string                 `protobuf:"bytes,6,opt,name=reason,proto3" json:"reason,omitempty"`
+	Username          string                 `protobuf:"bytes,7,opt,name=username,proto3" json:"username,omitempty"`
+	Category          string                 `protobuf:"bytes,8,opt,name=category,proto3" json:"category,omitempty"`                                                 // gap, abandoned, inactive, spam
+	TicketExpiresAtMs int64                  `protobuf:"varint,9,opt,name=ticket_expires_at_ms,json=ticketExpiresAtMs,proto3" json:"ticket_expires_at_ms,omitempty"` // the ticket's validity, renewed by every step
+	LastLoginMs       int64                  `protobuf:"varint,10,opt,name=last_login_ms,json=lastLoginMs,proto3" json:"last_login_ms,omitempty"`                    // on a grant: the newest login the check saw (either source)
+	DueAtMs           int64                  `protobuf:"varint,11,opt,name=due_at_ms,json=dueAtMs,proto3" json:"due_at_ms,omitempty"`                                // when a timed step (backup after a ban, release after cool-down) is due
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
 func (x *RecycleStep) Reset() {
 	*x = RecycleStep{}
-	mi := &file_surge_v1_uin_proto_msgTypes[2]
+	mi := &file_surge_v1_uin_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -311,7 +697,7 @@ func (x *RecycleStep) String() string {
 func (*RecycleStep) ProtoMessage() {}
 
 func (x *RecycleStep) ProtoReflect() protoreflect.Message {
-	mi := &file_surge_v1_uin_proto_msgTypes[2]
+	mi := &file_surge_v1_uin_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -324,7 +710,7 @@ func (x *RecycleStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecycleStep.ProtoReflect.Descriptor instead.
 func (*RecycleStep) Descriptor() ([]byte, []int) {
-	return file_surge_v1_uin_proto_rawDescGZIP(), []int{2}
+	return file_surge_v1_uin_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *RecycleStep) GetUin() uint64 {
@@ -383,6 +769,27 @@ func (x *RecycleStep) GetCategory() string {
 	return ""
 }
 
+func (x *RecycleStep) GetTicketExpiresAtMs() int64 {
+	if x != nil {
+		return x.TicketExpiresAtMs
+	}
+	return 0
+}
+
+func (x *RecycleStep) GetLastLoginMs() int64 {
+	if x != nil {
+		return x.LastLoginMs
+	}
+	return 0
+}
+
+func (x *RecycleStep) GetDueAtMs() int64 {
+	if x != nil {
+		return x.DueAtMs
+	}
+	return 0
+}
+
 type PoolChange struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Uin           uint64                 `protobuf:"varint,1,opt,name=uin,proto3" json:"uin,omitempty"`
@@ -396,7 +803,7 @@ type PoolChange struct {
 
 func (x *PoolChange) Reset() {
 	*x = PoolChange{}
-	mi := &file_surge_v1_uin_proto_msgTypes[3]
+	mi := &file_surge_v1_uin_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -408,7 +815,7 @@ func (x *PoolChange) String() string {
 func (*PoolChange) ProtoMessage() {}
 
 func (x *PoolChange) ProtoReflect() protoreflect.Message {
-	mi := &file_surge_v1_uin_proto_msgTypes[3]
+	mi := &file_surge_v1_uin_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -421,7 +828,7 @@ func (x *PoolChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolChange.ProtoReflect.Descriptor instead.
 func (*PoolChange) Descriptor() ([]byte, []int) {
-	return file_surge_v1_uin_proto_rawDescGZIP(), []int{3}
+	return file_surge_v1_uin_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *PoolChange) GetUin() uint64 {
@@ -475,7 +882,46 @@ const file_surge_v1_uin_proto_rawDesc = "" +
 	"\x03uin\x18\x01 \x01(\x04R\x03uin\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x13\n" +
 	"\x05at_ms\x18\x03 \x01(\x03R\x04atMs\x12\x16\n" +
-	"\x06source\x18\x04 \x01(\tR\x06source\"\x90\x02\n" +
+	"\x06source\x18\x04 \x01(\tR\x06source\"\x8b\x01\n" +
+	"\x11RegistrationCheck\x12\x10\n" +
+	"\x03uin\x18\x01 \x01(\x04R\x03uin\x12\x1e\n" +
+	"\n" +
+	"checkpoint\x18\x02 \x01(\x05R\n" +
+	"checkpoint\x12(\n" +
+	"\x10registered_at_ms\x18\x03 \x01(\x03R\x0eregisteredAtMs\x12\x1a\n" +
+	"\tdue_at_ms\x18\x04 \x01(\x03R\adueAtMs\"\xfc\x02\n" +
+	"\bTracking\x12\x10\n" +
+	"\x03uin\x18\x01 \x01(\x04R\x03uin\x12\x1a\n" +
+	"\busername\x18\x02 \x01(\tR\busername\x12(\n" +
+	"\x10registered_at_ms\x18\x03 \x01(\x03R\x0eregisteredAtMs\x12\x1c\n" +
+	"\tcompleted\x18\x04 \x01(\bR\tcompleted\x12'\n" +
+	"\x0fnext_checkpoint\x18\x05 \x01(\x05R\x0enextCheckpoint\x12\x16\n" +
+	"\x06logins\x18\x06 \x01(\x03R\x06logins\x12\x1a\n" +
+	"\bmessages\x18\a \x01(\x03R\bmessages\x12!\n" +
+	"\fspam_reports\x18\b \x01(\x03R\vspamReports\x12\"\n" +
+	"\rlast_usage_ms\x18\t \x01(\x03R\vlastUsageMs\x12\"\n" +
+	"\rlast_login_ms\x18\n" +
+	" \x01(\x03R\vlastLoginMs\x12\x18\n" +
+	"\averdict\x18\v \x01(\tR\averdict\x12\x18\n" +
+	"\achannel\x18\f \x01(\tR\achannel\"\xd4\x02\n" +
+	"\rAccountBackup\x12\x1a\n" +
+	"\busername\x18\x01 \x01(\tR\busername\x12\x17\n" +
+	"\aold_uin\x18\x02 \x01(\x04R\x06oldUin\x12>\n" +
+	"\aprofile\x18\x03 \x03(\v2$.surge.v1.AccountBackup.ProfileEntryR\aprofile\x12\x18\n" +
+	"\afriends\x18\x04 \x03(\tR\afriends\x12\x18\n" +
+	"\amoments\x18\x05 \x03(\tR\amoments\x12%\n" +
+	"\x0fbacked_up_at_ms\x18\x06 \x01(\x03R\fbackedUpAtMs\x12\x1b\n" +
+	"\tticket_id\x18\a \x01(\tR\bticketId\x12\x1a\n" +
+	"\bcategory\x18\b \x01(\tR\bcategory\x1a:\n" +
+	"\fProfileEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x8c\x01\n" +
+	"\x0eDeletionNotice\x12\x10\n" +
+	"\x03uin\x18\x01 \x01(\x04R\x03uin\x12\x1a\n" +
+	"\busername\x18\x02 \x01(\tR\busername\x12\x1b\n" +
+	"\tticket_id\x18\x03 \x01(\tR\bticketId\x12\x1a\n" +
+	"\bcategory\x18\x04 \x01(\tR\bcategory\x12\x13\n" +
+	"\x05at_ms\x18\x05 \x01(\x03R\x04atMs\"\x81\x03\n" +
 	"\vRecycleStep\x12\x10\n" +
 	"\x03uin\x18\x01 \x01(\x04R\x03uin\x12\x1b\n" +
 	"\tticket_id\x18\x02 \x01(\tR\bticketId\x12-\n" +
@@ -484,7 +930,11 @@ const file_surge_v1_uin_proto_rawDesc = "" +
 	"\x05at_ms\x18\x05 \x01(\x03R\x04atMs\x12\x16\n" +
 	"\x06reason\x18\x06 \x01(\tR\x06reason\x12\x1a\n" +
 	"\busername\x18\a \x01(\tR\busername\x12\x1a\n" +
-	"\bcategory\x18\b \x01(\tR\bcategory\"\xcd\x01\n" +
+	"\bcategory\x18\b \x01(\tR\bcategory\x12/\n" +
+	"\x14ticket_expires_at_ms\x18\t \x01(\x03R\x11ticketExpiresAtMs\x12\"\n" +
+	"\rlast_login_ms\x18\n" +
+	" \x01(\x03R\vlastLoginMs\x12\x1a\n" +
+	"\tdue_at_ms\x18\v \x01(\x03R\adueAtMs\"\xcd\x01\n" +
 	"\n" +
 	"PoolChange\x12\x10\n" +
 	"\x03uin\x18\x01 \x01(\x04R\x03uin\x12'\n" +
@@ -523,24 +973,30 @@ func file_surge_v1_uin_proto_rawDescGZIP() []byte {
 }
 
 var file_surge_v1_uin_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_surge_v1_uin_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
+var file_surge_v1_uin_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_surge_v1_uin_proto_goTypes = []any{
-	(RecycleStepKind)(0),    // 0: surge.v1.RecycleStepKind
-	(PoolChange_Op)(0),      // 1: surge.v1.PoolChange.Op
-	(*UinRegistration)(nil), // 2: surge.v1.UinRegistration
-	(*UsageEvent)(nil),      // 3: surge.v1.UsageEvent
-	(*RecycleStep)(nil),     // 4: surge.v1.RecycleStep
-	(*PoolChange)(nil),      // 5: surge.v1.PoolChange
+	(RecycleStepKind)(0),      // 0: surge.v1.RecycleStepKind
+	(PoolChange_Op)(0),        // 1: surge.v1.PoolChange.Op
+	(*UinRegistration)(nil),   // 2: surge.v1.UinRegistration
+	(*UsageEvent)(nil),        // 3: surge.v1.UsageEvent
+	(*RegistrationCheck)(nil), // 4: surge.v1.RegistrationCheck
+	(*Tracking)(nil),          // 5: surge.v1.Tracking
+	(*AccountBackup)(nil),     // 6: surge.v1.AccountBackup
+	(*DeletionNotice)(nil),    // 7: surge.v1.DeletionNotice
+	(*RecycleStep)(nil),       // 8: surge.v1.RecycleStep
+	(*PoolChange)(nil),        // 9: surge.v1.PoolChange
+	nil,                       // 10: surge.v1.AccountBackup.ProfileEntry
 }
 var file_surge_v1_uin_proto_depIdxs = []int32{
-	0, // 0: surge.v1.RecycleStep.step:type_name -> surge.v1.RecycleStepKind
-	0, // 1: surge.v1.RecycleStep.expected_prev:type_name -> surge.v1.RecycleStepKind
-	1, // 2: surge.v1.PoolChange.op:type_name -> surge.v1.PoolChange.Op
-	3, // [3:3] is the sub-list for method output_type
-	3, // [3:3] is the sub-list for method input_type
-	3, // [3:3] is the sub-list for extension type_name
-	3, // [3:3] is the sub-list for extension extendee
-	0, // [0:3] is the sub-list for field type_name
+	10, // 0: surge.v1.AccountBackup.profile:type_name -> surge.v1.AccountBackup.ProfileEntry
+	0,  // 1: surge.v1.RecycleStep.step:type_name -> surge.v1.RecycleStepKind
+	0,  // 2: surge.v1.RecycleStep.expected_prev:type_name -> surge.v1.RecycleStepKind
+	1,  // 3: surge.v1.PoolChange.op:type_name -> surge.v1.PoolChange.Op
+	4,  // [4:4] is the sub-list for method output_type
+	4,  // [4:4] is the sub-list for method input_type
+	4,  // [4:4] is the sub-list for extension type_name
+	4,  // [4:4] is the sub-list for extension extendee
+	0,  // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_surge_v1_uin_proto_init() }
@@ -554,7 +1010,7 @@ func file_surge_v1_uin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_surge_v1_uin_proto_rawDesc), len(file_surge_v1_uin_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   4,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -167,6 +167,45 @@ func (c *Central) setBits(ctx context.Context, key string, uins []uint32) error 
 	return err
 }
 
+// Free records that the accounts on uins are deleted: the uins are no
+// longer in use (nor leased), so a later Insert may pool them. Only the
+// recycle controller calls it, after its DELETE step won the
+// compare-and-set; it is idempotent.
+func (c *Central) Free(ctx context.Context, uins ...uint32) error {
+	pipe := c.rdb.Pipeline()
+	for _, u := range uins {
+		pipe.SetBit(ctx, c.used(), int64(u), 0)
+		pipe.SetBit(ctx, c.leased(), int64(u), 0)
+	}
+	_, err := pipe.Exec(ctx)
+	return err
+}
+
+// Claim takes a uin for an account outside allocation (the restore tool
+// giving a user back the old uin): it succeeds only when the uin is in no
+// local pool and not in use, removing it from the central pool if it was
+// there, and marks it used. A false answer means the uin was reused.
+func (c *Central) Claim(ctx context.Context, uin uint32) (bool, error) {
+	// One script so that no allocator can lease it between check and mark.
+	n, err := claimScript.Run(ctx, c.rdb, []string{c.used(), c.leased(), c.bucket(uin)}, uin).Int()
+	if err != nil {
+		return false, err
+	}
+	return n == 1, nil
+}
+
+var claimScript = redis.NewScript(`
+if redis.call('GETBIT', KEYS[1], ARGV[1]) == 1 or redis.call('GETBIT', KEYS[2], ARGV[1]) == 1 then return 0 end
+redis.call('SREM', KEYS[3], ARGV[1])
+redis.call('SETBIT', KEYS[1], ARGV[1], 1)
+return 1`)
+
+// InUse reports whether uin is marked in use.
+func (c *Central) InUse(ctx context.Context, uin uint32) (bool, error) {
+	n, err := c.rdb.GetBit(ctx, c.used(), int64(uin)).Result()
+	return n == 1, err
+}
+
 // Size is the number of uins in the central pool.
 func (c *Central) Size(ctx context.Context) (int64, error) {
 	pipe := c.rdb.Pipeline()

@@ -1,0 +1,179 @@
+// Package account is the user-data side of recycling: the core data of an
+// account (profile, friends, moments) that the recycle queue backs up and
+// deletes and the restore tool brings back. It stands in for the many
+// business stores of the seed behind one Redis layout:
+//
+//	acct:{uin}          hash: username and profile fields
+//	acct:{uin}:friends  set of friends' uins
+//	acct:{uin}:moments  list of moments
+//	uname:{username}    the account's uin (username -> uin)
+//
+// Backups are keyed by username, never by uin (seed: the uin may be reused
+// once the account is deleted), so friends are converted to usernames on
+// backup and back to their current uins on restore.
+package account
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/redis/go-redis/v9"
+
+	pb "surge/schemas/surgev1"
+)
+
+// ErrNoAccount is returned for a uin without an account.
+var ErrNoAccount = errors.New("account: no account")
+
+// Account is one account's core data.
+type Account struct {
+	Uin      uint32
+	Username string
+	Profile  map[string]string
+	Friends  []uint32
+	Moments  []string
+}
+
+// Store reads and writes accounts in Redis.
+type Store struct {
+	rdb    redis.UniversalClient
+	prefix string
+}
+
+// NewStore returns a store with keys under prefix.
+func NewStore(rdb redis.UniversalClient, prefix string) *Store { return &Store{rdb: rdb, prefix: prefix} }
+
+func (s *Store) key(uin uint32) string       { return s.prefix + "acct:" + strconv.FormatUint(uint64(uin), 10) }
+func (s *Store) unameKey(name string) string { return s.prefix + "uname:" + name }
+
+// Create writes an account (replacing what the uin had).
+func (s *Store) Create(ctx context.Context, a Account) error {
+	if a.Username == "" {
+		return errors.New("account: username required")
+	}
+	k := s.key(a.Uin)
+	pipe := s.rdb.TxPipeline()
+	pipe.Del(ctx, k, k+":friends", k+":moments")
+	fields := map[string]any{"username": a.Username}
+	for f, v := range a.Profile {
+		fields["p:"+f] = v
+	}
+	pipe.HSet(ctx, k, fields)
+	if len(a.Friends) > 0 {
+		fr := make([]any, len(a.Friends))
+		for i, f := range a.Friends {
+			fr[i] = f
+		}
+		pipe.SAdd(ctx, k+":friends", fr...)
+	}
+	if len(a.Moments) > 0 {
+		ms := make([]any, len(a.Moments))
+		for i, m := range a.Moments {
+			ms[i] = m
+		}
+		pipe.RPush(ctx, k+":moments", ms...)
+	}
+	pipe.Set(ctx, s.unameKey(a.Username), a.Uin, 0)
+	_, err := pipe.Exec(ctx)
+	return err
+}
+
+// Load reads the account on uin.
+func (s *Store) Load(ctx context.Context, uin uint32) (Account, error) {
+	k := s.key(uin)
+	pipe := s.rdb.Pipeline()
+	h := pipe.HGetAll(ctx, k)
+	fr := pipe.SMembers(ctx, k+":friends")
+	ms := pipe.LRange(ctx, k+":moments", 0, -1)
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return Account{}, err
+	}
+	if len(h.Val()) == 0 {
+		return Account{}, fmt.Errorf("%w on uin %d", ErrNoAccount, uin)
+	}
+	a := Account{Uin: uin, Username: h.Val()["username"], Profile: map[string]string{}, Moments: ms.Val()}
+	for f, v := range h.Val() {
+		if len(f) > 2 && f[:2] == "p:" {
+			a.Profile[f[2:]] = v
+		}
+	}
+	for _, f := range fr.Val() {
+		if u, err := strconv.ParseUint(f, 10, 32); err == nil {
+			a.Friends = append(a.Friends, uint32(u))
+		}
+	}
+	return a, nil
+}
+
+// Exists reports whether uin holds a live account.
+func (s *Store) Exists(ctx context.Context, uin uint32) (bool, error) {
+	n, err := s.rdb.Exists(ctx, s.key(uin)).Result()
+	return n == 1, err
+}
+
+// UinOf returns the uin an account name is on, if any.
+func (s *Store) UinOf(ctx context.Context, username string) (uint32, bool, error) {
+	v, err := s.rdb.Get(ctx, s.unameKey(username)).Uint64()
+	if errors.Is(err, redis.Nil) {
+		return 0, false, nil
+	}
+	return uint32(v), err == nil, err
+}
+
+// Delete removes the account on uin and its username mapping (if it still
+// points at uin); deleting what is gone is not an error.
+func (s *Store) Delete(ctx context.Context, uin uint32, username string) error {
+	k := s.key(uin)
+	pipe := s.rdb.TxPipeline()
+	pipe.Del(ctx, k, k+":friends", k+":moments")
+	if username != "" {
+		pipe.Eval(ctx, `if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end return 0`,
+			[]string{s.unameKey(username)}, strconv.FormatUint(uint64(uin), 10))
+	}
+	_, err := pipe.Exec(ctx)
+	if errors.Is(err, redis.Nil) {
+		err = nil
+	}
+	return err
+}
+
+// Backup converts an account to its backup: friends become usernames (a
+// friend whose account is gone is dropped).
+func (s *Store) Backup(ctx context.Context, a Account) (*pb.AccountBackup, error) {
+	b := &pb.AccountBackup{Username: a.Username, OldUin: uint64(a.Uin), Profile: a.Profile, Moments: a.Moments}
+	if len(a.Friends) == 0 {
+		return b, nil
+	}
+	pipe := s.rdb.Pipeline()
+	names := make([]*redis.StringCmd, len(a.Friends))
+	for i, f := range a.Friends {
+		names[i] = pipe.HGet(ctx, s.key(f), "username")
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, err
+	}
+	for _, n := range names {
+		if n.Val() != "" {
+			b.Friends = append(b.Friends, n.Val())
+		}
+	}
+	return b, nil
+}
+
+// FromBackup rebuilds an account on uin from a backup: friends by username
+// go back to their current uins.
+func (s *Store) FromBackup(ctx context.Context, b *pb.AccountBackup, uin uint32) (Account, error) {
+	a := Account{Uin: uin, Username: b.Username, Profile: b.Profile, Moments: b.Moments}
+	for _, name := range b.Friends {
+		u, ok, err := s.UinOf(ctx, name)
+		if err != nil {
+			return Account{}, err
+		}
+		if ok {
+			a.Friends = append(a.Friends, u)
+		}
+	}
+	return a, nil
+}

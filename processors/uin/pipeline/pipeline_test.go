@@ -1,0 +1,233 @@
+package pipeline_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"google.golang.org/protobuf/proto"
+
+	"surge/processors/uin/account"
+	"surge/processors/uin/pipeline"
+	"surge/processors/uin/recycle"
+	"surge/processors/uin/tracker"
+	"surge/schemas"
+	pb "surge/schemas/surgev1"
+	"surge/streams"
+	"surge/streams/streamstest"
+)
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// testPolicy bans and cools down for fractions of a second; the events'
+// own timestamps (not the wall clock) say what a user did when.
+func testPolicy(ban time.Duration) recycle.Policy {
+	return recycle.Policy{
+		Ban:       map[string]time.Duration{recycle.Abandoned: ban, recycle.Spam: ban, recycle.Inactive: ban},
+		CoolDown:  map[string]time.Duration{recycle.Abandoned: 300 * time.Millisecond, recycle.Spam: 300 * time.Millisecond, recycle.Inactive: 300 * time.Millisecond},
+		TicketTTL: time.Minute,
+	}
+}
+
+var testCheckpoints = []time.Duration{300 * time.Millisecond, 600 * time.Millisecond, 900 * time.Millisecond, 1200 * time.Millisecond}
+
+func newStack(t *testing.T, b streamstest.Backend, rdb *redis.Client, o pipeline.Options) *pipeline.Stack {
+	t.Helper()
+	o.Namespace = streamstest.Unique("u") + "."
+	o.Dir = t.TempDir()
+	o.Log = quiet
+	o.Tracker.Checkpoints = testCheckpoints
+	s := pipeline.New(b.Brokers, rdb, o)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := s.CreateTopics(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func start(t *testing.T, s *pipeline.Stack) {
+	ctx, cancel := context.WithCancel(context.Background())
+	s.Start(ctx)
+	t.Cleanup(func() {
+		cancel()
+		if err := s.Wait(); err != nil {
+			t.Error(err)
+		}
+	})
+}
+
+func rec(t testing.TB, topic string, uin uint64, m proto.Message) *kgo.Record {
+	t.Helper()
+	r, err := streams.NewRecord(topic, recycle.Key(uint32(uin)), m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// steps reads the applied steps, per uin, in order.
+func steps(t *testing.T, s *pipeline.Stack, want int, settle time.Duration) map[uint64][]*pb.RecycleStep {
+	t.Helper()
+	out := map[uint64][]*pb.RecycleStep{}
+	for _, r := range streamstest.ReadN(t, s.Brokers, s.Opts.Namespace+schemas.TopicRecycleSteps, true, want, 60*time.Second, settle) {
+		var st pb.RecycleStep
+		if err := streams.Decode(r, &st); err != nil {
+			t.Fatal(err)
+		}
+		out[st.Uin] = append(out[st.Uin], &st)
+	}
+	return out
+}
+
+func kinds(ss []*pb.RecycleStep) []pb.RecycleStepKind {
+	var k []pb.RecycleStepKind
+	for _, s := range ss {
+		k = append(k, s.Step)
+	}
+	return k
+}
+
+var fullCycle = []pb.RecycleStepKind{pb.RecycleStepKind_TICKET_GRANTED, pb.RecycleStepKind_BAN, pb.RecycleStepKind_BACKUP,
+	pb.RecycleStepKind_DELETE, pb.RecycleStepKind_COOL_DOWN, pb.RecycleStepKind_RELEASE}
+
+func deadLetters(t *testing.T, s *pipeline.Stack, n int) []string {
+	var reasons []string
+	for _, r := range streamstest.ReadN(t, s.Brokers, s.Opts.Namespace+schemas.TopicDeadLetter, true, n, 30*time.Second, time.Second) {
+		reason, _ := streams.Header(r, streams.HeaderDLQReason)
+		reasons = append(reasons, reason)
+	}
+	return reasons
+}
+
+// TestRegistrationTrackingToPool follows registrations through the
+// checkpoints and the whole recycle queue: abandoned and spam uins are
+// banned, backed up, deleted, cooled down and pooled, each step once; live
+// users are handed over untouched; bad input is dead-lettered.
+func TestRegistrationTrackingToPool(t *testing.T) {
+	streamstest.EachStack(t, func(t *testing.T, b streamstest.Backend, rdb *redis.Client) {
+		s := newStack(t, b, rdb, pipeline.Options{Policy: testPolicy(200 * time.Millisecond)})
+		ns := s.Opts.Namespace
+		ctx := context.Background()
+		now := time.Now().UnixMilli()
+		day := (24 * time.Hour).Milliseconds()
+		var recs []*kgo.Record
+		reg := func(uin uint64, name string, completed bool) {
+			recs = append(recs, rec(t, ns+schemas.TopicRegistrations, uin, &pb.UinRegistration{Uin: uin, Username: name, AtMs: now, Completed: completed, Channel: "app"}))
+		}
+		use := func(uin uint64, kind string, at int64) {
+			recs = append(recs, rec(t, ns+schemas.TopicUsage, uin, &pb.UsageEvent{Uin: uin, Kind: kind, AtMs: at, Source: "auth"}))
+		}
+		abandoned := []uint64{1001, 1002, 1003, 1004, 1005}
+		for _, u := range abandoned {
+			reg(u, "", false)
+		}
+		spam := []uint64{2001, 2002, 2003}
+		for _, u := range spam {
+			reg(u, fmt.Sprintf("spammer%d", u), false)
+			reg(u, fmt.Sprintf("spammer%d", u), true)
+			for i := range 3 {
+				use(u, tracker.KindSpamReport, now+int64(i))
+			}
+			if err := s.Accounts.Create(ctx, account.Account{Uin: uint32(u), Username: fmt.Sprintf("spammer%d", u),
+				Profile: map[string]string{"nick": "x"}, Friends: []uint32{3001}, Moments: []string{"buy now"}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		live := []uint64{3001, 3002, 3003}
+		for _, u := range live {
+			reg(u, fmt.Sprintf("user%d", u), true)
+			use(u, recycle.KindLogin, now+2*day) // came back after the first day
+			use(u, tracker.KindMessage, now+3*day)
+			if err := s.Accounts.Create(ctx, account.Account{Uin: uint32(u), Username: fmt.Sprintf("user%d", u)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// Bad input.
+		reg(1<<32, "too-big", false)                                                                // out of range
+		reg(3001, "someone-else", false)                                                            // duplicate registration
+		use(3002, recycle.KindLogin, now-day)                                                       // before its registration
+		recs = append(recs, rec(t, ns+schemas.TopicChecks, 9999, &pb.RegistrationCheck{Uin: 9999})) // untracked
+		recs = append(recs, rec(t, ns+schemas.TopicRecycleReqs, 3003, &pb.RecycleStep{Uin: 3003, TicketId: "forged",
+			Step: pb.RecycleStepKind_DELETE, ExpectedPrev: pb.RecycleStepKind_BACKUP})) // unknown ticket
+		cl := streamstest.Client(t, b.Brokers)
+		streamstest.ProduceSync(t, cl, recs...)
+		start(t, s)
+
+		got := steps(t, s, len(fullCycle)*(len(abandoned)+len(spam)), 3*time.Second)
+		for _, u := range append(slices.Clone(abandoned), spam...) {
+			if k := kinds(got[u]); !slices.Equal(k, fullCycle) {
+				t.Errorf("uin %d: steps %v, want %v", u, k, fullCycle)
+			}
+			if n, err := rdb.SIsMember(ctx, ns+"pool:bucket:"+fmt.Sprint(u%1000), u).Result(); err != nil || !n {
+				t.Errorf("uin %d not in the central pool (%v)", u, err)
+			}
+		}
+		for _, u := range live {
+			if len(got[u]) != 0 {
+				t.Errorf("live uin %d was touched: %v", u, kinds(got[u]))
+			}
+			if ok, _ := s.Accounts.Exists(ctx, uint32(u)); !ok {
+				t.Errorf("live account %d deleted", u)
+			}
+		}
+		for _, u := range spam {
+			if ok, _ := s.Accounts.Exists(ctx, uint32(u)); ok {
+				t.Errorf("spam account %d not deleted", u)
+			}
+			if cat := got[u][0].Category; cat != recycle.Spam {
+				t.Errorf("uin %d recycled as %q, want spam", u, cat)
+			}
+		}
+		// One backup per spam account, keyed by username, friends by name.
+		backups := map[string]*pb.AccountBackup{}
+		for _, r := range streamstest.ReadN(t, b.Brokers, ns+schemas.TopicBackups, true, len(spam), 30*time.Second, time.Second) {
+			var bk pb.AccountBackup
+			if err := streams.Decode(r, &bk); err != nil {
+				t.Fatal(err)
+			}
+			if _, dup := backups[string(r.Key)]; dup {
+				t.Errorf("backup of %s written twice", r.Key)
+			}
+			backups[string(r.Key)] = &bk
+		}
+		for _, u := range spam {
+			bk := backups[fmt.Sprintf("spammer%d", u)]
+			if bk == nil || bk.OldUin != u || !slices.Equal(bk.Friends, []string{"user3001"}) || bk.Profile["nick"] != "x" {
+				t.Errorf("backup of uin %d: %v", u, bk)
+			}
+		}
+		notices := streamstest.ReadN(t, b.Brokers, ns+schemas.TopicDeletions, true, len(abandoned)+len(spam), 30*time.Second, time.Second)
+		if len(notices) != len(abandoned)+len(spam) {
+			t.Errorf("%d deletion notices, want %d", len(notices), len(abandoned)+len(spam))
+		}
+		// Live users are handed over to the stock classification after the last checkpoint.
+		deadline := time.Now().Add(20 * time.Second)
+		for _, u := range live {
+			for {
+				tr, err := s.Tracker.Get(uint32(u))
+				if err == nil && tr != nil && tr.Verdict == tracker.HandedOver {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("uin %d not handed over: %v %v", u, tr, err)
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+		}
+		reasons := strings.Join(deadLetters(t, s, 5), "\n")
+		for _, want := range []string{"uin out of range: 4294967296", "duplicate registration: uin 3001",
+			"precedes its registration", "checkpoint 0 for untracked uin 9999", `unknown ticket "forged" for uin 3003`} {
+			if !strings.Contains(reasons, want) {
+				t.Errorf("dead letters lack %q:\n%s", want, reasons)
+			}
+		}
+	})
+}

@@ -1,0 +1,629 @@
+// Package recycle is the recycle queue of seed 003: the step controller
+// that takes a uin from a granted ticket to the allocation pool.
+//
+//	TICKET_GRANTED -> BAN -> (ban expires) BACKUP -> DELETE -> COOL_DOWN -> (cool-down ends) RELEASE
+//	                  any step before BACKUP -> STOPPED (unbanned, logged in, ticket expired)
+//
+// Every step is a request on uin.recycle-requests naming the step it
+// expects to follow (expected_prev); the controller applies it only when
+// the uin's current step is that one (compare-and-set on the next step),
+// and only for the uin's current ticket, which each step verifies and
+// renews. An applied step is a record on uin.recycle-steps in the same
+// Kafka transaction as its input's offset and its own effects (the next
+// request, its timer, the backup, the deletion notice), so a step runs
+// exactly once across crashes, and a duplicate request (a competing
+// scheduler, a replay) loses the compare-and-set. uin.recycle-steps is the
+// controller's changelog: its store is rebuilt from it, partition by
+// partition, whenever it is assigned a partition.
+//
+// Effects outside Kafka (deleting account data, freeing the uin, pooling
+// it) are idempotent, because an aborted batch runs them again.
+package recycle
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"google.golang.org/protobuf/proto"
+
+	"surge/processors/timer"
+	"surge/processors/uin/account"
+	"surge/processors/uin/pool"
+	"surge/schemas"
+	pb "surge/schemas/surgev1"
+	"surge/streams"
+	"surge/streams/localstore"
+	"surge/streams/metrics"
+)
+
+// Categories of recyclable uins (seed 003: gaps need no queue; they were
+// never allocated and go straight to the pool).
+const (
+	Abandoned = "abandoned" // registration never completed
+	Spam      = "spam"      // spam registration
+	Inactive  = "inactive"  // inactive stock account
+)
+
+// Usage event kinds the controller reacts to.
+const (
+	KindLogin        = "login"         // a successful login (source: auth or device)
+	KindUnban        = "unban"         // the account was unbanned (appeal, operator)
+	KindLoginRefused = "login_refused" // a banned account tried to log in
+)
+
+// Policy is how long each category is banned and cooled down, and how
+// long a ticket lives without being renewed.
+type Policy struct {
+	Ban       map[string]time.Duration
+	CoolDown  map[string]time.Duration
+	TicketTTL time.Duration
+}
+
+// DefaultPolicy follows the seed's orders of magnitude: a ban of up to a
+// month, a cool-down of up to half a year.
+func DefaultPolicy() Policy {
+	return Policy{
+		Ban:       map[string]time.Duration{Abandoned: 24 * time.Hour, Spam: 7 * 24 * time.Hour, Inactive: 30 * 24 * time.Hour},
+		CoolDown:  map[string]time.Duration{Abandoned: 7 * 24 * time.Hour, Spam: 30 * 24 * time.Hour, Inactive: 180 * 24 * time.Hour},
+		TicketTTL: 24 * time.Hour,
+	}
+}
+
+// Config configures the controller.
+type Config struct {
+	Namespace  string
+	Dir        string // Pebble directory (a cache, wiped on start)
+	Accounts   *account.Store
+	Pool       *pool.Central
+	Policy     Policy
+	Partitions int // of uin.recycle-requests (default: the registry's)
+	Now        func() time.Time
+	Log        *slog.Logger
+	Metrics    *metrics.Registry
+}
+
+// Controller is the recycle step controller.
+type Controller struct {
+	cfg     Config
+	brokers []string
+	db      *pebble.DB
+	restore *streams.Restorer
+
+	mu     sync.Mutex // the handler, the batch end and reads
+	staged *pebble.Batch
+
+	mApplied, mRefused metrics.CounterVec
+	mBannedLogins      metrics.CounterVec
+}
+
+// New returns a controller; Run starts it.
+func New(cfg Config, brokers []string) *Controller {
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = metrics.NewRegistry()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Policy.Ban == nil {
+		cfg.Policy = DefaultPolicy()
+	}
+	if cfg.Partitions == 0 {
+		t, _ := schemas.TopicByName(schemas.TopicRecycleReqs)
+		cfg.Partitions = int(t.Partitions)
+	}
+	c := &Controller{cfg: cfg, brokers: brokers,
+		mApplied:      cfg.Metrics.NewCounterVec("surge_uin_recycle_steps_total", "recycle steps applied", "step"),
+		mRefused:      cfg.Metrics.NewCounterVec("surge_uin_recycle_refused_total", "recycle requests not applied", "reason"),
+		mBannedLogins: cfg.Metrics.NewCounterVec("surge_uin_banned_logins_total", "login attempts of accounts banned for recycling", "category"),
+	}
+	c.restore = streams.NewRestorer(brokers, c.clearPartition, c.applyChangelog,
+		c.topic(schemas.TopicRecycleSteps), c.topic(schemas.TopicUsage))
+	return c
+}
+
+func (c *Controller) topic(name string) string { return c.cfg.Namespace + name }
+
+// Keys: 's' uin(4) -> the uin's last applied step (its ticket state);
+// 'l' uin(4) -> newest login by auth(8) and by device(8).
+func stateKey(uin uint32) []byte { return binary.BigEndian.AppendUint32([]byte{'s'}, uin) }
+func loginKey(uin uint32) []byte { return binary.BigEndian.AppendUint32([]byte{'l'}, uin) }
+
+// Key is the record key of everything about uin.
+func Key(uin uint32) []byte { return binary.BigEndian.AppendUint32(nil, uin) }
+
+// Run serves until ctx ends.
+func (c *Controller) Run(ctx context.Context, opts ...streams.Option) error {
+	db, err := localstore.Open(c.cfg.Dir, true, c.cfg.Log)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	c.mu.Lock()
+	c.db, c.staged = db, db.NewIndexedBatch()
+	c.mu.Unlock()
+	opts = append([]streams.Option{
+		streams.Brokers(c.brokers...),
+		streams.Inputs(c.topic(schemas.TopicRecycleReqs), c.topic(schemas.TopicUsage)),
+		streams.Group(c.cfg.Namespace + "uin-recycle"),
+		streams.WithGuarantee(streams.ExactlyOnce),
+		streams.DeadLetterTopic(c.topic(schemas.TopicDeadLetter)),
+		streams.ClientOpts(kgo.Balancers(kgo.RangeBalancer())), // requests and usage co-partitioned by uin
+		streams.OnBatchEnd(c.batchEnd),
+		streams.MaxAttempts(math.MaxInt32), // Redis down delays a step, never drops it
+		c.restore.Option(),
+	}, opts...)
+	r, err := streams.New("uin-recycle", c.handle, opts...)
+	if err != nil {
+		return err
+	}
+	return r.Run(ctx)
+}
+
+func (c *Controller) batchEnd(committed bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if committed {
+		if err := c.staged.Commit(pebble.NoSync); err != nil {
+			c.cfg.Log.Error("recycle: pebble commit failed; exiting so the restart rebuilds it", "err", err)
+			panic(err)
+		}
+	} else {
+		_ = c.staged.Close()
+	}
+	c.staged = c.db.NewIndexedBatch()
+}
+
+// clearPartition drops the state of the uins in partition p.
+func (c *Controller) clearPartition(p int32) error {
+	it, err := c.db.NewIter(nil)
+	if err != nil {
+		return err
+	}
+	defer it.Close()
+	b := c.db.NewBatch()
+	defer b.Close()
+	for ok := it.First(); ok; ok = it.Next() {
+		if k := it.Key(); len(k) == 5 && int32(streams.PartitionFor(k[1:], c.cfg.Partitions)) == p {
+			_ = b.Delete(k, nil)
+		}
+	}
+	return b.Commit(pebble.NoSync)
+}
+
+// applyChangelog rebuilds state from one applied step or usage event.
+func (c *Controller) applyChangelog(r *kgo.Record) error {
+	w := c.db.NewIndexedBatch()
+	defer w.Close()
+	switch r.Topic {
+	case c.topic(schemas.TopicRecycleSteps):
+		var s pb.RecycleStep
+		if streams.Decode(r, &s) != nil || s.Uin == 0 || s.Uin > math.MaxUint32 {
+			return nil
+		}
+		setState(w, &s)
+	default:
+		var u pb.UsageEvent
+		if streams.Decode(r, &u) != nil || u.Uin == 0 || u.Uin > math.MaxUint32 {
+			return nil
+		}
+		if err := noteLogin(w, w, &u); err != nil {
+			return err
+		}
+	}
+	return w.Commit(pebble.NoSync)
+}
+
+// setState records an applied step: the state is the last applied step of
+// an open ticket, gone once the ticket ends.
+func setState(w *pebble.Batch, s *pb.RecycleStep) {
+	k := stateKey(uint32(s.Uin))
+	if s.Step == pb.RecycleStepKind_RELEASE || s.Step == pb.RecycleStepKind_STOPPED {
+		_ = w.Delete(k, nil)
+		return
+	}
+	v, _ := proto.Marshal(s)
+	_ = w.Set(k, v, nil)
+}
+
+func getState(r pebble.Reader, uin uint32) (*pb.RecycleStep, error) {
+	v, cl, err := r.Get(stateKey(uin))
+	if errors.Is(err, pebble.ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer cl.Close()
+	s := new(pb.RecycleStep)
+	return s, proto.Unmarshal(v, s)
+}
+
+// LastLogin is the newest login of a uin as two independent sources saw
+// it: the login service (auth) and the device records (device). The seed
+// merges both so one corrupt source cannot get an active user recycled.
+type LastLogin struct{ Auth, Device int64 }
+
+// Newest is the later of the two.
+func (l LastLogin) Newest() int64 { return max(l.Auth, l.Device) }
+
+func getLogin(r pebble.Reader, uin uint32) (LastLogin, error) {
+	v, cl, err := r.Get(loginKey(uin))
+	if errors.Is(err, pebble.ErrNotFound) {
+		return LastLogin{}, nil
+	}
+	if err != nil {
+		return LastLogin{}, err
+	}
+	defer cl.Close()
+	return LastLogin{int64(binary.BigEndian.Uint64(v)), int64(binary.BigEndian.Uint64(v[8:]))}, nil
+}
+
+func noteLogin(w *pebble.Batch, r pebble.Reader, u *pb.UsageEvent) error {
+	if u.Kind != KindLogin {
+		return nil
+	}
+	l, err := getLogin(r, uint32(u.Uin))
+	if err != nil {
+		return err
+	}
+	if u.Source == "device" {
+		l.Device = max(l.Device, u.AtMs)
+	} else {
+		l.Auth = max(l.Auth, u.AtMs)
+	}
+	v := binary.BigEndian.AppendUint64(binary.BigEndian.AppendUint64(nil, uint64(l.Auth)), uint64(l.Device))
+	return w.Set(loginKey(uint32(u.Uin)), v, nil)
+}
+
+// State returns the uin's open ticket at its last applied step (nil: none).
+func (c *Controller) State(uin uint32) (*pb.RecycleStep, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.db == nil {
+		return nil, errors.New("recycle: not running")
+	}
+	return getState(c.db, uin)
+}
+
+// next is the only step that may follow each step (the queue's order).
+var next = map[pb.RecycleStepKind]pb.RecycleStepKind{
+	pb.RecycleStepKind_RECYCLE_STEP_UNSPECIFIED: pb.RecycleStepKind_TICKET_GRANTED,
+	pb.RecycleStepKind_TICKET_GRANTED:           pb.RecycleStepKind_BAN,
+	pb.RecycleStepKind_BAN:                      pb.RecycleStepKind_BACKUP,
+	pb.RecycleStepKind_BACKUP:                   pb.RecycleStepKind_DELETE,
+	pb.RecycleStepKind_DELETE:                   pb.RecycleStepKind_COOL_DOWN,
+	pb.RecycleStepKind_COOL_DOWN:                pb.RecycleStepKind_RELEASE,
+}
+
+// stoppable: recycling stops only before anything is backed up or
+// deleted, or during cool-down when a restore takes the uin back.
+var stoppable = map[pb.RecycleStepKind]bool{
+	pb.RecycleStepKind_TICKET_GRANTED: true,
+	pb.RecycleStepKind_BAN:            true,
+	pb.RecycleStepKind_COOL_DOWN:      true,
+}
+
+func validUin(u uint64) error {
+	if u == 0 || u > math.MaxUint32 {
+		return streams.Reject(fmt.Sprintf("uin out of range: %d (uins are 1..%d)", u, uint32(math.MaxUint32)), nil)
+	}
+	return nil
+}
+
+// step is the work on one input record.
+type step struct {
+	c   *Controller
+	ctx context.Context
+	out *streams.Output
+	now time.Time
+}
+
+func (c *Controller) handle(ctx context.Context, in *kgo.Record, out *streams.Output) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.restore.Ensure(ctx, in.Partition); err != nil {
+		return err
+	}
+	s := &step{c: c, ctx: ctx, out: out, now: c.cfg.Now()}
+	if in.Topic == c.topic(schemas.TopicUsage) {
+		var u pb.UsageEvent
+		if err := streams.Decode(in, &u); err != nil {
+			return err
+		}
+		return s.usage(&u)
+	}
+	var req pb.RecycleStep
+	if err := streams.Decode(in, &req); err != nil {
+		return err
+	}
+	return s.request(&req)
+}
+
+// usage keeps the login index and stops or monitors banned accounts.
+func (s *step) usage(u *pb.UsageEvent) error {
+	if err := validUin(u.Uin); err != nil {
+		return err
+	}
+	c := s.c
+	if err := noteLogin(c.staged, c.staged, u); err != nil {
+		return err
+	}
+	cur, err := getState(c.staged, uint32(u.Uin))
+	if err != nil || cur == nil {
+		return err
+	}
+	switch u.Kind {
+	case KindLogin, KindUnban:
+		if cur.Step == pb.RecycleStepKind_TICKET_GRANTED || cur.Step == pb.RecycleStepKind_BAN {
+			return s.stop(cur, fmt.Sprintf("%s at %d (%s) before backup", u.Kind, u.AtMs, u.Source))
+		}
+		if u.Kind == KindLogin {
+			c.mBannedLogins.With(cur.Category).Inc()
+		}
+	case KindLoginRefused:
+		c.mBannedLogins.With(cur.Category).Inc()
+	}
+	return nil
+}
+
+func (s *step) request(req *pb.RecycleStep) error {
+	if err := validUin(req.Uin); err != nil {
+		return err
+	}
+	c := s.c
+	uin := uint32(req.Uin)
+	cur, err := getState(c.staged, uin)
+	if err != nil {
+		return err
+	}
+	if req.Step == pb.RecycleStepKind_TICKET_GRANTED {
+		return s.grant(cur, req)
+	}
+	if cur == nil || cur.TicketId != req.TicketId {
+		return streams.Reject(fmt.Sprintf("unknown ticket %q for uin %d", req.TicketId, uin), nil)
+	}
+	if req.ExpectedPrev != cur.Step {
+		// Lost the compare-and-set: the step already ran (a duplicate
+		// request, a competing scheduler) or is out of order.
+		c.mRefused.With("cas_conflict").Inc()
+		c.cfg.Log.Debug("recycle: compare-and-set lost", "uin", uin, "want", req.Step, "expected_prev", req.ExpectedPrev, "current", cur.Step)
+		return nil
+	}
+	if req.Step == pb.RecycleStepKind_STOPPED {
+		if !stoppable[cur.Step] {
+			return streams.Reject(fmt.Sprintf("uin %d: cannot stop at %s", uin, cur.Step), nil)
+		}
+		return s.stop(cur, req.Reason)
+	}
+	if next[cur.Step] != req.Step {
+		return streams.Reject(fmt.Sprintf("uin %d: %s cannot follow %s", uin, req.Step, cur.Step), nil)
+	}
+	if s.now.UnixMilli() > cur.TicketExpiresAtMs {
+		return s.stop(cur, fmt.Sprintf("ticket expired at %d", cur.TicketExpiresAtMs))
+	}
+	switch req.Step {
+	case pb.RecycleStepKind_BAN:
+		return s.ban(cur)
+	case pb.RecycleStepKind_BACKUP:
+		return s.backup(cur)
+	case pb.RecycleStepKind_DELETE:
+		return s.delete(cur)
+	case pb.RecycleStepKind_COOL_DOWN:
+		return s.coolDown(cur)
+	case pb.RecycleStepKind_RELEASE:
+		return s.release(cur)
+	}
+	return streams.Reject("unhandled step "+req.Step.String(), nil)
+}
+
+// grant opens a ticket, after the last check of the login evidence: a
+// login newer than the one the check saw means the check is stale.
+func (s *step) grant(cur, req *pb.RecycleStep) error {
+	c := s.c
+	if _, ok := c.cfg.Policy.Ban[req.Category]; !ok {
+		return streams.Reject(fmt.Sprintf("unknown category %q for uin %d", req.Category, req.Uin), nil)
+	}
+	if req.TicketId == "" {
+		return streams.Reject(fmt.Sprintf("ticket grant for uin %d without a ticket id", req.Uin), nil)
+	}
+	if cur != nil {
+		c.mRefused.With("ticket_open").Inc()
+		return nil // another check granted it first; one ticket per uin
+	}
+	l, err := getLogin(c.staged, uint32(req.Uin))
+	if err != nil {
+		return err
+	}
+	if l.Newest() > req.LastLoginMs {
+		c.mRefused.With("logged_in_since_check").Inc()
+		return s.apply(&pb.RecycleStep{Uin: req.Uin, TicketId: req.TicketId, Step: pb.RecycleStepKind_STOPPED,
+			Category: req.Category, Username: req.Username,
+			Reason: fmt.Sprintf("refused: logged in at %d (auth %d, device %d), after the check saw %d", l.Newest(), l.Auth, l.Device, req.LastLoginMs)})
+	}
+	g := &pb.RecycleStep{Uin: req.Uin, TicketId: req.TicketId, Step: pb.RecycleStepKind_TICKET_GRANTED,
+		Category: req.Category, Username: req.Username, Reason: req.Reason, LastLoginMs: req.LastLoginMs,
+		TicketExpiresAtMs: s.now.Add(c.cfg.Policy.TicketTTL).UnixMilli()}
+	if err := s.apply(g); err != nil {
+		return err
+	}
+	return s.requestNext(g, pb.RecycleStepKind_BAN)
+}
+
+func (s *step) ban(cur *pb.RecycleStep) error {
+	until := s.now.Add(s.c.cfg.Policy.Ban[cur.Category])
+	b := s.advance(cur, pb.RecycleStepKind_BAN, until)
+	if err := s.apply(b); err != nil {
+		return err
+	}
+	return s.schedule(b, "backup", until, pb.RecycleStepKind_BACKUP)
+}
+
+// backup checks, as the seed asks before any backup, that the account is
+// still banned and has not logged in since the ban; then it writes the
+// core data, keyed by username, to uin.backups.
+func (s *step) backup(cur *pb.RecycleStep) error {
+	c := s.c
+	uin := uint32(cur.Uin)
+	l, err := getLogin(c.staged, uin)
+	if err != nil {
+		return err
+	}
+	if l.Newest() > cur.AtMs {
+		return s.stop(cur, fmt.Sprintf("logged in at %d during the ban", l.Newest()))
+	}
+	b := s.advance(cur, pb.RecycleStepKind_BACKUP, time.Time{})
+	a, err := c.cfg.Accounts.Load(s.ctx, uin)
+	switch {
+	case errors.Is(err, account.ErrNoAccount):
+		b.Reason = "no account data to back up"
+	case err != nil:
+		return err
+	default:
+		bk, err := c.cfg.Accounts.Backup(s.ctx, a)
+		if err != nil {
+			return err
+		}
+		bk.BackedUpAtMs, bk.TicketId, bk.Category = s.now.UnixMilli(), cur.TicketId, cur.Category
+		if err := s.out.EmitMsg(c.topic(schemas.TopicBackups), []byte(a.Username), bk); err != nil {
+			return err
+		}
+		b.Username = a.Username
+	}
+	if err := s.apply(b); err != nil {
+		return err
+	}
+	return s.requestNext(b, pb.RecycleStepKind_DELETE)
+}
+
+func (s *step) delete(cur *pb.RecycleStep) error {
+	c := s.c
+	uin := uint32(cur.Uin)
+	if err := c.cfg.Accounts.Delete(s.ctx, uin, cur.Username); err != nil {
+		return err
+	}
+	if err := c.cfg.Pool.Free(s.ctx, uin); err != nil {
+		return err
+	}
+	if err := s.out.EmitMsg(c.topic(schemas.TopicDeletions), Key(uin), &pb.DeletionNotice{Uin: cur.Uin,
+		Username: cur.Username, TicketId: cur.TicketId, Category: cur.Category, AtMs: s.now.UnixMilli()}); err != nil {
+		return err
+	}
+	d := s.advance(cur, pb.RecycleStepKind_DELETE, time.Time{})
+	if err := s.apply(d); err != nil {
+		return err
+	}
+	return s.requestNext(d, pb.RecycleStepKind_COOL_DOWN)
+}
+
+func (s *step) coolDown(cur *pb.RecycleStep) error {
+	until := s.now.Add(s.c.cfg.Policy.CoolDown[cur.Category])
+	cd := s.advance(cur, pb.RecycleStepKind_COOL_DOWN, until)
+	if err := s.apply(cd); err != nil {
+		return err
+	}
+	return s.schedule(cd, "release", until, pb.RecycleStepKind_RELEASE)
+}
+
+// release puts the uin into the central pool. A uin already pooled or
+// leased was put there by this step's earlier, aborted attempt; one in use
+// was taken back by a restore, and stays out.
+func (s *step) release(cur *pb.RecycleStep) error {
+	c := s.c
+	uin := uint32(cur.Uin)
+	errs, err := c.cfg.Pool.Insert(s.ctx, []uint32{uin})
+	if err != nil {
+		return err
+	}
+	change := &pb.PoolChange{Uin: cur.Uin, Op: pb.PoolChange_INSERT, Bucket: uin % 1000, AtMs: s.now.UnixMilli()}
+	r := s.advance(cur, pb.RecycleStepKind_RELEASE, time.Time{})
+	if e := errs[0]; e != nil && !errors.Is(e, pool.ErrInPool) && !errors.Is(e, pool.ErrLeased) {
+		change.Op, change.Reason = pb.PoolChange_REFUSED, e.Error()
+		r.Reason = "not pooled: " + e.Error()
+	}
+	if err := s.out.EmitMsg(c.topic(schemas.TopicPool), binary.BigEndian.AppendUint32(nil, uin%1000), change); err != nil {
+		return err
+	}
+	return s.apply(r)
+}
+
+// stop ends a ticket before anything irreversible, cancelling its timers.
+func (s *step) stop(cur *pb.RecycleStep, reason string) error {
+	for _, what := range []string{"backup", "release"} {
+		cancel := timer.Cancel(timerID(cur.TicketId, what))
+		cancel.Topic = s.c.topic(schemas.TopicTimers)
+		s.out.Emit(cancel)
+	}
+	st := s.advance(cur, pb.RecycleStepKind_STOPPED, time.Time{})
+	st.Reason = reason
+	return s.apply(st)
+}
+
+// advance is the record of the step after cur: same ticket, renewed.
+func (s *step) advance(cur *pb.RecycleStep, to pb.RecycleStepKind, due time.Time) *pb.RecycleStep {
+	renewed := s.now.Add(s.c.cfg.Policy.TicketTTL)
+	if !due.IsZero() {
+		renewed = due.Add(s.c.cfg.Policy.TicketTTL) // valid through the wait
+	}
+	n := &pb.RecycleStep{Uin: cur.Uin, TicketId: cur.TicketId, Step: to, ExpectedPrev: cur.Step,
+		Category: cur.Category, Username: cur.Username, LastLoginMs: cur.LastLoginMs,
+		TicketExpiresAtMs: renewed.UnixMilli()}
+	if !due.IsZero() {
+		n.DueAtMs = due.UnixMilli()
+	}
+	return n
+}
+
+// apply records an applied step: the changelog record and the staged state.
+func (s *step) apply(st *pb.RecycleStep) error {
+	st.AtMs = s.now.UnixMilli()
+	if err := s.out.EmitMsg(s.c.topic(schemas.TopicRecycleSteps), Key(uint32(st.Uin)), st); err != nil {
+		return err
+	}
+	setState(s.c.staged, st)
+	s.c.mApplied.With(st.Step.String()).Inc()
+	return nil
+}
+
+// requestNext asks for the step after done, now.
+func (s *step) requestNext(done *pb.RecycleStep, to pb.RecycleStepKind) error {
+	return s.out.EmitMsg(s.c.topic(schemas.TopicRecycleReqs), Key(uint32(done.Uin)), Request(done, to))
+}
+
+// schedule asks for the step after done at a time, through the timer service.
+func (s *step) schedule(done *pb.RecycleStep, what string, at time.Time, to pb.RecycleStepKind) error {
+	rec, err := timer.Schedule(timerID(done.TicketId, what), at, s.c.topic(schemas.TopicRecycleReqs), Key(uint32(done.Uin)), Request(done, to))
+	if err != nil {
+		return err
+	}
+	rec.Topic = s.c.topic(schemas.TopicTimers)
+	s.out.Emit(rec)
+	return nil
+}
+
+func timerID(ticket, what string) string { return "recycle/" + ticket + "/" + what }
+
+// Request is the request for step to follow done, under done's ticket.
+func Request(done *pb.RecycleStep, to pb.RecycleStepKind) *pb.RecycleStep {
+	return &pb.RecycleStep{Uin: done.Uin, TicketId: done.TicketId, Step: to, ExpectedPrev: done.Step,
+		Category: done.Category, Username: done.Username}
+}
+
+// Grant is the request that opens a ticket for uin: what a check sends
+// once it finds the uin recyclable. lastLogin is the newest login the
+// check saw; the controller refuses the ticket if it knows a newer one.
+func Grant(uin uint32, category, username, reason string, lastLogin int64, at time.Time) *pb.RecycleStep {
+	return &pb.RecycleStep{Uin: uint64(uin), Step: pb.RecycleStepKind_TICKET_GRANTED, Category: category,
+		Username: username, Reason: reason, LastLoginMs: lastLogin, AtMs: at.UnixMilli(),
+		TicketId: fmt.Sprintf("%s-%d-%d", category, uin, at.UnixMilli())}
+}

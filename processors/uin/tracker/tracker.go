@@ -1,0 +1,424 @@
+// Package tracker is the registration tracking of seed 003: every
+// allocation enters the check queue, and timers at a few checkpoints after
+// it (default 1 h, 1 day, 7 days, 30 days; configurable and extendable)
+// judge from the uin's usage whether the registration was abandoned or is
+// spam. A recyclable uin gets a ticket request on uin.recycle-requests;
+// one still alive at the last checkpoint is handed over to the stock
+// classification, which judges accounts older than 90 days.
+//
+// The rules (Rules, applied at each checkpoint in this order):
+//  1. abandoned: the registration never completed;
+//  2. spam: at least SpamReports spam reports from other users;
+//  3. spam: a burst sender: at least BurstMessages messages and at most
+//     one login, judged from the second checkpoint on;
+//  4. spam: at the last checkpoint, no usage at all after the first day
+//     (spam registrations go quiet within days; real users come back).
+//
+// State is one Tracking record per uin in Pebble, whose changelog is the
+// compacted uin.tracking; inputs are co-partitioned by uin, so the store is
+// rebuilt per partition on assignment (streams.Restorer).
+package tracker
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"google.golang.org/protobuf/proto"
+
+	"surge/processors/timer"
+	"surge/processors/uin/recycle"
+	"surge/schemas"
+	pb "surge/schemas/surgev1"
+	"surge/streams"
+	"surge/streams/localstore"
+	"surge/streams/metrics"
+)
+
+// Verdicts.
+const (
+	Live       = "live"        // stopped recycling: a user came back
+	HandedOver = "handed_over" // alive at the last checkpoint: stock classification's now
+)
+
+// Usage kinds the rules read (besides recycle.KindLogin).
+const (
+	KindMessage    = "message"
+	KindSpamReport = "spam_report"
+)
+
+// ChannelRestore marks a registration made by the restore tool: not new,
+// so not tracked.
+const ChannelRestore = "restore"
+
+// Rules are the thresholds of the checks.
+type Rules struct {
+	SpamReports   int64
+	BurstMessages int64
+}
+
+// Config configures the tracker.
+type Config struct {
+	Namespace   string
+	Dir         string
+	Checkpoints []time.Duration // after allocation
+	Rules       Rules
+	Partitions  int
+	Now         func() time.Time
+	Log         *slog.Logger
+	Metrics     *metrics.Registry
+}
+
+// DefaultCheckpoints are the 4 checkpoints; later ones are the stock
+// classification's (seed: past 90 days).
+var DefaultCheckpoints = []time.Duration{time.Hour, 24 * time.Hour, 7 * 24 * time.Hour, 30 * 24 * time.Hour}
+
+// Tracker is the registration tracking processor.
+type Tracker struct {
+	cfg     Config
+	brokers []string
+	db      *pebble.DB
+	restore *streams.Restorer
+
+	mu     sync.Mutex
+	staged *pebble.Batch
+
+	mVerdicts metrics.CounterVec
+}
+
+// New returns a tracker; Run starts it.
+func New(cfg Config, brokers []string) *Tracker {
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = metrics.NewRegistry()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if len(cfg.Checkpoints) == 0 {
+		cfg.Checkpoints = DefaultCheckpoints
+	}
+	if cfg.Rules == (Rules{}) {
+		cfg.Rules = Rules{SpamReports: 3, BurstMessages: 50}
+	}
+	if cfg.Partitions == 0 {
+		t, _ := schemas.TopicByName(schemas.TopicRegistrations)
+		cfg.Partitions = int(t.Partitions)
+	}
+	t := &Tracker{cfg: cfg, brokers: brokers,
+		mVerdicts: cfg.Metrics.NewCounterVec("surge_uin_tracking_verdicts_total", "registration check verdicts", "verdict")}
+	t.restore = streams.NewRestorer(brokers, t.clearPartition, t.applyChangelog, t.topic(schemas.TopicTracking))
+	return t
+}
+
+func (t *Tracker) topic(name string) string { return t.cfg.Namespace + name }
+
+func stateKey(uin uint32) []byte { return binary.BigEndian.AppendUint32([]byte{'t'}, uin) }
+
+// Run serves until ctx ends.
+func (t *Tracker) Run(ctx context.Context, opts ...streams.Option) error {
+	db, err := localstore.Open(t.cfg.Dir, true, t.cfg.Log)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	t.mu.Lock()
+	t.db, t.staged = db, db.NewIndexedBatch()
+	t.mu.Unlock()
+	opts = append([]streams.Option{
+		streams.Brokers(t.brokers...),
+		streams.Inputs(t.topic(schemas.TopicRegistrations), t.topic(schemas.TopicUsage), t.topic(schemas.TopicChecks),
+			t.topic(schemas.TopicRecycleSteps)),
+		streams.Group(t.cfg.Namespace + "uin-tracker"),
+		streams.WithGuarantee(streams.ExactlyOnce),
+		streams.DeadLetterTopic(t.topic(schemas.TopicDeadLetter)),
+		streams.ClientOpts(kgo.Balancers(kgo.RangeBalancer())),
+		streams.OnBatchEnd(t.batchEnd),
+		t.restore.Option(),
+	}, opts...)
+	r, err := streams.New("uin-tracker", t.handle, opts...)
+	if err != nil {
+		return err
+	}
+	return r.Run(ctx)
+}
+
+func (t *Tracker) batchEnd(committed bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if committed {
+		if err := t.staged.Commit(pebble.NoSync); err != nil {
+			panic(fmt.Errorf("tracker: pebble commit: %w", err))
+		}
+	} else {
+		_ = t.staged.Close()
+	}
+	t.staged = t.db.NewIndexedBatch()
+}
+
+func (t *Tracker) clearPartition(p int32) error {
+	it, err := t.db.NewIter(nil)
+	if err != nil {
+		return err
+	}
+	defer it.Close()
+	b := t.db.NewBatch()
+	defer b.Close()
+	for ok := it.First(); ok; ok = it.Next() {
+		if k := it.Key(); len(k) == 5 && int32(streams.PartitionFor(k[1:], t.cfg.Partitions)) == p {
+			_ = b.Delete(k, nil)
+		}
+	}
+	return b.Commit(pebble.NoSync)
+}
+
+func (t *Tracker) applyChangelog(r *kgo.Record) error {
+	if len(r.Key) != 4 {
+		return nil
+	}
+	k := append([]byte{'t'}, r.Key...)
+	if r.Value == nil {
+		return t.db.Delete(k, pebble.NoSync)
+	}
+	return t.db.Set(k, r.Value, pebble.NoSync)
+}
+
+func get(r pebble.Reader, uin uint32) (*pb.Tracking, error) {
+	v, cl, err := r.Get(stateKey(uin))
+	if errors.Is(err, pebble.ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer cl.Close()
+	s := new(pb.Tracking)
+	return s, proto.Unmarshal(v, s)
+}
+
+// Get returns the tracking state of uin (nil: not tracked).
+func (t *Tracker) Get(uin uint32) (*pb.Tracking, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.db == nil {
+		return nil, errors.New("tracker: not running")
+	}
+	return get(t.db, uin)
+}
+
+func validUin(u uint64) error {
+	if u == 0 || u > math.MaxUint32 {
+		return streams.Reject(fmt.Sprintf("uin out of range: %d (uins are 1..%d)", u, uint32(math.MaxUint32)), nil)
+	}
+	return nil
+}
+
+func (t *Tracker) handle(ctx context.Context, in *kgo.Record, out *streams.Output) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if err := t.restore.Ensure(ctx, in.Partition); err != nil {
+		return err
+	}
+	switch in.Topic {
+	case t.topic(schemas.TopicRegistrations):
+		var r pb.UinRegistration
+		if err := streams.Decode(in, &r); err != nil {
+			return err
+		}
+		return t.register(&r, out)
+	case t.topic(schemas.TopicUsage):
+		var u pb.UsageEvent
+		if err := streams.Decode(in, &u); err != nil {
+			return err
+		}
+		return t.usage(&u, out)
+	case t.topic(schemas.TopicChecks):
+		var c pb.RegistrationCheck
+		if err := streams.Decode(in, &c); err != nil {
+			return err
+		}
+		return t.check(&c, out)
+	default:
+		var s pb.RecycleStep
+		if err := streams.Decode(in, &s); err != nil {
+			return err
+		}
+		return t.recycled(&s, out)
+	}
+}
+
+// put stages a state and emits its changelog record.
+func (t *Tracker) put(s *pb.Tracking, out *streams.Output) error {
+	v, _ := proto.Marshal(s)
+	_ = t.staged.Set(stateKey(uint32(s.Uin)), v, nil)
+	return out.EmitMsg(t.topic(schemas.TopicTracking), recycle.Key(uint32(s.Uin)), s)
+}
+
+func (t *Tracker) register(r *pb.UinRegistration, out *streams.Output) error {
+	if err := validUin(r.Uin); err != nil {
+		return err
+	}
+	uin := uint32(r.Uin)
+	cur, err := get(t.staged, uin)
+	if err != nil {
+		return err
+	}
+	// A uin judged recyclable reaches a new registration only through the
+	// pool, after its release; the release may still be on its way here.
+	recycled := cur != nil && (cur.Verdict == recycle.Abandoned || cur.Verdict == recycle.Spam) && r.AtMs > cur.RegisteredAtMs
+	if cur != nil && !recycled {
+		switch {
+		case !r.Completed:
+			return streams.Reject(fmt.Sprintf("duplicate registration: uin %d already registered at %d (username %q)", uin, cur.RegisteredAtMs, cur.Username), nil)
+		case cur.Completed && cur.Username != r.Username:
+			return streams.Reject(fmt.Sprintf("duplicate registration: uin %d already completed as %q, not %q", uin, cur.Username, r.Username), nil)
+		case cur.Completed:
+			return nil // the completion again
+		}
+		cur.Completed = true
+		if r.Username != "" {
+			cur.Username = r.Username
+		}
+		return t.put(cur, out)
+	}
+	// A new allocation, or a completion that overtook its allocation.
+	s := &pb.Tracking{Uin: r.Uin, Username: r.Username, RegisteredAtMs: r.AtMs, Completed: r.Completed, Channel: r.Channel}
+	if r.Channel == ChannelRestore {
+		s.Verdict = HandedOver
+		return t.put(s, out)
+	}
+	if err := t.scheduleCheck(s, 0, out); err != nil {
+		return err
+	}
+	return t.put(s, out)
+}
+
+func (t *Tracker) scheduleCheck(s *pb.Tracking, idx int32, out *streams.Output) error {
+	due := time.UnixMilli(s.RegisteredAtMs).Add(t.cfg.Checkpoints[idx])
+	s.NextCheckpoint = idx
+	rec, err := timer.Schedule(fmt.Sprintf("uin-check/%d/%d/%d", s.Uin, s.RegisteredAtMs, idx), due,
+		t.topic(schemas.TopicChecks), recycle.Key(uint32(s.Uin)),
+		&pb.RegistrationCheck{Uin: s.Uin, Checkpoint: idx, RegisteredAtMs: s.RegisteredAtMs, DueAtMs: due.UnixMilli()})
+	if err != nil {
+		return err
+	}
+	rec.Topic = t.topic(schemas.TopicTimers)
+	out.Emit(rec)
+	return nil
+}
+
+func (t *Tracker) usage(u *pb.UsageEvent, out *streams.Output) error {
+	if err := validUin(u.Uin); err != nil {
+		return err
+	}
+	cur, err := get(t.staged, uint32(u.Uin))
+	if err != nil || cur == nil || cur.Verdict != "" {
+		return err // not a tracked registration (stock accounts are classified elsewhere)
+	}
+	if u.AtMs < cur.RegisteredAtMs {
+		return streams.Reject(fmt.Sprintf("usage %q of uin %d at %d precedes its registration at %d", u.Kind, u.Uin, u.AtMs, cur.RegisteredAtMs), nil)
+	}
+	switch u.Kind {
+	case recycle.KindLogin:
+		cur.Logins++
+		cur.LastLoginMs = max(cur.LastLoginMs, u.AtMs)
+	case KindMessage:
+		cur.Messages++
+	case KindSpamReport:
+		cur.SpamReports++
+	}
+	cur.LastUsageMs = max(cur.LastUsageMs, u.AtMs)
+	return t.put(cur, out)
+}
+
+// Judge applies the rules at checkpoint idx: the category to recycle as
+// and why, or "" for a live registration.
+func (t *Tracker) Judge(s *pb.Tracking, idx int) (category, reason string) {
+	r := t.cfg.Rules
+	last := idx == len(t.cfg.Checkpoints)-1
+	switch {
+	case !s.Completed:
+		return recycle.Abandoned, fmt.Sprintf("registration not completed at checkpoint %d", idx)
+	case s.SpamReports >= r.SpamReports:
+		return recycle.Spam, fmt.Sprintf("%d spam reports", s.SpamReports)
+	case idx >= 1 && s.Messages >= r.BurstMessages && s.Logins <= 1:
+		return recycle.Spam, fmt.Sprintf("burst sender: %d messages, %d logins", s.Messages, s.Logins)
+	case last && s.LastUsageMs < s.RegisteredAtMs+24*time.Hour.Milliseconds():
+		return recycle.Spam, "no usage after the first day"
+	}
+	return "", ""
+}
+
+func (t *Tracker) check(c *pb.RegistrationCheck, out *streams.Output) error {
+	if err := validUin(c.Uin); err != nil {
+		return err
+	}
+	cur, err := get(t.staged, uint32(c.Uin))
+	if err != nil {
+		return err
+	}
+	if cur == nil {
+		return streams.Reject(fmt.Sprintf("checkpoint %d for untracked uin %d", c.Checkpoint, c.Uin), nil)
+	}
+	if cur.Verdict != "" || cur.NextCheckpoint != c.Checkpoint || cur.RegisteredAtMs != c.RegisteredAtMs {
+		return nil // a stale or repeated checkpoint
+	}
+	idx := int(c.Checkpoint)
+	if idx >= len(t.cfg.Checkpoints) {
+		return streams.Reject(fmt.Sprintf("checkpoint %d of uin %d is beyond the %d configured", idx, c.Uin, len(t.cfg.Checkpoints)), nil)
+	}
+	category, reason := t.Judge(cur, idx)
+	switch {
+	case category != "":
+		cur.Verdict = category
+		g := recycle.Grant(uint32(c.Uin), category, cur.Username, reason, cur.LastLoginMs, t.cfg.Now())
+		if err := out.EmitMsg(t.topic(schemas.TopicRecycleReqs), recycle.Key(uint32(c.Uin)), g); err != nil {
+			return err
+		}
+	case idx+1 < len(t.cfg.Checkpoints):
+		if err := t.scheduleCheck(cur, int32(idx+1), out); err != nil {
+			return err
+		}
+	default:
+		cur.Verdict = HandedOver
+	}
+	if cur.Verdict != "" {
+		t.mVerdicts.With(cur.Verdict).Inc()
+	}
+	return t.put(cur, out)
+}
+
+// recycled follows the recycle queue: a released uin is free for a new
+// registration; a stopped ticket means the user is alive.
+func (t *Tracker) recycled(s *pb.RecycleStep, out *streams.Output) error {
+	if s.Uin == 0 || s.Uin > math.MaxUint32 {
+		return nil
+	}
+	cur, err := get(t.staged, uint32(s.Uin))
+	if err != nil || cur == nil {
+		return err
+	}
+	switch s.Step {
+	case pb.RecycleStepKind_RELEASE:
+		if cur.RegisteredAtMs > s.AtMs {
+			return nil // already a new registration on the released uin
+		}
+		_ = t.staged.Delete(stateKey(uint32(s.Uin)), nil)
+		out.Emit(&kgo.Record{Topic: t.topic(schemas.TopicTracking), Key: recycle.Key(uint32(s.Uin))}) // tombstone
+	case pb.RecycleStepKind_STOPPED:
+		if cur.Verdict == recycle.Abandoned || cur.Verdict == recycle.Spam {
+			cur.Verdict = Live
+			return t.put(cur, out)
+		}
+	}
+	return nil
+}

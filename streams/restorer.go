@@ -1,0 +1,193 @@
+package streams
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// Restorer keeps a processor's local store in step with the partitions it
+// owns, Kafka Streams style: the store is a cache of changelog topics
+// co-partitioned with the inputs, and a partition's part of it is rebuilt
+// from the changelogs whenever the partition is assigned. An instance that
+// takes a partition over from another (a crash, a rebalance, a second
+// instance joining) therefore never acts on the state it had before the
+// other instance's writes.
+//
+// The rebuild is lazy: assignment only marks partitions stale, and the
+// handler calls Ensure before it touches a partition's state, so the
+// rebuild runs on the processing goroutine, never concurrently with it.
+type Restorer struct {
+	brokers []string
+	topics  []string
+	clear   func(partition int32) error
+	apply   func(r *kgo.Record) error
+
+	mu    sync.Mutex
+	stale map[int32]bool
+	owned map[int32]bool
+}
+
+// NewRestorer rebuilds with clear (drop a partition's state) then apply
+// (each changelog record of it, in order), reading topics up to their last
+// stable offsets.
+func NewRestorer(brokers []string, clear func(int32) error, apply func(*kgo.Record) error, topics ...string) *Restorer {
+	return &Restorer{brokers: brokers, topics: topics, clear: clear, apply: apply, stale: map[int32]bool{}, owned: map[int32]bool{}}
+}
+
+// Option hooks the restorer into a Runner's group membership.
+func (r *Restorer) Option() Option {
+	return ClientOpts(kgo.OnPartitionsAssigned(func(_ context.Context, _ *kgo.Client, as map[string][]int32) {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		for _, ps := range as {
+			for _, p := range ps {
+				r.stale[p] = true
+				r.owned[p] = true
+			}
+		}
+	}))
+}
+
+// Ensure rebuilds every stale partition this instance owns (all at once,
+// so a rebalance costs one read) when partition is among them.
+func (r *Restorer) Ensure(ctx context.Context, partition int32) error {
+	r.mu.Lock()
+	if !r.stale[partition] && r.owned[partition] {
+		r.mu.Unlock()
+		return nil
+	}
+	r.stale[partition], r.owned[partition] = true, true // records before the callback ran
+	var ps []int32
+	for p, s := range r.stale {
+		if s {
+			ps = append(ps, p)
+		}
+	}
+	r.mu.Unlock()
+	if err := r.Rebuild(ctx, ps...); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	for _, p := range ps {
+		r.stale[p] = false
+	}
+	r.mu.Unlock()
+	return nil
+}
+
+// Rebuild clears partitions and replays the changelogs' same partitions
+// into the store.
+func (r *Restorer) Rebuild(ctx context.Context, partitions ...int32) error {
+	for _, p := range partitions {
+		if err := r.clear(p); err != nil {
+			return fmt.Errorf("restore: clear partition %d: %w", p, err)
+		}
+	}
+	return ReadPartitions(ctx, r.brokers, r.topics, partitions, r.apply)
+}
+
+// ReadPartitions reads the given partitions of topics from their start to
+// their last stable offset (read_committed), calling fn in partition order.
+func ReadPartitions(ctx context.Context, brokers []string, topics []string, partitions []int32, fn func(*kgo.Record) error) error {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		return err
+	}
+	adm := kadm.NewClient(cl)
+	var stable kadm.ListedOffsets
+	err = retryFor(ctx, 10*time.Second, func() error {
+		var err error
+		if stable, err = adm.ListCommittedOffsets(ctx, topics...); err == nil {
+			err = stable.Error()
+		}
+		return err
+	})
+	cl.Close()
+	if err != nil {
+		return fmt.Errorf("restore: last stable offsets of %v: %w", topics, err)
+	}
+	want := map[int32]bool{}
+	for _, p := range partitions {
+		want[p] = true
+	}
+	offsets := map[string]map[int32]kgo.Offset{}
+	ends := map[string]map[int32]int64{}
+	stable.Each(func(o kadm.ListedOffset) {
+		if !want[o.Partition] || o.Offset <= 0 {
+			return
+		}
+		if offsets[o.Topic] == nil {
+			offsets[o.Topic], ends[o.Topic] = map[int32]kgo.Offset{}, map[int32]int64{}
+		}
+		offsets[o.Topic][o.Partition] = kgo.NewOffset().AtStart()
+		ends[o.Topic][o.Partition] = o.Offset
+	})
+	if len(offsets) == 0 {
+		return nil
+	}
+	rc, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumePartitions(offsets),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+	if err != nil {
+		return err
+	}
+	defer rc.Close()
+	cus := map[string]*CatchUp{}
+	for t, e := range ends {
+		cus[t] = NewCatchUp(e)
+	}
+	done := func() bool {
+		for _, cu := range cus {
+			if !cu.Done() {
+				return false
+			}
+		}
+		return true
+	}
+	for !done() {
+		pctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		f := rc.PollFetches(pctx)
+		cancel()
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		var ferr error
+		f.EachError(func(_ string, _ int32, err error) {
+			if !errors.Is(err, context.DeadlineExceeded) {
+				ferr = err
+			}
+		})
+		if ferr != nil {
+			return ferr
+		}
+		counts := map[string]int{}
+		var cbErr error
+		f.EachPartition(func(p kgo.FetchTopicPartition) {
+			cu := cus[p.Topic]
+			end := ends[p.Topic][p.Partition]
+			for _, r := range p.Records {
+				if r.Offset >= end {
+					cu.Saw(r)
+					break
+				}
+				counts[p.Topic]++
+				cu.Saw(r)
+				if cbErr == nil {
+					cbErr = fn(r)
+				}
+			}
+		})
+		if cbErr != nil {
+			return cbErr
+		}
+		for t, cu := range cus {
+			cu.Polled(counts[t])
+		}
+	}
+	return nil
+}
