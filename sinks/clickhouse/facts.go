@@ -148,4 +148,3 @@ func Recon() *Sink {
 func Facts() []*Sink {
 	return []*Sink{DeadLetters(), Presence(), Grants(), Tokens(), Ledger(), Withdrawals(), JobStates(), Deliveries(), RecycleSteps(), Recon()}
 }
-

@@ -43,9 +43,13 @@ type Store struct {
 }
 
 // NewStore returns a store with keys under prefix.
-func NewStore(rdb redis.UniversalClient, prefix string) *Store { return &Store{rdb: rdb, prefix: prefix} }
+func NewStore(rdb redis.UniversalClient, prefix string) *Store {
+	return &Store{rdb: rdb, prefix: prefix}
+}
 
-func (s *Store) key(uin uint32) string       { return s.prefix + "acct:" + strconv.FormatUint(uint64(uin), 10) }
+func (s *Store) key(uin uint32) string {
+	return s.prefix + "acct:" + strconv.FormatUint(uint64(uin), 10)
+}
 func (s *Store) unameKey(name string) string { return s.prefix + "uname:" + name }
 
 // Create writes an account (replacing what the uin had).

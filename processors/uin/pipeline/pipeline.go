@@ -32,7 +32,7 @@ type Options struct {
 	Tracker     tracker.Config
 	Policy      recycle.Policy
 	Buckets     int // central pool buckets (seed: 1,000)
-	Controllers int // recycle controller instances (default 1)
+	Controllers int // recycle controller instances (default 1; -1: none, they run elsewhere)
 	StreamOpts  []streams.Option
 	Log         *slog.Logger
 	Metrics     *metrics.Registry
@@ -76,6 +76,7 @@ func New(brokers []string, rdb redis.UniversalClient, o Options) *Stack {
 	if o.Controllers == 0 {
 		o.Controllers = 1
 	}
+	o.Controllers = max(o.Controllers, 0)
 	return &Stack{Opts: o, Brokers: brokers, stops: map[string]context.CancelFunc{},
 		Accounts: account.NewStore(rdb, o.Namespace), Pool: pool.NewCentral(rdb, o.Namespace+"pool:", o.Buckets)}
 }

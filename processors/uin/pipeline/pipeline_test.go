@@ -21,6 +21,7 @@ import (
 	"surge/schemas"
 	pb "surge/schemas/surgev1"
 	"surge/streams"
+	"surge/streams/metrics"
 	"surge/streams/streamstest"
 )
 
@@ -228,6 +229,93 @@ func TestRegistrationTrackingToPool(t *testing.T) {
 			if !strings.Contains(reasons, want) {
 				t.Errorf("dead letters lack %q:\n%s", want, reasons)
 			}
+		}
+	})
+}
+
+// waitStep waits until the controller holds uin at step.
+func waitStep(t *testing.T, s *pipeline.Stack, uin uint32, step pb.RecycleStepKind) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		st, err := s.Controllers[0].State(uin)
+		if err == nil && st != nil && st.Step == step {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("uin %d never reached %s (now %v, %v)", uin, step, st, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestRecyclingStopsForLiveUsers: a login or an unban during the ban stops
+// recycling before any backup; a banned account's refused logins are
+// counted and do not stop it; a ticket whose check is older than the
+// newest login is refused.
+func TestRecyclingStopsForLiveUsers(t *testing.T) {
+	streamstest.EachStack(t, func(t *testing.T, b streamstest.Backend, rdb *redis.Client) {
+		reg := metrics.NewRegistry()
+		s := newStack(t, b, rdb, pipeline.Options{Policy: testPolicy(4 * time.Second), Metrics: reg})
+		ns := s.Opts.Namespace
+		ctx := context.Background()
+		now := time.Now()
+		cl := streamstest.Client(t, b.Brokers)
+		var recs []*kgo.Record
+		for _, u := range []uint64{5001, 5002, 5003} {
+			name := fmt.Sprintf("user%d", u)
+			recs = append(recs, rec(t, ns+schemas.TopicRegistrations, u, &pb.UinRegistration{Uin: u, Username: name, AtMs: now.UnixMilli()}))
+			if err := s.Accounts.Create(ctx, account.Account{Uin: uint32(u), Username: name}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// 5004 logged in after the check that wants it recycled saw its last login.
+		recs = append(recs,
+			rec(t, ns+schemas.TopicUsage, 5004, &pb.UsageEvent{Uin: 5004, Kind: recycle.KindLogin, AtMs: now.UnixMilli(), Source: "device"}),
+			rec(t, ns+schemas.TopicRecycleReqs, 5004, recycle.Grant(5004, recycle.Inactive, "user5004", "test", now.Add(-200*24*time.Hour).UnixMilli(), now)))
+		streamstest.ProduceSync(t, cl, recs...)
+		start(t, s)
+		for _, u := range []uint32{5001, 5002, 5003} {
+			waitStep(t, s, u, pb.RecycleStepKind_BAN)
+		}
+		at := time.Now().UnixMilli()
+		streamstest.ProduceSync(t, cl,
+			rec(t, ns+schemas.TopicUsage, 5001, &pb.UsageEvent{Uin: 5001, Kind: recycle.KindLogin, AtMs: at, Source: "auth"}),
+			rec(t, ns+schemas.TopicUsage, 5002, &pb.UsageEvent{Uin: 5002, Kind: recycle.KindUnban, AtMs: at, Source: "ops"}),
+			rec(t, ns+schemas.TopicUsage, 5003, &pb.UsageEvent{Uin: 5003, Kind: recycle.KindLoginRefused, AtMs: at, Source: "auth"}),
+			rec(t, ns+schemas.TopicUsage, 5003, &pb.UsageEvent{Uin: 5003, Kind: recycle.KindLoginRefused, AtMs: at + 1, Source: "auth"}))
+
+		got := steps(t, s, 3+3+6+1, 3*time.Second)
+		stopped := []pb.RecycleStepKind{pb.RecycleStepKind_TICKET_GRANTED, pb.RecycleStepKind_BAN, pb.RecycleStepKind_STOPPED}
+		for _, u := range []uint64{5001, 5002} {
+			if k := kinds(got[u]); !slices.Equal(k, stopped) {
+				t.Errorf("uin %d: %v, want %v", u, k, stopped)
+			}
+			if ok, _ := s.Accounts.Exists(ctx, uint32(u)); !ok {
+				t.Errorf("uin %d: account deleted though recycling stopped", u)
+			}
+		}
+		if k := kinds(got[5003]); !slices.Equal(k, fullCycle) {
+			t.Errorf("uin 5003: %v, want the full cycle", k)
+		}
+		if k := kinds(got[5004]); !slices.Equal(k, []pb.RecycleStepKind{pb.RecycleStepKind_STOPPED}) || !strings.Contains(got[5004][0].Reason, "refused: logged in") {
+			t.Errorf("uin 5004: %v", got[5004])
+		}
+		banned := reg.NewCounterVec("surge_uin_banned_logins_total", "", "category").With(recycle.Abandoned).Value()
+		if banned != 2 {
+			t.Errorf("banned logins counted %v, want 2", banned)
+		}
+		// The tracker learns that 5001 is alive.
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			tr, _ := s.Tracker.Get(5001)
+			if tr != nil && tr.Verdict == tracker.Live {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("tracker verdict for 5001: %v", tr)
+			}
+			time.Sleep(50 * time.Millisecond)
 		}
 	})
 }
