@@ -22,9 +22,15 @@ type pipeline struct {
 	errs     []error
 }
 
-// component names accepted by `surge run`.
-var components = []string{"presence", "sink-dead-letters", "sink-presence", "sink-grants", "sink-tokens", "sink-ledger",
-	"sink-withdrawals", "sink-job-states", "sink-deliveries", "sink-recycle-steps", "sink-recon"}
+// components are the names `surge run` accepts: the presence processor
+// and every fact sink.
+var components = func() []string {
+	names := []string{"presence"}
+	for _, f := range clickhouse.Facts() {
+		names = append(names, f.Name)
+	}
+	return names
+}()
 
 // defaultComponents are what `embedded` starts.
 var defaultComponents = []string{"presence", "sink-dead-letters", "sink-presence"}
@@ -46,21 +52,21 @@ func startPipeline(ctx context.Context, log *slog.Logger, brokers []string, stor
 				p.presence.WithMirror(ctx, mirror)
 			}
 			run = func(ctx context.Context) error { return p.presence.Run(ctx, brokers, o...) }
-		case "sink-dead-letters", "sink-presence", "sink-grants", "sink-tokens", "sink-ledger",
-			"sink-withdrawals", "sink-job-states", "sink-deliveries", "sink-recycle-steps", "sink-recon":
-			if store == nil {
-				return nil, fmt.Errorf("%s needs ClickHouse", name)
-			}
+		default:
 			var s *clickhouse.Sink
 			for _, f := range clickhouse.Facts() {
 				if f.Name == name {
 					s = f
 				}
 			}
+			if s == nil {
+				return nil, fmt.Errorf("unknown component %q (have %v)", name, components)
+			}
+			if store == nil {
+				return nil, fmt.Errorf("%s needs ClickHouse", name)
+			}
 			s.Bind(store)
 			run = func(ctx context.Context) error { return s.Run(ctx, brokers, o...) }
-		default:
-			return nil, fmt.Errorf("unknown component %q (have %v)", name, components)
 		}
 		p.wg.Add(1)
 		go func() {

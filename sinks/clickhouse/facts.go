@@ -130,6 +130,38 @@ func RecycleSteps() *Sink {
 		}}
 }
 
+// UinRegistrations sinks uin.registrations.
+func UinRegistrations() *Sink {
+	return &Sink{Name: "sink-uin-registrations", Topic: schemas.TopicRegistrations, Table: "uin_registrations",
+		Columns: []string{"uin", "username", "channel", "completed", "at_ms"},
+		Row: func(r *kgo.Record) (string, error) {
+			var g pb.UinRegistration
+			if err := streams.Decode(r, &g); err != nil {
+				return "", err
+			}
+			if g.Uin == 0 || g.Uin > 1<<32-1 {
+				return "", streams.Reject(fmt.Sprintf("uin out of range: %d", g.Uin), nil)
+			}
+			return fmt.Sprintf("(%d, %s, %s, %d, %d)", g.Uin, Quote(g.Username), Quote(g.Channel), b2i(g.Completed), g.AtMs), nil
+		}}
+}
+
+// UinUsage sinks uin.usage.
+func UinUsage() *Sink {
+	return &Sink{Name: "sink-uin-usage", Topic: schemas.TopicUsage, Table: "uin_usage",
+		Columns: []string{"uin", "kind", "source", "at_ms"},
+		Row: func(r *kgo.Record) (string, error) {
+			var u pb.UsageEvent
+			if err := streams.Decode(r, &u); err != nil {
+				return "", err
+			}
+			if u.Uin == 0 || u.Uin > 1<<32-1 {
+				return "", streams.Reject(fmt.Sprintf("uin out of range: %d", u.Uin), nil)
+			}
+			return fmt.Sprintf("(%d, %s, %s, %d)", u.Uin, Quote(u.Kind), Quote(u.Source), u.AtMs), nil
+		}}
+}
+
 // Recon sinks platform.recon.
 func Recon() *Sink {
 	return &Sink{Name: "sink-recon", Topic: schemas.TopicRecon, Table: "recon_results",
@@ -146,5 +178,5 @@ func Recon() *Sink {
 
 // Facts is every fact sink, by name.
 func Facts() []*Sink {
-	return []*Sink{DeadLetters(), Presence(), Grants(), Tokens(), Ledger(), Withdrawals(), JobStates(), Deliveries(), RecycleSteps(), Recon()}
+	return []*Sink{DeadLetters(), Presence(), Grants(), Tokens(), Ledger(), Withdrawals(), JobStates(), Deliveries(), RecycleSteps(), UinRegistrations(), UinUsage(), Recon()}
 }

@@ -180,4 +180,3 @@ func TestEveryStepOnceAcrossCrashesAndCompetingInstances(t *testing.T) {
 		t.Logf("%d kills, %d requests duplicated by the competing scheduler", kills, duplicated.Load())
 	})
 }
-

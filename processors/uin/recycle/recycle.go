@@ -296,6 +296,16 @@ func (c *Controller) State(uin uint32) (*pb.RecycleStep, error) {
 	return getState(c.db, uin)
 }
 
+// LastLogin returns the controller's live login index entry of uin.
+func (c *Controller) LastLogin(uin uint32) (LastLogin, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.db == nil {
+		return LastLogin{}, errors.New("recycle: not running")
+	}
+	return getLogin(c.db, uin)
+}
+
 // next is the only step that may follow each step (the queue's order).
 var next = map[pb.RecycleStepKind]pb.RecycleStepKind{
 	pb.RecycleStepKind_RECYCLE_STEP_UNSPECIFIED: pb.RecycleStepKind_TICKET_GRANTED,
