@@ -200,6 +200,24 @@ redis.call('SREM', KEYS[3], ARGV[1])
 redis.call('SETBIT', KEYS[1], ARGV[1], 1)
 return 1`)
 
+// TakeOne hands out one uin straight from the central pool, marked used,
+// for a one-off allocation outside the allocators (the restore tool),
+// which must not strand a leased chunk.
+func (c *Central) TakeOne(ctx context.Context, rng *rand.Rand) (uint32, error) {
+	order := rng.Perm(c.buckets)
+	for _, b := range order {
+		v, err := c.rdb.SPop(ctx, c.prefix+"bucket:"+strconv.Itoa(b)).Uint64()
+		if errors.Is(err, redis.Nil) {
+			continue
+		}
+		if err != nil {
+			return 0, err
+		}
+		return uint32(v), c.setBits(ctx, c.used(), []uint32{uint32(v)})
+	}
+	return 0, ErrExhausted
+}
+
 // InUse reports whether uin is marked in use.
 func (c *Central) InUse(ctx context.Context, uin uint32) (bool, error) {
 	n, err := c.rdb.GetBit(ctx, c.used(), int64(uin)).Result()

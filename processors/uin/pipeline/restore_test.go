@@ -1,0 +1,125 @@
+package pipeline_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"surge/processors/uin/account"
+	"surge/processors/uin/pipeline"
+	"surge/processors/uin/restore"
+	"surge/processors/uin/tracker"
+	"surge/schemas"
+	pb "surge/schemas/surgev1"
+	"surge/streams"
+	"surge/streams/streamstest"
+)
+
+// TestRestoreBothWays recycles two accounts, lets somebody else take one of
+// the uins, and restores both: one onto its old uin, one onto a new uin,
+// each with its profile, moments and friends.
+func TestRestoreBothWays(t *testing.T) {
+	streamstest.EachStack(t, func(t *testing.T, b streamstest.Backend, rdb *redis.Client) {
+		s := newStack(t, b, rdb, pipeline.Options{Policy: testPolicy(100 * time.Millisecond)})
+		ns := s.Opts.Namespace
+		ctx := context.Background()
+		now := time.Now().UnixMilli()
+		if err := s.Accounts.Create(ctx, account.Account{Uin: 6002, Username: "bob"}); err != nil {
+			t.Fatal(err)
+		}
+		var recs []*kgo.Record
+		for _, a := range []account.Account{
+			{Uin: 6001, Username: "alice", Profile: map[string]string{"nick": "Al"}, Friends: []uint32{6002}, Moments: []string{"hello", "spring"}},
+			{Uin: 6003, Username: "carol", Profile: map[string]string{"nick": "C"}, Friends: []uint32{6002, 6001}},
+		} {
+			if err := s.Accounts.Create(ctx, a); err != nil {
+				t.Fatal(err)
+			}
+			u := uint64(a.Uin)
+			recs = append(recs, rec(t, ns+schemas.TopicRegistrations, u, &pb.UinRegistration{Uin: u, Username: a.Username, AtMs: now, Completed: true}))
+			for i := range 3 {
+				recs = append(recs, rec(t, ns+schemas.TopicUsage, u, &pb.UsageEvent{Uin: u, Kind: tracker.KindSpamReport, AtMs: now + int64(i)}))
+			}
+		}
+		streamstest.ProduceSync(t, streamstest.Client(t, b.Brokers), recs...)
+		// Spare uins in the pool for a reused uin's owner.
+		if _, err := s.Pool.Insert(ctx, []uint32{9001, 9002, 9003}); err != nil {
+			t.Fatal(err)
+		}
+		start(t, s)
+		got := steps(t, s, 12, time.Second)
+		for _, u := range []uint64{6001, 6003} {
+			if k := kinds(got[u]); !slices.Equal(k, fullCycle) {
+				t.Fatalf("uin %d: %v", u, k)
+			}
+		}
+		// Dave gets 6003 (it was pooled).
+		if ok, err := s.Pool.Claim(ctx, 6003); err != nil || !ok {
+			t.Fatalf("claim 6003 for dave: %v %v", ok, err)
+		}
+		if err := s.Accounts.Create(ctx, account.Account{Uin: 6003, Username: "dave"}); err != nil {
+			t.Fatal(err)
+		}
+
+		tool := &restore.Tool{Brokers: b.Brokers, Namespace: ns, Accounts: s.Accounts, Pool: s.Pool}
+		al, err := tool.Restore(ctx, "alice")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if al.Uin != 6001 || al.Reused || al.Friends != 1 {
+			t.Errorf("alice: %+v, want back on 6001 with her friend", al)
+		}
+		a, err := s.Accounts.Load(ctx, al.Uin)
+		if err != nil || a.Username != "alice" || a.Profile["nick"] != "Al" || !slices.Equal(a.Moments, []string{"hello", "spring"}) || !slices.Equal(a.Friends, []uint32{6002}) {
+			t.Errorf("alice restored as %+v (%v)", a, err)
+		}
+		if in, _ := rdb.SIsMember(ctx, ns+"pool:bucket:1", 6001).Result(); in {
+			t.Error("6001 still in the pool after alice got it back")
+		}
+
+		ca, err := tool.Restore(ctx, "carol")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ca.Reused || ca.Uin == 6003 || ca.Uin < 9001 || ca.Uin > 9003 || ca.Friends != 2 {
+			t.Errorf("carol: %+v, want a new uin from the pool and both friends", ca)
+		}
+		c, err := s.Accounts.Load(ctx, ca.Uin)
+		if err != nil || c.Username != "carol" || c.Profile["nick"] != "C" {
+			t.Errorf("carol restored as %+v (%v)", c, err)
+		}
+		if d, err := s.Accounts.Load(ctx, 6003); err != nil || d.Username != "dave" {
+			t.Errorf("dave's account on 6003 disturbed: %+v (%v)", d, err)
+		}
+		if inUse, _ := s.Pool.InUse(ctx, ca.Uin); !inUse {
+			t.Errorf("carol's new uin %d not marked in use", ca.Uin)
+		}
+
+		if _, err := tool.Restore(ctx, "alice"); !errors.Is(err, restore.ErrLive) {
+			t.Errorf("restoring a live account: %v", err)
+		}
+		if _, err := tool.Restore(ctx, "nobody"); !errors.Is(err, restore.ErrNoBackup) {
+			t.Errorf("restoring without a backup: %v", err)
+		}
+		// Both restores are announced as registrations.
+		var restored []string
+		for _, r := range streamstest.ReadN(t, b.Brokers, ns+schemas.TopicRegistrations, true, 6, 10*time.Second, time.Second) {
+			var g pb.UinRegistration
+			if err := streams.Decode(r, &g); err != nil {
+				t.Fatal(err)
+			}
+			if g.Channel == tracker.ChannelRestore {
+				restored = append(restored, fmt.Sprintf("%s@%d", g.Username, g.Uin))
+			}
+		}
+		if want := []string{"alice@6001", fmt.Sprintf("carol@%d", ca.Uin)}; !slices.Equal(slices.Sorted(slices.Values(restored)), want) {
+			t.Errorf("restore registrations %v, want %v", restored, want)
+		}
+	})
+}
