@@ -162,7 +162,8 @@ func OnCommit(fn func(in, out int)) Option { return func(c *config) { c.onCommit
 func StaticMembership() Option { return func(c *config) { c.static = true } }
 
 // OnBatchEnd is called once per batch after it ends: committed is false when
-// it was aborted and will be consumed again. A processor that caches state
+// it was aborted and will be consumed again, and also before a batch whose
+// handler failed part-way is processed again from its first record. A processor that caches state
 // stages its changes during the batch and applies them here only on commit,
 // so a replayed batch sees the state it saw the first time.
 func OnBatchEnd(fn func(committed bool)) Option { return func(c *config) { c.onBatchEnd = fn } }

@@ -25,8 +25,12 @@ import (
 type Restorer struct {
 	brokers []string
 	topics  []string
-	clear   func(partition int32) error
+	clear   func(partitions map[int32]bool) error
 	apply   func(r *kgo.Record) error
+
+	// AfterRebuild, if set, runs when a rebuild has read every changelog
+	// record (a store that buffers apply's writes flushes them here).
+	AfterRebuild func() error
 
 	mu    sync.Mutex
 	stale map[int32]bool
@@ -36,7 +40,7 @@ type Restorer struct {
 // NewRestorer rebuilds with clear (drop a partition's state) then apply
 // (each changelog record of it, in order), reading topics up to their last
 // stable offsets.
-func NewRestorer(brokers []string, clear func(int32) error, apply func(*kgo.Record) error, topics ...string) *Restorer {
+func NewRestorer(brokers []string, clear func(map[int32]bool) error, apply func(*kgo.Record) error, topics ...string) *Restorer {
 	return &Restorer{brokers: brokers, topics: topics, clear: clear, apply: apply, stale: map[int32]bool{}, owned: map[int32]bool{}}
 }
 
@@ -84,12 +88,20 @@ func (r *Restorer) Ensure(ctx context.Context, partition int32) error {
 // Rebuild clears partitions and replays the changelogs' same partitions
 // into the store.
 func (r *Restorer) Rebuild(ctx context.Context, partitions ...int32) error {
+	set := make(map[int32]bool, len(partitions))
 	for _, p := range partitions {
-		if err := r.clear(p); err != nil {
-			return fmt.Errorf("restore: clear partition %d: %w", p, err)
-		}
+		set[p] = true
 	}
-	return ReadPartitions(ctx, r.brokers, r.topics, partitions, r.apply)
+	if err := r.clear(set); err != nil {
+		return fmt.Errorf("restore: clear partitions %v: %w", partitions, err)
+	}
+	if err := ReadPartitions(ctx, r.brokers, r.topics, partitions, r.apply); err != nil {
+		return err
+	}
+	if r.AfterRebuild != nil {
+		return r.AfterRebuild()
+	}
+	return nil
 }
 
 // ReadPartitions reads the given partitions of topics from their start to

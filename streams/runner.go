@@ -234,7 +234,12 @@ func (r *Runner) runBatch(work, ctx context.Context, c committer, recs []*kgo.Re
 	// Transient handler errors retry the batch in place (outputs are not
 	// produced yet); process dead-letters a record once its attempts run out.
 	dlq := 0
+	retry := false
 	ok := r.retryUntil(ctx, "handler (batch)", func() (err error) {
+		if retry && r.cfg.onBatchEnd != nil {
+			r.cfg.onBatchEnd(false) // forget what the failed attempt staged
+		}
+		retry = true
 		dlq, err = r.process(work, recs)
 		return err
 	})

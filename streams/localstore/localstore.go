@@ -9,6 +9,7 @@ import (
 	"os"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/bloom"
 )
 
 // Open opens (creating) a Pebble store in dir. With fresh set the directory
@@ -22,7 +23,18 @@ func Open(dir string, fresh bool, log *slog.Logger) (*pebble.DB, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	db, err := pebble.Open(dir, &pebble.Options{Logger: logger{log}})
+	opts := &pebble.Options{
+		Logger: logger{log},
+		// Processors mostly ask "do I know this key?" of keys they have
+		// never seen (a new uin, a new order number): bloom filters answer
+		// that without reading blocks.
+		CacheSize:    64 << 20,
+		MemTableSize: 64 << 20,
+	}
+	for i := range opts.Levels {
+		opts.Levels[i].FilterPolicy = bloom.FilterPolicy(10)
+	}
+	db, err := pebble.Open(dir, opts)
 	if err != nil {
 		return nil, fmt.Errorf("localstore: open %s: %w", dir, err)
 	}

@@ -111,6 +111,87 @@ func (s *Store) Load(ctx context.Context, uin uint32) (Account, error) {
 	return a, nil
 }
 
+// BackupMany loads the accounts on uins and converts them to backups in two
+// round trips whatever their number (the recycle controller's batches).
+// Uins without an account are absent from the result.
+func (s *Store) BackupMany(ctx context.Context, uins []uint32) (map[uint32]*pb.AccountBackup, error) {
+	pipe := s.rdb.Pipeline()
+	type cmds struct {
+		h  *redis.MapStringStringCmd
+		fr *redis.StringSliceCmd
+		ms *redis.StringSliceCmd
+	}
+	got := make([]cmds, len(uins))
+	for i, u := range uins {
+		k := s.key(u)
+		got[i] = cmds{pipe.HGetAll(ctx, k), pipe.SMembers(ctx, k+":friends"), pipe.LRange(ctx, k+":moments", 0, -1)}
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, err
+	}
+	out := make(map[uint32]*pb.AccountBackup, len(uins))
+	names := s.rdb.Pipeline()
+	friendNames := map[uint32][]*redis.StringCmd{}
+	for i, u := range uins {
+		h := got[i].h.Val()
+		if len(h) == 0 {
+			continue
+		}
+		b := &pb.AccountBackup{Username: h["username"], OldUin: uint64(u), Profile: map[string]string{}, Moments: got[i].ms.Val()}
+		for f, v := range h {
+			if len(f) > 2 && f[:2] == "p:" {
+				b.Profile[f[2:]] = v
+			}
+		}
+		for _, f := range got[i].fr.Val() {
+			friendNames[u] = append(friendNames[u], names.HGet(ctx, s.prefix+"acct:"+f, "username"))
+		}
+		out[u] = b
+	}
+	if names.Len() > 0 {
+		if _, err := names.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+			return nil, err
+		}
+	}
+	for u, cmds := range friendNames {
+		for _, c := range cmds {
+			if c.Val() != "" {
+				out[u].Friends = append(out[u].Friends, c.Val())
+			}
+		}
+	}
+	return out, nil
+}
+
+// Deletion names an account to delete.
+type Deletion struct {
+	Uin      uint32
+	Username string
+}
+
+// DeleteMany deletes accounts in one round trip; see Delete.
+func (s *Store) DeleteMany(ctx context.Context, ds []Deletion) error {
+	if len(ds) == 0 {
+		return nil
+	}
+	pipe := s.rdb.Pipeline()
+	for _, d := range ds {
+		k := s.key(d.Uin)
+		pipe.Del(ctx, k, k+":friends", k+":moments")
+		if d.Username != "" {
+			unmap.Eval(ctx, pipe, []string{s.unameKey(d.Username)}, strconv.FormatUint(uint64(d.Uin), 10))
+		}
+	}
+	_, err := pipe.Exec(ctx)
+	if errors.Is(err, redis.Nil) {
+		err = nil
+	}
+	return err
+}
+
+// unmap drops a username's mapping only if it still points at the uin.
+var unmap = redis.NewScript(`if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end return 0`)
+
 // Exists reports whether uin holds a live account.
 func (s *Store) Exists(ctx context.Context, uin uint32) (bool, error) {
 	n, err := s.rdb.Exists(ctx, s.key(uin)).Result()
@@ -133,8 +214,7 @@ func (s *Store) Delete(ctx context.Context, uin uint32, username string) error {
 	pipe := s.rdb.TxPipeline()
 	pipe.Del(ctx, k, k+":friends", k+":moments")
 	if username != "" {
-		pipe.Eval(ctx, `if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end return 0`,
-			[]string{s.unameKey(username)}, strconv.FormatUint(uint64(uin), 10))
+		unmap.Eval(ctx, pipe, []string{s.unameKey(username)}, strconv.FormatUint(uint64(uin), 10))
 	}
 	_, err := pipe.Exec(ctx)
 	if errors.Is(err, redis.Nil) {

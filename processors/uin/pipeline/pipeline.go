@@ -32,7 +32,8 @@ type Options struct {
 	Tracker     tracker.Config
 	Policy      recycle.Policy
 	Buckets     int // central pool buckets (seed: 1,000)
-	Controllers int // recycle controller instances (default 1; -1: none, they run elsewhere)
+	Controllers int  // recycle controller instances (default 1; -1: none, they run elsewhere)
+	NoTracker   bool // stock-only runs: accounts past the registration checks
 	StreamOpts  []streams.Option
 	Log         *slog.Logger
 	Metrics     *metrics.Registry
@@ -101,7 +102,9 @@ func (s *Stack) Start(ctx context.Context) {
 	tc := s.Opts.Tracker
 	tc.Namespace, tc.Dir, tc.Log, tc.Metrics = ns, filepath.Join(s.Opts.Dir, "tracker"), s.Opts.Log, s.Opts.Metrics
 	s.Tracker = tracker.New(tc, s.Brokers)
-	s.run(ctx, "tracker", func(ctx context.Context) error { return s.Tracker.Run(ctx, s.streamOpts("uin-tracker")...) })
+	if !s.Opts.NoTracker {
+		s.run(ctx, "tracker", func(ctx context.Context) error { return s.Tracker.Run(ctx, s.streamOpts("uin-tracker")...) })
+	}
 	for i := range s.Opts.Controllers {
 		s.StartController(ctx, i)
 	}

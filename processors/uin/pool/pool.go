@@ -181,6 +181,58 @@ func (c *Central) Free(ctx context.Context, uins ...uint32) error {
 	return err
 }
 
+// Status reports, per uin, whether it is in use and whether it is leased,
+// in one round trip.
+func (c *Central) Status(ctx context.Context, uins []uint32) (used, leased []bool, err error) {
+	pipe := c.rdb.Pipeline()
+	u := make([]*redis.IntCmd, len(uins))
+	l := make([]*redis.IntCmd, len(uins))
+	for i, x := range uins {
+		u[i] = pipe.GetBit(ctx, c.used(), int64(x))
+		l[i] = pipe.GetBit(ctx, c.leased(), int64(x))
+	}
+	if len(uins) > 0 {
+		if _, err := pipe.Exec(ctx); err != nil {
+			return nil, nil, err
+		}
+	}
+	used, leased = make([]bool, len(uins)), make([]bool, len(uins))
+	for i := range uins {
+		used[i], leased[i] = u[i].Val() == 1, l[i].Val() == 1
+	}
+	return used, leased, nil
+}
+
+// InsertIfFree pools uins in one round trip, each only if it is neither in
+// use nor leased at that moment (checked in Redis, atomically with the
+// add); it returns the uins it refused. Re-inserting a pooled uin is a
+// no-op, so the call may be repeated.
+func (c *Central) InsertIfFree(ctx context.Context, uins []uint32) ([]uint32, error) {
+	pipe := c.rdb.Pipeline()
+	cmds := make([]*redis.Cmd, len(uins))
+	for i, u := range uins {
+		cmds[i] = insertIfFree.Eval(ctx, pipe, []string{c.used(), c.leased(), c.bucket(u)}, u)
+	}
+	if len(uins) == 0 {
+		return nil, nil
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, err
+	}
+	var refused []uint32
+	for i, cmd := range cmds {
+		if n, _ := cmd.Int(); n == 0 {
+			refused = append(refused, uins[i])
+		}
+	}
+	return refused, nil
+}
+
+var insertIfFree = redis.NewScript(`
+if redis.call('GETBIT', KEYS[1], ARGV[1]) == 1 or redis.call('GETBIT', KEYS[2], ARGV[1]) == 1 then return 0 end
+redis.call('SADD', KEYS[3], ARGV[1])
+return 1`)
+
 // Claim takes a uin for an account outside allocation (the restore tool
 // giving a user back the old uin): it succeeds only when the uin is in no
 // local pool and not in use, removing it from the central pool if it was

@@ -32,7 +32,6 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"google.golang.org/protobuf/proto"
 
 	"surge/processors/timer"
 	"surge/processors/uin/account"
@@ -97,8 +96,11 @@ type Controller struct {
 	db      *pebble.DB
 	restore *streams.Restorer
 
-	mu     sync.Mutex // the handler, the batch end and reads
-	staged *pebble.Batch
+	mu       sync.Mutex // the handler, the batch hooks and reads
+	staged   *store     // the batch in flight
+	restored *store     // a rebuild in progress
+	prefetch prefetched // Redis reads for the batch in flight
+	effects  effects    // Redis writes of the batch in flight, made before it commits
 
 	mApplied, mRefused metrics.CounterVec
 	mBannedLogins      metrics.CounterVec
@@ -127,17 +129,13 @@ func New(cfg Config, brokers []string) *Controller {
 		mRefused:      cfg.Metrics.NewCounterVec("surge_uin_recycle_refused_total", "recycle requests not applied", "reason"),
 		mBannedLogins: cfg.Metrics.NewCounterVec("surge_uin_banned_logins_total", "login attempts of accounts banned for recycling", "category"),
 	}
-	c.restore = streams.NewRestorer(brokers, c.clearPartition, c.applyChangelog,
+	c.restore = streams.NewRestorer(brokers, c.clearPartitions, c.applyChangelog,
 		c.topic(schemas.TopicRecycleSteps), c.topic(schemas.TopicUsage))
+	c.restore.AfterRebuild = func() error { return c.restored.commit() }
 	return c
 }
 
 func (c *Controller) topic(name string) string { return c.cfg.Namespace + name }
-
-// Keys: 's' uin(4) -> the uin's last applied step (its ticket state);
-// 'l' uin(4) -> newest login by auth(8) and by device(8).
-func stateKey(uin uint32) []byte { return binary.BigEndian.AppendUint32([]byte{'s'}, uin) }
-func loginKey(uin uint32) []byte { return binary.BigEndian.AppendUint32([]byte{'l'}, uin) }
 
 // Key is the record key of everything about uin.
 func Key(uin uint32) []byte { return binary.BigEndian.AppendUint32(nil, uin) }
@@ -150,7 +148,7 @@ func (c *Controller) Run(ctx context.Context, opts ...streams.Option) error {
 	}
 	defer db.Close()
 	c.mu.Lock()
-	c.db, c.staged = db, db.NewIndexedBatch()
+	c.db, c.staged, c.restored = db, newStore(db), newStore(db)
 	c.mu.Unlock()
 	opts = append([]streams.Option{
 		streams.Brokers(c.brokers...),
@@ -159,6 +157,8 @@ func (c *Controller) Run(ctx context.Context, opts ...streams.Option) error {
 		streams.WithGuarantee(streams.ExactlyOnce),
 		streams.DeadLetterTopic(c.topic(schemas.TopicDeadLetter)),
 		streams.ClientOpts(kgo.Balancers(kgo.RangeBalancer())), // requests and usage co-partitioned by uin
+		streams.BeforeBatch(c.prefetchBatch),
+		streams.BeforeCommit(c.applyEffects),
 		streams.OnBatchEnd(c.batchEnd),
 		streams.MaxAttempts(math.MaxInt32), // Redis down delays a step, never drops it
 		c.restore.Option(),
@@ -173,19 +173,19 @@ func (c *Controller) Run(ctx context.Context, opts ...streams.Option) error {
 func (c *Controller) batchEnd(committed bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if committed {
-		if err := c.staged.Commit(pebble.NoSync); err != nil {
-			c.cfg.Log.Error("recycle: pebble commit failed; exiting so the restart rebuilds it", "err", err)
-			panic(err)
-		}
-	} else {
-		_ = c.staged.Close()
+	c.prefetch, c.effects = prefetched{}, effects{}
+	if !committed {
+		c.staged.discard()
+		return
 	}
-	c.staged = c.db.NewIndexedBatch()
+	if err := c.staged.commit(); err != nil {
+		c.cfg.Log.Error("recycle: pebble commit failed; exiting so the restart rebuilds it", "err", err)
+		panic(err)
+	}
 }
 
-// clearPartition drops the state of the uins in partition p.
-func (c *Controller) clearPartition(p int32) error {
+// clearPartitions drops the state of the uins in partitions ps.
+func (c *Controller) clearPartitions(ps map[int32]bool) error {
 	it, err := c.db.NewIter(nil)
 	if err != nil {
 		return err
@@ -194,7 +194,7 @@ func (c *Controller) clearPartition(p int32) error {
 	b := c.db.NewBatch()
 	defer b.Close()
 	for ok := it.First(); ok; ok = it.Next() {
-		if k := it.Key(); len(k) == 5 && int32(streams.PartitionFor(k[1:], c.cfg.Partitions)) == p {
+		if k := it.Key(); len(k) == 5 && ps[int32(streams.PartitionFor(k[1:], c.cfg.Partitions))] {
 			_ = b.Delete(k, nil)
 		}
 	}
@@ -203,50 +203,26 @@ func (c *Controller) clearPartition(p int32) error {
 
 // applyChangelog rebuilds state from one applied step or usage event.
 func (c *Controller) applyChangelog(r *kgo.Record) error {
-	w := c.db.NewIndexedBatch()
-	defer w.Close()
 	switch r.Topic {
 	case c.topic(schemas.TopicRecycleSteps):
 		var s pb.RecycleStep
-		if streams.Decode(r, &s) != nil || s.Uin == 0 || s.Uin > math.MaxUint32 {
+		if streams.Decode(r, &s) != nil || validUin(s.Uin) != nil {
 			return nil
 		}
-		setState(w, &s)
+		c.restored.setState(&s)
 	default:
 		var u pb.UsageEvent
-		if streams.Decode(r, &u) != nil || u.Uin == 0 || u.Uin > math.MaxUint32 {
+		if streams.Decode(r, &u) != nil || validUin(u.Uin) != nil {
 			return nil
 		}
-		if err := noteLogin(w, w, &u); err != nil {
+		if err := c.restored.noteLogin(&u); err != nil {
 			return err
 		}
 	}
-	return w.Commit(pebble.NoSync)
-}
-
-// setState records an applied step: the state is the last applied step of
-// an open ticket, gone once the ticket ends.
-func setState(w *pebble.Batch, s *pb.RecycleStep) {
-	k := stateKey(uint32(s.Uin))
-	if s.Step == pb.RecycleStepKind_RELEASE || s.Step == pb.RecycleStepKind_STOPPED {
-		_ = w.Delete(k, nil)
-		return
+	if c.restored.size() >= 100_000 {
+		return c.restored.commit()
 	}
-	v, _ := proto.Marshal(s)
-	_ = w.Set(k, v, nil)
-}
-
-func getState(r pebble.Reader, uin uint32) (*pb.RecycleStep, error) {
-	v, cl, err := r.Get(stateKey(uin))
-	if errors.Is(err, pebble.ErrNotFound) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	defer cl.Close()
-	s := new(pb.RecycleStep)
-	return s, proto.Unmarshal(v, s)
+	return nil
 }
 
 // LastLogin is the newest login of a uin as two independent sources saw
@@ -257,43 +233,14 @@ type LastLogin struct{ Auth, Device int64 }
 // Newest is the later of the two.
 func (l LastLogin) Newest() int64 { return max(l.Auth, l.Device) }
 
-func getLogin(r pebble.Reader, uin uint32) (LastLogin, error) {
-	v, cl, err := r.Get(loginKey(uin))
-	if errors.Is(err, pebble.ErrNotFound) {
-		return LastLogin{}, nil
-	}
-	if err != nil {
-		return LastLogin{}, err
-	}
-	defer cl.Close()
-	return LastLogin{int64(binary.BigEndian.Uint64(v)), int64(binary.BigEndian.Uint64(v[8:]))}, nil
-}
-
-func noteLogin(w *pebble.Batch, r pebble.Reader, u *pb.UsageEvent) error {
-	if u.Kind != KindLogin {
-		return nil
-	}
-	l, err := getLogin(r, uint32(u.Uin))
-	if err != nil {
-		return err
-	}
-	if u.Source == "device" {
-		l.Device = max(l.Device, u.AtMs)
-	} else {
-		l.Auth = max(l.Auth, u.AtMs)
-	}
-	v := binary.BigEndian.AppendUint64(binary.BigEndian.AppendUint64(nil, uint64(l.Auth)), uint64(l.Device))
-	return w.Set(loginKey(uint32(u.Uin)), v, nil)
-}
-
-// State returns the uin's open ticket at its last applied step (nil: none).
+// State returns the uin's last ticket at its last applied step (nil: none).
 func (c *Controller) State(uin uint32) (*pb.RecycleStep, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.db == nil {
 		return nil, errors.New("recycle: not running")
 	}
-	return getState(c.db, uin)
+	return newStore(c.db).state(uin)
 }
 
 // LastLogin returns the controller's live login index entry of uin.
@@ -303,7 +250,7 @@ func (c *Controller) LastLogin(uin uint32) (LastLogin, error) {
 	if c.db == nil {
 		return LastLogin{}, errors.New("recycle: not running")
 	}
-	return getLogin(c.db, uin)
+	return newStore(c.db).login(uin)
 }
 
 // next is the only step that may follow each step (the queue's order).
@@ -366,12 +313,15 @@ func (s *step) usage(u *pb.UsageEvent) error {
 		return err
 	}
 	c := s.c
-	if err := noteLogin(c.staged, c.staged, u); err != nil {
+	if err := c.staged.noteLogin(u); err != nil {
 		return err
 	}
-	cur, err := getState(c.staged, uint32(u.Uin))
-	if err != nil || cur == nil {
+	cur, err := c.staged.state(uint32(u.Uin))
+	if err != nil || ended(cur) {
 		return err
+	}
+	if u.AtMs <= cur.LastLoginMs {
+		return nil // the check already knew of it (usage is consumed late, and replayed)
 	}
 	switch u.Kind {
 	case KindLogin, KindUnban:
@@ -393,7 +343,7 @@ func (s *step) request(req *pb.RecycleStep) error {
 	}
 	c := s.c
 	uin := uint32(req.Uin)
-	cur, err := getState(c.staged, uin)
+	cur, err := c.staged.state(uin)
 	if err != nil {
 		return err
 	}
@@ -447,11 +397,11 @@ func (s *step) grant(cur, req *pb.RecycleStep) error {
 	if req.TicketId == "" {
 		return streams.Reject(fmt.Sprintf("ticket grant for uin %d without a ticket id", req.Uin), nil)
 	}
-	if cur != nil {
+	if !ended(cur) {
 		c.mRefused.With("ticket_open").Inc()
 		return nil // another check granted it first; one ticket per uin
 	}
-	l, err := getLogin(c.staged, uint32(req.Uin))
+	l, err := c.staged.login(uint32(req.Uin))
 	if err != nil {
 		return err
 	}
@@ -485,7 +435,7 @@ func (s *step) ban(cur *pb.RecycleStep) error {
 func (s *step) backup(cur *pb.RecycleStep) error {
 	c := s.c
 	uin := uint32(cur.Uin)
-	l, err := getLogin(c.staged, uin)
+	l, err := c.staged.login(uin)
 	if err != nil {
 		return err
 	}
@@ -493,22 +443,18 @@ func (s *step) backup(cur *pb.RecycleStep) error {
 		return s.stop(cur, fmt.Sprintf("logged in at %d during the ban", l.Newest()))
 	}
 	b := s.advance(cur, pb.RecycleStepKind_BACKUP, time.Time{})
-	a, err := c.cfg.Accounts.Load(s.ctx, uin)
+	bk, err := c.backupOf(s.ctx, uin)
 	switch {
-	case errors.Is(err, account.ErrNoAccount):
-		b.Reason = "no account data to back up"
 	case err != nil:
 		return err
+	case bk == nil:
+		b.Reason = "no account data to back up"
 	default:
-		bk, err := c.cfg.Accounts.Backup(s.ctx, a)
-		if err != nil {
-			return err
-		}
 		bk.BackedUpAtMs, bk.TicketId, bk.Category = s.now.UnixMilli(), cur.TicketId, cur.Category
-		if err := s.out.EmitMsg(c.topic(schemas.TopicBackups), []byte(a.Username), bk); err != nil {
+		if err := s.out.EmitMsg(c.topic(schemas.TopicBackups), []byte(bk.Username), bk); err != nil {
 			return err
 		}
-		b.Username = a.Username
+		b.Username = bk.Username
 	}
 	if err := s.apply(b); err != nil {
 		return err
@@ -519,12 +465,6 @@ func (s *step) backup(cur *pb.RecycleStep) error {
 func (s *step) delete(cur *pb.RecycleStep) error {
 	c := s.c
 	uin := uint32(cur.Uin)
-	if err := c.cfg.Accounts.Delete(s.ctx, uin, cur.Username); err != nil {
-		return err
-	}
-	if err := c.cfg.Pool.Free(s.ctx, uin); err != nil {
-		return err
-	}
 	if err := s.out.EmitMsg(c.topic(schemas.TopicDeletions), Key(uin), &pb.DeletionNotice{Uin: cur.Uin,
 		Username: cur.Username, TicketId: cur.TicketId, Category: cur.Category, AtMs: s.now.UnixMilli()}); err != nil {
 		return err
@@ -533,6 +473,8 @@ func (s *step) delete(cur *pb.RecycleStep) error {
 	if err := s.apply(d); err != nil {
 		return err
 	}
+	// Written before the batch commits (applyEffects).
+	c.effects.deletes = append(c.effects.deletes, account.Deletion{Uin: uin, Username: cur.Username})
 	return s.requestNext(d, pb.RecycleStepKind_COOL_DOWN)
 }
 
@@ -545,21 +487,22 @@ func (s *step) coolDown(cur *pb.RecycleStep) error {
 	return s.schedule(cd, "release", until, pb.RecycleStepKind_RELEASE)
 }
 
-// release puts the uin into the central pool. A uin already pooled or
-// leased was put there by this step's earlier, aborted attempt; one in use
-// was taken back by a restore, and stays out.
+// release puts the uin into the central pool, unless a restore has taken
+// it back (it is in use), in which case it stays out.
 func (s *step) release(cur *pb.RecycleStep) error {
 	c := s.c
 	uin := uint32(cur.Uin)
-	errs, err := c.cfg.Pool.Insert(s.ctx, []uint32{uin})
+	used, err := c.inUse(s.ctx, uin)
 	if err != nil {
 		return err
 	}
 	change := &pb.PoolChange{Uin: cur.Uin, Op: pb.PoolChange_INSERT, Bucket: uin % 1000, AtMs: s.now.UnixMilli()}
 	r := s.advance(cur, pb.RecycleStepKind_RELEASE, time.Time{})
-	if e := errs[0]; e != nil && !errors.Is(e, pool.ErrInPool) && !errors.Is(e, pool.ErrLeased) {
-		change.Op, change.Reason = pb.PoolChange_REFUSED, e.Error()
-		r.Reason = "not pooled: " + e.Error()
+	if used {
+		change.Op, change.Reason = pb.PoolChange_REFUSED, fmt.Sprintf("uin in use: %d", uin)
+		r.Reason = "not pooled: " + change.Reason
+	} else {
+		c.effects.releases = append(c.effects.releases, uin)
 	}
 	if err := s.out.EmitMsg(c.topic(schemas.TopicPool), binary.BigEndian.AppendUint32(nil, uin%1000), change); err != nil {
 		return err
@@ -600,7 +543,7 @@ func (s *step) apply(st *pb.RecycleStep) error {
 	if err := s.out.EmitMsg(s.c.topic(schemas.TopicRecycleSteps), Key(uint32(st.Uin)), st); err != nil {
 		return err
 	}
-	setState(s.c.staged, st)
+	s.c.staged.setState(st)
 	s.c.mApplied.With(st.Step.String()).Inc()
 	return nil
 }

@@ -116,7 +116,7 @@ func New(cfg Config, brokers []string) *Tracker {
 	}
 	t := &Tracker{cfg: cfg, brokers: brokers,
 		mVerdicts: cfg.Metrics.NewCounterVec("surge_uin_tracking_verdicts_total", "registration check verdicts", "verdict")}
-	t.restore = streams.NewRestorer(brokers, t.clearPartition, t.applyChangelog, t.topic(schemas.TopicTracking))
+	t.restore = streams.NewRestorer(brokers, t.clearPartitions, t.applyChangelog, t.topic(schemas.TopicTracking))
 	return t
 }
 
@@ -165,7 +165,7 @@ func (t *Tracker) batchEnd(committed bool) {
 	t.staged = t.db.NewIndexedBatch()
 }
 
-func (t *Tracker) clearPartition(p int32) error {
+func (t *Tracker) clearPartitions(ps map[int32]bool) error {
 	it, err := t.db.NewIter(nil)
 	if err != nil {
 		return err
@@ -174,7 +174,7 @@ func (t *Tracker) clearPartition(p int32) error {
 	b := t.db.NewBatch()
 	defer b.Close()
 	for ok := it.First(); ok; ok = it.Next() {
-		if k := it.Key(); len(k) == 5 && int32(streams.PartitionFor(k[1:], t.cfg.Partitions)) == p {
+		if k := it.Key(); len(k) == 5 && ps[int32(streams.PartitionFor(k[1:], t.cfg.Partitions))] {
 			_ = b.Delete(k, nil)
 		}
 	}
