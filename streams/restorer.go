@@ -32,6 +32,9 @@ type Restorer struct {
 	// record (a store that buffers apply's writes flushes them here).
 	AfterRebuild func() error
 
+	group  string          // see InputsOf
+	inputs map[string]bool // changelogs that are also the processor's inputs
+
 	mu    sync.Mutex
 	stale map[int32]bool
 	owned map[int32]bool
@@ -42,6 +45,18 @@ type Restorer struct {
 // stable offsets.
 func NewRestorer(brokers []string, clear func(map[int32]bool) error, apply func(*kgo.Record) error, topics ...string) *Restorer {
 	return &Restorer{brokers: brokers, topics: topics, clear: clear, apply: apply, stale: map[int32]bool{}, owned: map[int32]bool{}}
+}
+
+// InputsOf marks changelog topics that are also inputs of the processor's
+// group: their records up to the group's committed offset were applied by
+// whoever owned the partition before, and the rest the processor consumes
+// itself, so a rebuild reads them only that far (never twice).
+func (r *Restorer) InputsOf(group string, topics ...string) *Restorer {
+	r.group, r.inputs = group, map[string]bool{}
+	for _, t := range topics {
+		r.inputs[t] = true
+	}
+	return r
 }
 
 // Option hooks the restorer into a Runner's group membership.
@@ -95,7 +110,14 @@ func (r *Restorer) Rebuild(ctx context.Context, partitions ...int32) error {
 	if err := r.clear(set); err != nil {
 		return fmt.Errorf("restore: clear partitions %v: %w", partitions, err)
 	}
-	if err := ReadPartitions(ctx, r.brokers, r.topics, partitions, r.apply); err != nil {
+	var upTo map[string]map[int32]int64
+	if r.group != "" {
+		var err error
+		if upTo, err = committedOffsets(ctx, r.brokers, r.group, r.inputs); err != nil {
+			return err
+		}
+	}
+	if err := readPartitions(ctx, r.brokers, r.topics, partitions, upTo, r.apply); err != nil {
 		return err
 	}
 	if r.AfterRebuild != nil {
@@ -104,9 +126,41 @@ func (r *Restorer) Rebuild(ctx context.Context, partitions ...int32) error {
 	return nil
 }
 
+// committedOffsets returns group's committed offsets on topics.
+func committedOffsets(ctx context.Context, brokers []string, group string, topics map[string]bool) (map[string]map[int32]int64, error) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		return nil, err
+	}
+	defer cl.Close()
+	resp, err := kadm.NewClient(cl).FetchOffsets(ctx, group)
+	if err == nil {
+		err = resp.Error()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("restore: committed offsets of group %s: %w", group, err)
+	}
+	out := map[string]map[int32]int64{}
+	for t := range topics {
+		out[t] = map[int32]int64{} // no commit: nothing applied yet
+	}
+	resp.Each(func(o kadm.OffsetResponse) {
+		if topics[o.Topic] {
+			out[o.Topic][o.Partition] = o.At
+		}
+	})
+	return out, nil
+}
+
 // ReadPartitions reads the given partitions of topics from their start to
 // their last stable offset (read_committed), calling fn in partition order.
 func ReadPartitions(ctx context.Context, brokers []string, topics []string, partitions []int32, fn func(*kgo.Record) error) error {
+	return readPartitions(ctx, brokers, topics, partitions, nil, fn)
+}
+
+// readPartitions is ReadPartitions with, for the topics in upTo, a lower
+// end per partition.
+func readPartitions(ctx context.Context, brokers []string, topics []string, partitions []int32, upTo map[string]map[int32]int64, fn func(*kgo.Record) error) error {
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
 	if err != nil {
 		return err
@@ -131,6 +185,9 @@ func ReadPartitions(ctx context.Context, brokers []string, topics []string, part
 	offsets := map[string]map[int32]kgo.Offset{}
 	ends := map[string]map[int32]int64{}
 	stable.Each(func(o kadm.ListedOffset) {
+		if lim, ok := upTo[o.Topic]; ok {
+			o.Offset = min(o.Offset, lim[o.Partition])
+		}
 		if !want[o.Partition] || o.Offset <= 0 {
 			return
 		}

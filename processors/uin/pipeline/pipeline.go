@@ -31,7 +31,7 @@ type Options struct {
 	Dir         string // local stores
 	Tracker     tracker.Config
 	Policy      recycle.Policy
-	Buckets     int // central pool buckets (seed: 1,000)
+	Buckets     int  // central pool buckets (seed: 1,000)
 	Controllers int  // recycle controller instances (default 1; -1: none, they run elsewhere)
 	NoTracker   bool // stock-only runs: accounts past the registration checks
 	StreamOpts  []streams.Option

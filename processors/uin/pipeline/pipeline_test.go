@@ -54,7 +54,9 @@ func newStack(t *testing.T, b streamstest.Backend, rdb *redis.Client, o pipeline
 	return s
 }
 
-func start(t *testing.T, s *pipeline.Stack) {
+// start starts the stack until the test ends; components restarted by the
+// test run under the context it returns.
+func start(t *testing.T, s *pipeline.Stack) context.Context {
 	ctx, cancel := context.WithCancel(context.Background())
 	s.Start(ctx)
 	t.Cleanup(func() {
@@ -63,6 +65,7 @@ func start(t *testing.T, s *pipeline.Stack) {
 			t.Error(err)
 		}
 	})
+	return ctx
 }
 
 func rec(t testing.TB, topic string, uin uint64, m proto.Message) *kgo.Record {
@@ -269,12 +272,21 @@ func TestRecyclingStopsForLiveUsers(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		// 5004 logged in after the check that wants it recycled saw its last login.
-		recs = append(recs,
-			rec(t, ns+schemas.TopicUsage, 5004, &pb.UsageEvent{Uin: 5004, Kind: recycle.KindLogin, AtMs: now.UnixMilli(), Source: "device"}),
-			rec(t, ns+schemas.TopicRecycleReqs, 5004, recycle.Grant(5004, recycle.Inactive, "user5004", "test", now.Add(-200*24*time.Hour).UnixMilli(), now)))
+		// 5004 logs in; then a check that did not see that login wants it recycled.
+		recs = append(recs, rec(t, ns+schemas.TopicUsage, 5004, &pb.UsageEvent{Uin: 5004, Kind: recycle.KindLogin, AtMs: now.UnixMilli(), Source: "device"}))
 		streamstest.ProduceSync(t, cl, recs...)
 		start(t, s)
+		for deadline := time.Now().Add(30 * time.Second); ; {
+			if l, _ := s.Controllers[0].LastLogin(5004); l.Device == now.UnixMilli() {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the controller never saw 5004's login")
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		streamstest.ProduceSync(t, cl, rec(t, ns+schemas.TopicRecycleReqs, 5004,
+			recycle.Grant(5004, recycle.Inactive, "user5004", "test", now.Add(-200*24*time.Hour).UnixMilli(), now)))
 		for _, u := range []uint32{5001, 5002, 5003} {
 			waitStep(t, s, u, pb.RecycleStepKind_BAN)
 		}
@@ -316,6 +328,41 @@ func TestRecyclingStopsForLiveUsers(t *testing.T) {
 				t.Fatalf("tracker verdict for 5001: %v", tr)
 			}
 			time.Sleep(50 * time.Millisecond)
+		}
+	})
+}
+
+// TestLoginIndexSurvivesARestart: a controller that starts on an empty
+// store rebuilds its login index from uin.usage (up to the group's
+// committed offset), so a ticket from a stale check is still refused.
+func TestLoginIndexSurvivesARestart(t *testing.T) {
+	streamstest.EachStack(t, func(t *testing.T, b streamstest.Backend, rdb *redis.Client) {
+		s := newStack(t, b, rdb, pipeline.Options{})
+		ns := s.Opts.Namespace
+		cl := streamstest.Client(t, b.Brokers)
+		now := time.Now()
+		streamstest.ProduceSync(t, cl, rec(t, ns+schemas.TopicUsage, 5100, &pb.UsageEvent{Uin: 5100, Kind: recycle.KindLogin, AtMs: now.UnixMilli(), Source: "auth"}))
+		ctx := start(t, s)
+		for deadline := time.Now().Add(30 * time.Second); ; {
+			if l, _ := s.Controllers[0].LastLogin(5100); l.Auth == now.UnixMilli() {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the controller never saw 5100's login")
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		s.Stop("recycle-0")
+		time.Sleep(500 * time.Millisecond)
+		c := s.StartController(ctx, 0) // a fresh store
+		streamstest.ProduceSync(t, cl, rec(t, ns+schemas.TopicRecycleReqs, 5100,
+			recycle.Grant(5100, recycle.Inactive, "user5100", "stale check", now.Add(-300*24*time.Hour).UnixMilli(), now)))
+		got := steps(t, s, 1, 2*time.Second)
+		if k := kinds(got[5100]); !slices.Equal(k, []pb.RecycleStepKind{pb.RecycleStepKind_STOPPED}) {
+			t.Fatalf("uin 5100 after the restart: %v, want the ticket refused", got[5100])
+		}
+		if l, err := c.LastLogin(5100); err != nil || l.Auth != now.UnixMilli() {
+			t.Errorf("rebuilt login index: %v %v", l, err)
 		}
 	})
 }

@@ -131,11 +131,13 @@ func New(cfg Config, brokers []string) *Controller {
 	}
 	c.restore = streams.NewRestorer(brokers, c.clearPartitions, c.applyChangelog,
 		c.topic(schemas.TopicRecycleSteps), c.topic(schemas.TopicUsage))
+	c.restore.InputsOf(c.group(), c.topic(schemas.TopicUsage))
 	c.restore.AfterRebuild = func() error { return c.restored.commit() }
 	return c
 }
 
 func (c *Controller) topic(name string) string { return c.cfg.Namespace + name }
+func (c *Controller) group() string            { return c.cfg.Namespace + "uin-recycle" }
 
 // Key is the record key of everything about uin.
 func Key(uin uint32) []byte { return binary.BigEndian.AppendUint32(nil, uin) }
@@ -153,7 +155,7 @@ func (c *Controller) Run(ctx context.Context, opts ...streams.Option) error {
 	opts = append([]streams.Option{
 		streams.Brokers(c.brokers...),
 		streams.Inputs(c.topic(schemas.TopicRecycleReqs), c.topic(schemas.TopicUsage)),
-		streams.Group(c.cfg.Namespace + "uin-recycle"),
+		streams.Group(c.group()),
 		streams.WithGuarantee(streams.ExactlyOnce),
 		streams.DeadLetterTopic(c.topic(schemas.TopicDeadLetter)),
 		streams.ClientOpts(kgo.Balancers(kgo.RangeBalancer())), // requests and usage co-partitioned by uin
