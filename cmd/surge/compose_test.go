@@ -46,6 +46,13 @@ func TestComposeFileParsesAndNamesRealComponents(t *testing.T) {
 			if s.Env["SURGE_REDIS_ADDR"] == "" {
 				t.Errorf("%s: the wallet needs redis", name)
 			}
+		case "uin":
+			if len(s.Command) < 2 || s.Command[1] != "run" && s.Command[1] != "classify" {
+				t.Errorf("%s: uin must run or classify, not %v", name, s.Command)
+			}
+			if s.Env["SURGE_REDIS_ADDR"] == "" {
+				t.Errorf("%s: uin recycling needs redis (accounts, pool)", name)
+			}
 		case "recon":
 			if len(s.Command) != 2 || s.Command[1] != "serve" {
 				t.Errorf("%s: recon must serve, not %v", name, s.Command)

@@ -37,10 +37,15 @@ commands:
              API (POST /v1/grants, GET /v1/users/{act}/balance|flow, POST
              /v1/users/{act}/withdrawals, GET /v1/total); kfake and miniredis
              unless --kafka.brokers / --redis.addr
+  uin        uin recycling: "uin run" (registration tracker, recycle controller,
+             timers), "uin classify" (stock classification from ClickHouse),
+             "uin restore --username U", "uin gaps --ranges A-B", "uin demo"
+             (the stock pipeline end to end on synthetic accounts, embedded)
   run NAME   run one processor or sink against the configured servers
              (names: presence, sink-dead-letters, sink-presence, sink-grants,
              sink-tokens, sink-ledger, sink-withdrawals, sink-job-states,
-             sink-deliveries, sink-recycle-steps, sink-recon)
+             sink-deliveries, sink-recycle-steps, sink-uin-registrations,
+             sink-uin-usage, sink-recon)
   recon      reconciliation over ClickHouse: "recon report [--json]" (status
              per hour, open mismatches, totals), "recon run --hour TIME"
              (one hour now), "recon serve" (h+1, h+2 fallback, every minute)
@@ -64,6 +69,8 @@ func main() {
 	switch cmd {
 	case "recon":
 		err = cmdRecon(ctx, args)
+	case "uin":
+		err = cmdUin(ctx, args)
 	case "wallet":
 		err = cmdWallet(ctx, args)
 	case "loadgen":
