@@ -338,4 +338,3 @@ func uinDemo(ctx context.Context, v *viper.Viper, log *slog.Logger) error {
 	fmt.Println("uin demo: every candidate recycled once into the pool; no active account touched")
 	return nil
 }
-
