@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"os"
 	"runtime"
+	"runtime/pprof"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -28,6 +29,7 @@ func main() {
 	brokersFlag := flag.String("brokers", "", "real broker(s); empty starts kfake in process")
 	n := flag.Int("timers", 1_000_000, "pending timers")
 	delay := flag.Duration("delay", 90*time.Second, "timers are due this long after arming (longer than the restore)")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of restore and fire here")
 	flag.Parse()
 	brokers, backend, stopKafka, err := embedded.KafkaOr(*brokersFlag)
 	must(err)
@@ -59,6 +61,12 @@ func main() {
 	defer os.RemoveAll(dir)
 	s := timer.New(brokers, timer.Topic(tt.Name), timer.Dir(dir+"/db"), timer.TransactionalID(ns+"timer"),
 		timer.Logger(slog.New(slog.NewTextHandler(io.Discard, nil))))
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		must(err)
+		must(pprof.StartCPUProfile(f))
+		defer pprof.StopCPUProfile()
+	}
 	sctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	start = time.Now()

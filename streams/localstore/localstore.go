@@ -27,9 +27,13 @@ func Open(dir string, fresh bool, log *slog.Logger) (*pebble.DB, error) {
 		Logger: logger{log},
 		// Processors mostly ask "do I know this key?" of keys they have
 		// never seen (a new uin, a new order number): bloom filters answer
-		// that without reading blocks.
-		CacheSize:    64 << 20,
-		MemTableSize: 64 << 20,
+		// that, from the block cache. Pebble reserves the memtables' memory
+		// out of the block cache, so the cache must be well above them or
+		// it caches nothing (the defaults, 8 MiB and 4 MiB memtables that
+		// double as they fill, left it empty: every Get read its filter and
+		// index blocks from disk).
+		CacheSize:    256 << 20,
+		MemTableSize: 16 << 20,
 	}
 	for i := range opts.Levels {
 		opts.Levels[i].FilterPolicy = bloom.FilterPolicy(10)
