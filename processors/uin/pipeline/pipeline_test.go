@@ -37,7 +37,7 @@ func testPolicy(ban time.Duration) recycle.Policy {
 	}
 }
 
-var testCheckpoints = []time.Duration{300 * time.Millisecond, 600 * time.Millisecond, 900 * time.Millisecond, 1200 * time.Millisecond}
+var testCheckpoints = []time.Duration{time.Second, 2 * time.Second, 3 * time.Second, 4 * time.Second}
 
 func newStack(t *testing.T, b streamstest.Backend, rdb *redis.Client, o pipeline.Options) *pipeline.Stack {
 	t.Helper()
@@ -126,8 +126,11 @@ func TestRegistrationTrackingToPool(t *testing.T) {
 		reg := func(uin uint64, name string, completed bool) {
 			recs = append(recs, rec(t, ns+schemas.TopicRegistrations, uin, &pb.UinRegistration{Uin: uin, Username: name, AtMs: now, Completed: completed, Channel: "app"}))
 		}
+		// Usage follows registration: it is produced once the tracker
+		// knows the registrations (across two topics there is no order).
+		var usage []*kgo.Record
 		use := func(uin uint64, kind string, at int64) {
-			recs = append(recs, rec(t, ns+schemas.TopicUsage, uin, &pb.UsageEvent{Uin: uin, Kind: kind, AtMs: at, Source: "auth"}))
+			usage = append(usage, rec(t, ns+schemas.TopicUsage, uin, &pb.UsageEvent{Uin: uin, Kind: kind, AtMs: at, Source: "auth"}))
 		}
 		abandoned := []uint64{1001, 1002, 1003, 1004, 1005}
 		for _, u := range abandoned {
@@ -164,6 +167,18 @@ func TestRegistrationTrackingToPool(t *testing.T) {
 		cl := streamstest.Client(t, b.Brokers)
 		streamstest.ProduceSync(t, cl, recs...)
 		start(t, s)
+		for _, u := range append(slices.Clone(spam), live...) {
+			for deadline := time.Now().Add(30 * time.Second); ; {
+				if tr, _ := s.Tracker.Get(uint32(u)); tr != nil && tr.Completed {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("registration of %d never tracked", u)
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		}
+		streamstest.ProduceSync(t, cl, usage...)
 
 		got := steps(t, s, len(fullCycle)*(len(abandoned)+len(spam)), 3*time.Second)
 		for _, u := range append(slices.Clone(abandoned), spam...) {

@@ -30,7 +30,13 @@ var (
 	ErrExhausted = errors.New("pool: no uin available")
 )
 
-// Central is the pool in Redis.
+// Central is the pool in Redis. Two bitmaps over the uin space say where a
+// uin is: "used" (an account holds it) and "held" (the pool holds it:
+// pooled in a bucket, or leased to a local pool). The held bit is set when
+// a uin is inserted, before it enters its bucket, and stays while it is
+// leased and allocated, so a lease is a plain SPOP and no moment exists at
+// which a pooled or leased uin looks free to an insertion. Deleting the
+// account (Free) clears both.
 type Central struct {
 	rdb        redis.UniversalClient
 	prefix     string
@@ -46,49 +52,84 @@ func NewCentral(rdb redis.UniversalClient, prefix string, buckets int) *Central 
 func (c *Central) bucket(uin uint32) string {
 	return c.prefix + "bucket:" + strconv.Itoa(int(uin%uint32(c.buckets)))
 }
-func (c *Central) used() string   { return c.prefix + "used" }   // bitmap: registered uins
-func (c *Central) leased() string { return c.prefix + "leased" } // bitmap: in some local pool
+func (c *Central) used() string { return c.prefix + "used" } // bitmap: an account holds the uin
+func (c *Central) held() string { return c.prefix + "held" } // bitmap: pooled or leased
 
-// Insert adds uins to the pool; errs[i] says why uins[i] was refused.
-func (c *Central) Insert(ctx context.Context, uins []uint32) ([]error, error) {
+// insertScript pools one uin unless it is used or held; it answers 1
+// (pooled), 0 (in use), 2 (already in the bucket), 3 (leased).
+var insertScript = redis.NewScript(`
+if redis.call('GETBIT', KEYS[1], ARGV[1]) == 1 then return 0 end
+if redis.call('GETBIT', KEYS[2], ARGV[1]) == 1 then
+  if redis.call('SISMEMBER', KEYS[3], ARGV[1]) == 1 then return 2 end
+  return 3
+end
+redis.call('SETBIT', KEYS[2], ARGV[1], 1)
+redis.call('SADD', KEYS[3], ARGV[1])
+return 1`)
+
+// insert runs insertScript for each uin in one pipeline.
+func (c *Central) insert(ctx context.Context, uins []uint32) ([]int, error) {
+	if len(uins) == 0 {
+		return nil, nil
+	}
 	pipe := c.rdb.Pipeline()
-	used := make([]*redis.IntCmd, len(uins))
-	leased := make([]*redis.IntCmd, len(uins))
+	cmds := make([]*redis.Cmd, len(uins))
 	for i, u := range uins {
-		used[i] = pipe.GetBit(ctx, c.used(), int64(u))
-		leased[i] = pipe.GetBit(ctx, c.leased(), int64(u))
+		cmds[i] = insertScript.Eval(ctx, pipe, []string{c.used(), c.held(), c.bucket(u)}, u)
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		return nil, err
 	}
-	errs := make([]error, len(uins))
-	add := c.rdb.Pipeline()
-	adds := make([]*redis.IntCmd, len(uins))
-	for i, u := range uins {
-		switch {
-		case used[i].Val() == 1:
-			errs[i] = fmt.Errorf("%w: %d", ErrInUse, u)
-		case leased[i].Val() == 1:
-			errs[i] = fmt.Errorf("%w: %d", ErrLeased, u)
-		default:
-			adds[i] = add.SAdd(ctx, c.bucket(u), u)
-		}
+	out := make([]int, len(uins))
+	for i, cmd := range cmds {
+		out[i], _ = cmd.Int()
 	}
-	if _, err := add.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+	return out, nil
+}
+
+// Insert adds uins to the pool; errs[i] says why uins[i] was refused.
+// Each uin is checked and added atomically.
+func (c *Central) Insert(ctx context.Context, uins []uint32) ([]error, error) {
+	codes, err := c.insert(ctx, uins)
+	if err != nil {
 		return nil, err
 	}
-	for i, cmd := range adds {
-		if cmd != nil && cmd.Val() == 0 {
+	errs := make([]error, len(uins))
+	for i, code := range codes {
+		switch code {
+		case 0:
+			errs[i] = fmt.Errorf("%w: %d", ErrInUse, uins[i])
+		case 2:
 			errs[i] = fmt.Errorf("%w: %d", ErrInPool, uins[i])
+		case 3:
+			errs[i] = fmt.Errorf("%w: %d", ErrLeased, uins[i])
 		}
 	}
 	return errs, nil
 }
 
-// lease pulls up to n uins from random buckets and marks them leased: one
-// pipeline of SPOPs over 16 random buckets, and over every bucket when
-// those were empty (a pool running dry), so a lease is one or two round
-// trips however empty the pool gets.
+// InsertIfFree pools the uins of finished recycle tickets in one round
+// trip and returns those refused because an account holds them (a restore
+// took them back). A uin the pool already holds counts as pooled: it is
+// this call's own earlier attempt, repeated after an aborted batch.
+func (c *Central) InsertIfFree(ctx context.Context, uins []uint32) ([]uint32, error) {
+	codes, err := c.insert(ctx, uins)
+	if err != nil {
+		return nil, err
+	}
+	var refused []uint32
+	for i, code := range codes {
+		if code == 0 {
+			refused = append(refused, uins[i])
+		}
+	}
+	return refused, nil
+}
+
+// lease pulls up to n uins from random buckets: one pipeline of SPOPs over
+// 16 random buckets, and over every bucket when those were empty (a pool
+// running dry), so a lease is one or two round trips however empty the
+// pool gets. The uins stay marked held.
 func (c *Central) lease(ctx context.Context, n int, rng *rand.Rand) ([]uint32, error) {
 	pick := make([]int, 0, 16)
 	for range min(16, c.buckets) {
@@ -126,15 +167,10 @@ func (c *Central) spop(ctx context.Context, buckets []int, each int) ([]uint32, 
 			}
 		}
 	}
-	if len(out) == 0 {
-		return nil, nil
-	}
-	return out, c.setBits(ctx, c.leased(), out)
+	return out, nil
 }
 
-// markUsed records allocations in the used bitmap. The lease bit stays:
-// used is checked first, so it no longer matters, and one SETBIT per
-// allocation instead of two keeps Redis off the allocation path's bound.
+// markUsed records allocations in the used bitmap.
 func (c *Central) markUsed(ctx context.Context, uins []uint32) error {
 	return c.setBits(ctx, c.used(), uins)
 }
@@ -167,79 +203,62 @@ func (c *Central) setBits(ctx context.Context, key string, uins []uint32) error 
 	return err
 }
 
-// Free records that the accounts on uins are deleted: the uins are no
-// longer in use (nor leased), so a later Insert may pool them. Only the
+// Size is the number of uins in the central pool.
+func (c *Central) Size(ctx context.Context) (int64, error) {
+	pipe := c.rdb.Pipeline()
+	cmds := make([]*redis.IntCmd, c.buckets)
+	for b := range c.buckets {
+		cmds[b] = pipe.SCard(ctx, c.prefix+"bucket:"+strconv.Itoa(b))
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return 0, err
+	}
+	var n int64
+	for _, c := range cmds {
+		n += c.Val()
+	}
+	return n, nil
+}
+
+// Free records that the accounts on uins are deleted: the uins are
+// neither in use nor held, so a later insertion may pool them. Only the
 // recycle controller calls it, after its DELETE step won the
 // compare-and-set; it is idempotent.
 func (c *Central) Free(ctx context.Context, uins ...uint32) error {
 	pipe := c.rdb.Pipeline()
 	for _, u := range uins {
 		pipe.SetBit(ctx, c.used(), int64(u), 0)
-		pipe.SetBit(ctx, c.leased(), int64(u), 0)
+		pipe.SetBit(ctx, c.held(), int64(u), 0)
 	}
 	_, err := pipe.Exec(ctx)
 	return err
 }
 
-// Status reports, per uin, whether it is in use and whether it is leased,
-// in one round trip.
-func (c *Central) Status(ctx context.Context, uins []uint32) (used, leased []bool, err error) {
+// Status reports, per uin, whether it is in use, in one round trip.
+func (c *Central) Status(ctx context.Context, uins []uint32) (used []bool, err error) {
 	pipe := c.rdb.Pipeline()
 	u := make([]*redis.IntCmd, len(uins))
-	l := make([]*redis.IntCmd, len(uins))
 	for i, x := range uins {
 		u[i] = pipe.GetBit(ctx, c.used(), int64(x))
-		l[i] = pipe.GetBit(ctx, c.leased(), int64(x))
 	}
 	if len(uins) > 0 {
 		if _, err := pipe.Exec(ctx); err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 	}
-	used, leased = make([]bool, len(uins)), make([]bool, len(uins))
+	used = make([]bool, len(uins))
 	for i := range uins {
-		used[i], leased[i] = u[i].Val() == 1, l[i].Val() == 1
+		used[i] = u[i].Val() == 1
 	}
-	return used, leased, nil
+	return used, nil
 }
-
-// InsertIfFree pools uins in one round trip, each only if it is neither in
-// use nor leased at that moment (checked in Redis, atomically with the
-// add); it returns the uins it refused. Re-inserting a pooled uin is a
-// no-op, so the call may be repeated.
-func (c *Central) InsertIfFree(ctx context.Context, uins []uint32) ([]uint32, error) {
-	pipe := c.rdb.Pipeline()
-	cmds := make([]*redis.Cmd, len(uins))
-	for i, u := range uins {
-		cmds[i] = insertIfFree.Eval(ctx, pipe, []string{c.used(), c.leased(), c.bucket(u)}, u)
-	}
-	if len(uins) == 0 {
-		return nil, nil
-	}
-	if _, err := pipe.Exec(ctx); err != nil {
-		return nil, err
-	}
-	var refused []uint32
-	for i, cmd := range cmds {
-		if n, _ := cmd.Int(); n == 0 {
-			refused = append(refused, uins[i])
-		}
-	}
-	return refused, nil
-}
-
-var insertIfFree = redis.NewScript(`
-if redis.call('GETBIT', KEYS[1], ARGV[1]) == 1 or redis.call('GETBIT', KEYS[2], ARGV[1]) == 1 then return 0 end
-redis.call('SADD', KEYS[3], ARGV[1])
-return 1`)
 
 // Claim takes a uin for an account outside allocation (the restore tool
-// giving a user back the old uin): it succeeds only when the uin is in no
-// local pool and not in use, removing it from the central pool if it was
-// there, and marks it used. A false answer means the uin was reused.
+// giving a user back the old uin): it succeeds when no account holds it
+// and no local pool has it, taking it out of its bucket if it was pooled,
+// and marks it used. A false answer means the uin was reused.
 func (c *Central) Claim(ctx context.Context, uin uint32) (bool, error) {
-	// One script so that no allocator can lease it between check and mark.
-	n, err := claimScript.Run(ctx, c.rdb, []string{c.used(), c.leased(), c.bucket(uin)}, uin).Int()
+	n, err := claimScript.Run(ctx, c.rdb, []string{c.used(), c.held(), c.bucket(uin)}, uin).Int()
 	if err != nil {
 		return false, err
 	}
@@ -247,8 +266,9 @@ func (c *Central) Claim(ctx context.Context, uin uint32) (bool, error) {
 }
 
 var claimScript = redis.NewScript(`
-if redis.call('GETBIT', KEYS[1], ARGV[1]) == 1 or redis.call('GETBIT', KEYS[2], ARGV[1]) == 1 then return 0 end
-redis.call('SREM', KEYS[3], ARGV[1])
+if redis.call('GETBIT', KEYS[1], ARGV[1]) == 1 then return 0 end
+if redis.call('GETBIT', KEYS[2], ARGV[1]) == 1 and redis.call('SREM', KEYS[3], ARGV[1]) == 0 then return 0 end
+redis.call('SETBIT', KEYS[2], ARGV[1], 0)
 redis.call('SETBIT', KEYS[1], ARGV[1], 1)
 return 1`)
 
@@ -256,8 +276,7 @@ return 1`)
 // for a one-off allocation outside the allocators (the restore tool),
 // which must not strand a leased chunk.
 func (c *Central) TakeOne(ctx context.Context, rng *rand.Rand) (uint32, error) {
-	order := rng.Perm(c.buckets)
-	for _, b := range order {
+	for _, b := range rng.Perm(c.buckets) {
 		v, err := c.rdb.SPop(ctx, c.prefix+"bucket:"+strconv.Itoa(b)).Uint64()
 		if errors.Is(err, redis.Nil) {
 			continue
@@ -274,23 +293,6 @@ func (c *Central) TakeOne(ctx context.Context, rng *rand.Rand) (uint32, error) {
 func (c *Central) InUse(ctx context.Context, uin uint32) (bool, error) {
 	n, err := c.rdb.GetBit(ctx, c.used(), int64(uin)).Result()
 	return n == 1, err
-}
-
-// Size is the number of uins in the central pool.
-func (c *Central) Size(ctx context.Context) (int64, error) {
-	pipe := c.rdb.Pipeline()
-	cmds := make([]*redis.IntCmd, c.buckets)
-	for b := range c.buckets {
-		cmds[b] = pipe.SCard(ctx, c.prefix+"bucket:"+strconv.Itoa(b))
-	}
-	if _, err := pipe.Exec(ctx); err != nil {
-		return 0, err
-	}
-	var n int64
-	for _, c := range cmds {
-		n += c.Val()
-	}
-	return n, nil
 }
 
 // Allocator is a stateless allocator's local pool: what it holds is only

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -120,49 +121,87 @@ func TestLeasedRefused(t *testing.T) {
 		if !errors.Is(errs[0], ErrLeased) {
 			t.Fatalf("leased uin re-inserted: %v", errs[0])
 		}
+		// Nor can a restore claim it back: a local pool holds it.
+		if ok, err := c.Claim(ctx, 7); err != nil || ok {
+			t.Fatalf("claimed a leased uin: %v %v", ok, err)
+		}
+	})
+}
+
+// A restore claims a pooled uin out of its bucket, and a freed one; it
+// cannot claim one in use, and a claimed uin cannot be pooled again.
+func TestClaim(t *testing.T) {
+	streamstest.EachRedis(t, func(t *testing.T, rdb *redis.Client) {
+		c := NewCentral(rdb, streamstest.Unique("pool")+":", 10)
+		ctx := context.Background()
+		if _, err := c.Insert(ctx, []uint32{21, 22}); err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := c.Claim(ctx, 21); err != nil || !ok {
+			t.Fatalf("claim of a pooled uin: %v %v", ok, err)
+		}
+		if n, _ := c.Size(ctx); n != 1 {
+			t.Fatalf("pool holds %d after the claim, want 1", n)
+		}
+		if ok, _ := c.Claim(ctx, 21); ok {
+			t.Fatal("claimed a uin in use")
+		}
+		if errs, _ := c.Insert(ctx, []uint32{21}); !errors.Is(errs[0], ErrInUse) {
+			t.Fatalf("a claimed uin went back into the pool: %v", errs[0])
+		}
+		if ok, err := c.Claim(ctx, 99); err != nil || !ok {
+			t.Fatalf("claim of a free uin: %v %v", ok, err)
+		}
+		if refused, err := c.InsertIfFree(ctx, []uint32{99, 22}); err != nil || len(refused) != 1 || refused[0] != 99 {
+			t.Fatalf("InsertIfFree: refused %v (%v), want only the claimed 99", refused, err)
+		}
 	})
 }
 
 // BenchmarkAllocate is allocations per second from local pools with
 // concurrent callers (the refills from Redis run in the background).
-func BenchmarkAllocate(b *testing.B) {
+// benchPool fills a central pool with total uins and starts 4 allocators
+// that hold low uins each (pulling chunk at a time) once Held says so.
+func benchPool(b *testing.B, total, low, chunk int) []*Allocator {
 	rdb := redis.NewClient(&redis.Options{Addr: miniredis.RunT(b).Addr()})
 	if r, ok := streamstest.RedisClient(b); ok {
 		rdb = r
 	}
 	c := NewCentral(rdb, streamstest.Unique("bench")+":", 1000)
 	ctx := context.Background()
-	const total = 2_000_000
-	for lo := uint32(1); lo < total; lo += 100_000 {
+	for lo := 1; lo <= total; lo += 100_000 {
 		var uins []uint32
-		for u := lo; u < lo+100_000; u++ {
-			uins = append(uins, u)
+		for u := lo; u < lo+100_000 && u <= total; u++ {
+			uins = append(uins, uint32(u))
 		}
 		if _, err := c.Insert(ctx, uins); err != nil {
 			b.Fatal(err)
 		}
 	}
 	rctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	b.Cleanup(cancel)
 	var allocs []*Allocator
 	for i := range 4 {
-		a := NewAllocator(c, 50_000, 100_000, uint64(i+1))
+		a := NewAllocator(c, low, chunk, uint64(i+1))
 		allocs = append(allocs, a)
 		go func() { _ = a.Run(rctx) }()
 	}
 	for _, a := range allocs {
-		for a.Held() < 50_000 {
+		for a.Held() < low {
 			time.Sleep(time.Millisecond)
 		}
 	}
+	return allocs
+}
+
+// allocateParallel allocates b.N uins from 4 allocators, 2 callers each
+// per core, retrying while a local pool waits for its refill.
+func allocateParallel(b *testing.B, allocs []*Allocator) {
+	var i atomic.Int64
+	b.SetParallelism(4)
 	b.ResetTimer()
-	var i int64
-	var mu sync.Mutex
 	b.RunParallel(func(pb *testing.PB) {
-		mu.Lock()
-		a := allocs[i%4]
-		i++
-		mu.Unlock()
+		a := allocs[i.Add(1)%int64(len(allocs))]
 		for pb.Next() {
 			for {
 				if _, err := a.Allocate(); err == nil {
@@ -173,4 +212,23 @@ func BenchmarkAllocate(b *testing.B) {
 		}
 	})
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "allocs/s")
+}
+
+// BenchmarkAllocateFromLocalPools: allocations served by local pools that
+// hold enough (the allocation path itself: no Redis on it). Run with
+// -benchtime of at most 1.6M allocations.
+func BenchmarkAllocateFromLocalPools(b *testing.B) {
+	allocs := benchPool(b, 2_000_000, 400_000, 100_000)
+	if b.N > 1_600_000 {
+		b.Fatalf("b.N %d exceeds what the local pools hold; use -benchtime 1500000x", b.N)
+	}
+	allocateParallel(b, allocs)
+}
+
+// BenchmarkAllocateWithRefill: local pools start small and must keep
+// pulling from the central pool, so the figure is bound by the central
+// pool's supply (Redis: SPOP of held uins, mark used).
+func BenchmarkAllocateWithRefill(b *testing.B) {
+	allocs := benchPool(b, 2_000_000, 50_000, 100_000)
+	allocateParallel(b, allocs)
 }

@@ -62,7 +62,7 @@ func (c *Controller) prefetchBatch(ctx context.Context, recs []*kgo.Record) {
 	}
 	if len(release) > 0 && p.err == nil {
 		var used []bool
-		used, _, p.err = c.cfg.Pool.Status(ctx, release)
+		used, p.err = c.cfg.Pool.Status(ctx, release)
 		for i, u := range release {
 			p.polled[u] = true
 			if p.err == nil && used[i] {
