@@ -162,6 +162,21 @@ func brokersOrEmbedded(v *viper.Viper, log *slog.Logger) ([]string, func(), erro
 	return k.Brokers(), k.Close, nil
 }
 
+// kafkaAndRedis is brokersOrEmbedded and redisOrEmbedded together, with one
+// stop for both.
+func kafkaAndRedis(v *viper.Viper, log *slog.Logger) ([]string, string, func(), error) {
+	bs, stopKafka, err := brokersOrEmbedded(v, log)
+	if err != nil {
+		return nil, "", nil, err
+	}
+	addr, stopRedis, err := redisOrEmbedded(v, log)
+	if err != nil {
+		stopKafka()
+		return nil, "", nil, err
+	}
+	return bs, addr, func() { stopRedis(); stopKafka() }, nil
+}
+
 // redisOrEmbedded returns redis.addr or, when empty, starts miniredis.
 func redisOrEmbedded(v *viper.Viper, log *slog.Logger) (string, func(), error) {
 	if addr := v.GetString("redis.addr"); addr != "" {

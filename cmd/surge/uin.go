@@ -111,16 +111,11 @@ func uinRun(ctx context.Context, v *viper.Viper, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	bs, stopKafka, err := brokersOrEmbedded(v, log)
+	bs, addr, stop, err := kafkaAndRedis(v, log)
 	if err != nil {
 		return err
 	}
-	defer stopKafka()
-	addr, stopRedis, err := redisOrEmbedded(v, log)
-	if err != nil {
-		return err
-	}
-	defer stopRedis()
+	defer stop()
 	dir, cleanup, err := tempDirIfEmpty(o.Dir, "surge-uin-")
 	if err != nil {
 		return err
@@ -289,16 +284,11 @@ func uinGaps(ctx context.Context, v *viper.Viper, log *slog.Logger, spec string)
 }
 
 func uinDemo(ctx context.Context, v *viper.Viper, log *slog.Logger) error {
-	bs, stopKafka, err := brokersOrEmbedded(v, log)
+	bs, addr, stop, err := kafkaAndRedis(v, log)
 	if err != nil {
 		return err
 	}
-	defer stopKafka()
-	addr, stopRedis, err := redisOrEmbedded(v, log)
-	if err != nil {
-		return err
-	}
-	defer stopRedis()
+	defer stop()
 	rdb := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 32})
 	defer rdb.Close()
 	st, err := openStore(ctx, v.GetString("clickhouse.dsn"), v.GetString("clickhouse.chdb_dir"), log)

@@ -46,16 +46,11 @@ func cmdWallet(ctx context.Context, args []string) error {
 		return err
 	}
 	log := newLogger(v)
-	bs, stopKafka, err := brokersOrEmbedded(v, log)
+	bs, redisAddr, stop, err := kafkaAndRedis(v, log)
 	if err != nil {
 		return err
 	}
-	defer stopKafka()
-	redisAddr, stopRedis, err := redisOrEmbedded(v, log)
-	if err != nil {
-		return err
-	}
-	defer stopRedis()
+	defer stop()
 	src := config.Static(demoTree())
 	if f := v.GetString("wallet.config"); f != "" {
 		if src, err = config.Load(f, log); err != nil {

@@ -57,3 +57,21 @@ func (l logger) Fatalf(format string, args ...any) {
 	l.l.Error("pebble: fatal: " + fmt.Sprintf(format, args...))
 	os.Exit(1)
 }
+
+// DeleteWhere deletes every key for which drop says so: how a processor
+// forgets the partitions it is about to rebuild from their changelogs.
+func DeleteWhere(db *pebble.DB, drop func(key []byte) bool) error {
+	it, err := db.NewIter(nil)
+	if err != nil {
+		return err
+	}
+	defer it.Close()
+	b := db.NewBatch()
+	defer b.Close()
+	for ok := it.First(); ok; ok = it.Next() {
+		if drop(it.Key()) {
+			_ = b.Delete(it.Key(), nil)
+		}
+	}
+	return b.Commit(pebble.NoSync)
+}

@@ -23,6 +23,7 @@ import (
 	"surge/processors/push/numpkg"
 	"surge/processors/push/offline"
 	"surge/processors/push/planner"
+	"surge/processors/supervise"
 	"surge/processors/timer"
 	"surge/schemas"
 	"surge/streams"
@@ -57,10 +58,9 @@ type Stack struct {
 	Offline    *offline.Queues
 	Timers     *timer.Service
 
-	mu    sync.Mutex
-	wg    sync.WaitGroup
-	stops map[string]context.CancelFunc
-	errs  []error
+	*supervise.Group // Stop, Wait, Err by component name
+
+	mu sync.Mutex // Executors
 }
 
 // Topics lists the topics a stack uses, with their registry contracts.
@@ -96,7 +96,7 @@ func New(brokers []string, o Options) *Stack {
 	}
 	s := &Stack{Opts: o, Brokers: brokers, Source: fanlist.NewMemSource(), Accounts: &planner.MemAccounts{},
 		Tags: filter.NewTags(), Blacklists: filter.NewBlacklists(),
-		Packages: numpkg.FileStore{Dir: filepath.Join(o.Dir, "packages")}, stops: map[string]context.CancelFunc{}}
+		Packages: numpkg.FileStore{Dir: filepath.Join(o.Dir, "packages")}, Group: supervise.New(o.Log, "push")}
 	s.Mirror = fanlist.NewMirror(nil)
 	return s
 }
@@ -128,14 +128,14 @@ func (s *Stack) Start(ctx context.Context) error {
 	s.Timers = timer.New(s.Brokers, timer.Topic(ns+schemas.TopicTimers), timer.Dir(filepath.Join(s.Opts.Dir, "timers")),
 		timer.TransactionalID(ns+"surge-timer"), timer.Logger(s.Opts.Log), timer.Metrics(s.Opts.Metrics))
 
-	s.run(ctx, "presence", func(ctx context.Context) error {
+	s.Go(ctx, "presence", func(ctx context.Context) error {
 		return s.Presence.Run(ctx, s.Brokers, append(s.streamOpts("presence"),
 			streams.Inputs(ns+schemas.TopicLogin), streams.Group(ns+"presence"),
 			streams.DeadLetterTopic(ns+schemas.TopicDeadLetter))...)
 	})
-	s.run(ctx, "planner", func(ctx context.Context) error { return s.Planner.Run(ctx, s.Brokers, s.streamOpts("planner")...) })
-	s.run(ctx, "offline", func(ctx context.Context) error { return s.Offline.Run(ctx, s.streamOpts("offline")...) })
-	s.run(ctx, "timers", s.Timers.Run)
+	s.Go(ctx, "planner", func(ctx context.Context) error { return s.Planner.Run(ctx, s.Brokers, s.streamOpts("planner")...) })
+	s.Go(ctx, "offline", func(ctx context.Context) error { return s.Offline.Run(ctx, s.streamOpts("offline")...) })
+	s.Go(ctx, "timers", s.Timers.Run)
 	for i := range s.Opts.Executors {
 		s.StartExecutor(ctx, fmt.Sprintf("exec-%d", i))
 	}
@@ -157,7 +157,7 @@ func (s *Stack) StartExecutor(ctx context.Context, name string) *executor.Execut
 		s.Executors = append(s.Executors, x)
 	}
 	s.mu.Unlock()
-	s.run(ctx, "executor/"+name, func(ctx context.Context) error {
+	s.Go(ctx, "executor/"+name, func(ctx context.Context) error {
 		err := x.Run(ctx, s.streamOpts("executor")...)
 		if errors.Is(err, executor.ErrDrained) {
 			return nil
@@ -165,48 +165,6 @@ func (s *Stack) StartExecutor(ctx context.Context, name string) *executor.Execut
 		return err
 	})
 	return x
-}
-
-// Stop stops one component ("planner", "executor/exec-0", ...) gracefully.
-func (s *Stack) Stop(name string) {
-	s.mu.Lock()
-	stop := s.stops[name]
-	s.mu.Unlock()
-	if stop != nil {
-		stop()
-	}
-}
-
-func (s *Stack) run(ctx context.Context, name string, fn func(context.Context) error) {
-	cctx, cancel := context.WithCancel(ctx)
-	s.mu.Lock()
-	s.stops[name] = cancel
-	s.mu.Unlock()
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		if err := fn(cctx); err != nil && cctx.Err() == nil {
-			s.Opts.Log.Error("push: processor stopped", "processor", name, "err", err)
-			s.mu.Lock()
-			s.errs = append(s.errs, fmt.Errorf("%s: %w", name, err))
-			s.mu.Unlock()
-		}
-	}()
-}
-
-// Wait waits for every processor to stop and returns their errors.
-func (s *Stack) Wait() error {
-	s.wg.Wait()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return errors.Join(s.errs...)
-}
-
-// Err returns the errors of processors that stopped on their own so far.
-func (s *Stack) Err() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return errors.Join(s.errs...)
 }
 
 // WaitReady waits until n executors have reported to the planner.

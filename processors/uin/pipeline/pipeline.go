@@ -6,7 +6,6 @@ package pipeline
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"path/filepath"
@@ -15,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"surge/processors/supervise"
 	"surge/processors/timer"
 	"surge/processors/uin/account"
 	"surge/processors/uin/pool"
@@ -49,11 +49,10 @@ type Stack struct {
 	Controllers []*recycle.Controller
 	Timers      *timer.Service
 
-	mu    sync.Mutex
-	wg    sync.WaitGroup
-	stops map[string]context.CancelFunc
-	errs  []error
-	gen   int
+	*supervise.Group // Stop, Wait, Err by component name
+
+	mu  sync.Mutex // Controllers, gen
+	gen int
 }
 
 // Topics lists the topics a stack uses.
@@ -78,7 +77,7 @@ func New(brokers []string, rdb redis.UniversalClient, o Options) *Stack {
 		o.Controllers = 1
 	}
 	o.Controllers = max(o.Controllers, 0)
-	return &Stack{Opts: o, Brokers: brokers, stops: map[string]context.CancelFunc{},
+	return &Stack{Opts: o, Brokers: brokers, Group: supervise.New(o.Log, "uin"),
 		Accounts: account.NewStore(rdb, o.Namespace), Pool: pool.NewCentral(rdb, o.Namespace+"pool:", o.Buckets)}
 }
 
@@ -103,14 +102,14 @@ func (s *Stack) Start(ctx context.Context) {
 	tc.Namespace, tc.Dir, tc.Log, tc.Metrics = ns, filepath.Join(s.Opts.Dir, "tracker"), s.Opts.Log, s.Opts.Metrics
 	s.Tracker = tracker.New(tc, s.Brokers)
 	if !s.Opts.NoTracker {
-		s.run(ctx, "tracker", func(ctx context.Context) error { return s.Tracker.Run(ctx, s.streamOpts("uin-tracker")...) })
+		s.Go(ctx, "tracker", func(ctx context.Context) error { return s.Tracker.Run(ctx, s.streamOpts("uin-tracker")...) })
 	}
 	for i := range s.Opts.Controllers {
 		s.StartController(ctx, i)
 	}
 	s.Timers = timer.New(s.Brokers, timer.Topic(ns+schemas.TopicTimers), timer.Dir(filepath.Join(s.Opts.Dir, "timers")),
 		timer.TransactionalID(ns+"surge-timer"), timer.Logger(s.Opts.Log), timer.Metrics(s.Opts.Metrics))
-	s.run(ctx, "timers", s.Timers.Run)
+	s.Go(ctx, "timers", s.Timers.Run)
 }
 
 // StartController starts (or brings back) recycle controller i.
@@ -128,43 +127,8 @@ func (s *Stack) StartController(ctx context.Context, i int) *recycle.Controller 
 	s.Controllers[i] = c
 	s.mu.Unlock()
 	name := fmt.Sprintf("recycle-%d", i)
-	s.run(ctx, name, func(ctx context.Context) error {
+	s.Go(ctx, name, func(ctx context.Context) error {
 		return c.Run(ctx, append(s.streamOpts("uin-recycle"), streams.InstanceID(name))...)
 	})
 	return c
-}
-
-// Stop stops one component ("tracker", "timers", "recycle-0", ...).
-func (s *Stack) Stop(name string) {
-	s.mu.Lock()
-	stop := s.stops[name]
-	s.mu.Unlock()
-	if stop != nil {
-		stop()
-	}
-}
-
-func (s *Stack) run(ctx context.Context, name string, fn func(context.Context) error) {
-	cctx, cancel := context.WithCancel(ctx)
-	s.mu.Lock()
-	s.stops[name] = cancel
-	s.mu.Unlock()
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		if err := fn(cctx); err != nil && cctx.Err() == nil {
-			s.Opts.Log.Error("uin: processor stopped", "processor", name, "err", err)
-			s.mu.Lock()
-			s.errs = append(s.errs, fmt.Errorf("%s: %w", name, err))
-			s.mu.Unlock()
-		}
-	}()
-}
-
-// Wait waits for every component to stop and returns their errors.
-func (s *Stack) Wait() error {
-	s.wg.Wait()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return errors.Join(s.errs...)
 }

@@ -188,19 +188,10 @@ func (c *Controller) batchEnd(committed bool) {
 
 // clearPartitions drops the state of the uins in partitions ps.
 func (c *Controller) clearPartitions(ps map[int32]bool) error {
-	it, err := c.db.NewIter(nil)
-	if err != nil {
-		return err
-	}
-	defer it.Close()
-	b := c.db.NewBatch()
-	defer b.Close()
-	for ok := it.First(); ok; ok = it.Next() {
-		if k := it.Key(); len(k) == 5 && ps[int32(streams.PartitionFor(k[1:], c.cfg.Partitions))] {
-			_ = b.Delete(k, nil)
-		}
-	}
-	return b.Commit(pebble.NoSync)
+	// Keys are a one-byte kind and a 4-byte uin, partitioned like the records.
+	return localstore.DeleteWhere(c.db, func(k []byte) bool {
+		return len(k) == 5 && ps[int32(streams.PartitionFor(k[1:], c.cfg.Partitions))]
+	})
 }
 
 // applyChangelog rebuilds state from one applied step or usage event.

@@ -166,19 +166,10 @@ func (t *Tracker) batchEnd(committed bool) {
 }
 
 func (t *Tracker) clearPartitions(ps map[int32]bool) error {
-	it, err := t.db.NewIter(nil)
-	if err != nil {
-		return err
-	}
-	defer it.Close()
-	b := t.db.NewBatch()
-	defer b.Close()
-	for ok := it.First(); ok; ok = it.Next() {
-		if k := it.Key(); len(k) == 5 && ps[int32(streams.PartitionFor(k[1:], t.cfg.Partitions))] {
-			_ = b.Delete(k, nil)
-		}
-	}
-	return b.Commit(pebble.NoSync)
+	// Keys are a one-byte kind and a 4-byte uin, partitioned like the records.
+	return localstore.DeleteWhere(t.db, func(k []byte) bool {
+		return len(k) == 5 && ps[int32(streams.PartitionFor(k[1:], t.cfg.Partitions))]
+	})
 }
 
 func (t *Tracker) applyChangelog(r *kgo.Record) error {
