@@ -27,6 +27,9 @@ import (
 	"surge/streams/embedded"
 )
 
+// benchDB is the Redis database the bench writes to.
+const benchDB = 15
+
 func main() {
 	brokersFlag := flag.String("brokers", "", "real broker(s); empty starts kfake in process")
 	redisAddr := flag.String("redis", "", "Redis address; empty starts miniredis in process (slow)")
@@ -49,8 +52,12 @@ func main() {
 		defer r.Close()
 		*redisAddr = r.Addr()
 	}
-	rdb := redis.NewClient(&redis.Options{Addr: *redisAddr, PoolSize: 64})
+	// The bench's millions of keys go to a database of their own, emptied
+	// before and after, so they never slow down what else uses the server.
+	rdb := redis.NewClient(&redis.Options{Addr: *redisAddr, PoolSize: 64, DB: benchDB})
 	defer rdb.Close()
+	must(rdb.FlushDB(context.Background()).Err())
+	defer rdb.FlushDB(context.Background())
 	st, err := clickhouse.OpenChDB("")
 	must(err)
 	defer st.Close()
