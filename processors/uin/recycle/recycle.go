@@ -3,6 +3,7 @@
 //
 //	TICKET_GRANTED -> BAN -> (ban expires) BACKUP -> DELETE -> COOL_DOWN -> (cool-down ends) RELEASE
 //	                  any step before BACKUP -> STOPPED (unbanned, logged in, ticket expired)
+//	                  COOL_DOWN -> STOPPED (an operator's request: the uin is not to be pooled)
 //
 // Every step is a request on uin.recycle-requests naming the step it
 // expects to follow (expected_prev); the controller applies it only when

@@ -14,7 +14,7 @@ import (
 // maps hold what the batch in flight changed, written to Pebble only when
 // the batch commits (an aborted batch is simply forgotten).
 //
-// Keys: 's' uin(4) -> the uin's last applied step (its open ticket);
+// Keys: 's' uin(4) -> the uin's last applied step (its last ticket);
 // 'l' uin(4) -> newest login by auth(8) and by device(8).
 type store struct {
 	db     *pebble.DB
@@ -29,7 +29,7 @@ func newStore(db *pebble.DB) *store {
 func stateKey(uin uint32) []byte { return binary.BigEndian.AppendUint32([]byte{'s'}, uin) }
 func loginKey(uin uint32) []byte { return binary.BigEndian.AppendUint32([]byte{'l'}, uin) }
 
-// state returns the uin's open ticket at its last applied step, or nil.
+// state returns the uin's last ticket at its last applied step, or nil.
 func (s *store) state(uin uint32) (*pb.RecycleStep, error) {
 	if st, ok := s.steps[uin]; ok {
 		return st, nil
