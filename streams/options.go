@@ -63,6 +63,7 @@ type config struct {
 	onCommit       func(in, out int)
 	static         bool
 	onBatchEnd     func(committed bool)
+	onRetry        func()
 	beforeBatch    func(ctx context.Context, recs []*kgo.Record)
 	beforeCommit   func(ctx context.Context) error
 }
@@ -162,11 +163,15 @@ func OnCommit(fn func(in, out int)) Option { return func(c *config) { c.onCommit
 func StaticMembership() Option { return func(c *config) { c.static = true } }
 
 // OnBatchEnd is called once per batch after it ends: committed is false when
-// it was aborted and will be consumed again, and also before a batch whose
-// handler failed part-way is processed again from its first record. A processor that caches state
+// it was aborted and will be consumed again. A processor that caches state
 // stages its changes during the batch and applies them here only on commit,
 // so a replayed batch sees the state it saw the first time.
 func OnBatchEnd(fn func(committed bool)) Option { return func(c *config) { c.onBatchEnd = fn } }
+
+// OnRetry is called before a batch whose handler failed part-way (a
+// transient error) is processed again from its first record: a processor
+// that staged changes for the failed attempt drops them here.
+func OnRetry(fn func()) Option { return func(c *config) { c.onRetry = fn } }
 
 // BeforeBatch is called with a batch's records before the handler sees
 // any of them: the place for work that is pure per record and worth doing

@@ -236,8 +236,8 @@ func (r *Runner) runBatch(work, ctx context.Context, c committer, recs []*kgo.Re
 	dlq := 0
 	retry := false
 	ok := r.retryUntil(ctx, "handler (batch)", func() (err error) {
-		if retry && r.cfg.onBatchEnd != nil {
-			r.cfg.onBatchEnd(false) // forget what the failed attempt staged
+		if retry && r.cfg.onRetry != nil {
+			r.cfg.onRetry() // forget what the failed attempt staged
 		}
 		retry = true
 		dlq, err = r.process(work, recs)

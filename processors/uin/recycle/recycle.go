@@ -163,6 +163,7 @@ func (c *Controller) Run(ctx context.Context, opts ...streams.Option) error {
 		streams.BeforeBatch(c.prefetchBatch),
 		streams.BeforeCommit(c.applyEffects),
 		streams.OnBatchEnd(c.batchEnd),
+		streams.OnRetry(func() { c.batchEnd(false) }),
 		streams.MaxAttempts(math.MaxInt32), // Redis down delays a step, never drops it
 		c.restore.Option(),
 	}, opts...)

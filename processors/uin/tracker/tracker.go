@@ -143,6 +143,7 @@ func (t *Tracker) Run(ctx context.Context, opts ...streams.Option) error {
 		streams.DeadLetterTopic(t.topic(schemas.TopicDeadLetter)),
 		streams.ClientOpts(kgo.Balancers(kgo.RangeBalancer())),
 		streams.OnBatchEnd(t.batchEnd),
+		streams.OnRetry(func() { t.batchEnd(false) }),
 		t.restore.Option(),
 	}, opts...)
 	r, err := streams.New("uin-tracker", t.handle, opts...)

@@ -187,6 +187,7 @@ func (l *Ledger) Run(ctx context.Context, opts ...streams.Option) error {
 		streams.DeadLetterTopic(l.topic(schemas.TopicDeadLetter)),
 		streams.ClientOpts(kgo.Balancers(kgo.RangeBalancer())), // co-partitioned by actID
 		streams.OnBatchEnd(l.batchEnd),
+		streams.OnRetry(func() { l.batchEnd(false) }),
 		streams.BeforeBatch(l.verifyBatch),
 		// A token has no failure state: a transient error (Redis, the
 		// disk) is retried until it books, never dead-lettered.
