@@ -82,60 +82,7 @@ func Replay(ctx context.Context, brokers []string, topic string, from ReplayFrom
 	if len(remaining) == 0 {
 		return nil
 	}
-	rc, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumePartitions(offsets),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()))
-	if err != nil {
-		return err
-	}
-	defer rc.Close()
-	// The same catch-up rule as every restore: a partition ends at its
-	// last record before the end offset, or, when only transaction markers
-	// are left (they take offsets but are never returned), once idle.
-	want := make(map[int32]int64, len(remaining))
-	for p, end := range remaining {
-		want[p] = end
-	}
-	cu := NewCatchUp(want)
-	for p, o := range offsets[topic] {
-		cu.From(p, o.EpochOffset().Offset)
-	}
-	for !cu.Done() {
-		pctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
-		f := rc.PollFetches(pctx)
-		cancel()
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		var ferr error
-		f.EachError(func(_ string, _ int32, err error) {
-			if !errors.Is(err, context.DeadlineExceeded) {
-				ferr = err
-			}
-		})
-		if ferr != nil {
-			return ferr
-		}
-		n := 0
-		var cbErr error
-		f.EachPartition(func(p kgo.FetchTopicPartition) {
-			end := remaining[p.Partition]
-			for _, r := range p.Records {
-				cu.Saw(r)
-				if r.Offset >= end {
-					return
-				}
-				n++
-				if cbErr == nil {
-					cbErr = fn(r)
-				}
-			}
-		})
-		if cbErr != nil {
-			return cbErr
-		}
-		cu.Polled(n)
-	}
-	return nil
+	return readRanges(ctx, brokers, offsets, map[string]map[int32]int64{topic: remaining}, fn)
 }
 
 // ReadToEnd replays a whole topic from its earliest retained record.

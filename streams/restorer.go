@@ -200,7 +200,17 @@ func readPartitions(ctx context.Context, brokers []string, topics []string, part
 	if len(offsets) == 0 {
 		return nil
 	}
-	rc, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumePartitions(offsets),
+	return readRanges(ctx, brokers, offsets, ends, fn)
+}
+
+// readRanges reads each topic partition of from, from its offset up to
+// (not including) its offset in ends, read_committed, calling fn in
+// partition order. Each topic ends by the catch-up rule of every restore:
+// a partition ends at its last record before the end offset or, when only
+// transaction markers are left (they take offsets but are never
+// returned), once idle.
+func readRanges(ctx context.Context, brokers []string, from map[string]map[int32]kgo.Offset, ends map[string]map[int32]int64, fn func(*kgo.Record) error) error {
+	rc, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumePartitions(from),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()))
 	if err != nil {
 		return err
@@ -209,6 +219,11 @@ func readPartitions(ctx context.Context, brokers []string, topics []string, part
 	cus := map[string]*CatchUp{}
 	for t, e := range ends {
 		cus[t] = NewCatchUp(e)
+		for p, o := range from[t] {
+			if at := o.EpochOffset().Offset; at >= 0 {
+				cus[t].From(p, at)
+			}
+		}
 	}
 	done := func() bool {
 		for _, cu := range cus {
@@ -240,12 +255,11 @@ func readPartitions(ctx context.Context, brokers []string, topics []string, part
 			cu := cus[p.Topic]
 			end := ends[p.Topic][p.Partition]
 			for _, r := range p.Records {
+				cu.Saw(r)
 				if r.Offset >= end {
-					cu.Saw(r)
 					break
 				}
 				counts[p.Topic]++
-				cu.Saw(r)
 				if cbErr == nil {
 					cbErr = fn(r)
 				}
