@@ -13,6 +13,6 @@ out=bench/sinks.txt
   echo "# ClickHouse (chDB): sink throughput, hourly reconciliation"
   echo "# made by: scripts/bench-sinks.sh (ROWS=$rows GRANTS=$grants) on $(date -u +%F), $(nproc) cores, $(go version | cut -d' ' -f3)"
   echo
-  echo "\$ go run ./bench/sinks -rows $rows -grants $grants"
-  go run ./bench/sinks -rows "$rows" -grants "$grants" 2>&1 | grep -v 'level=DEBUG'
+  echo "\$ go run ./bench/sinks -rows $rows -grants $grants -runs 3"
+  go run ./bench/sinks -rows "$rows" -grants "$grants" -runs 3 2>&1 | grep -v 'level=DEBUG'
 } | tee "$out"

@@ -14,11 +14,13 @@ import (
 	"os"
 	"runtime"
 	"runtime/pprof"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/RoaringBitmap/roaring/v2"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"google.golang.org/protobuf/proto"
 
 	"surge/schemas"
 	pb "surge/schemas/surgev1"
@@ -30,6 +32,7 @@ import (
 func main() {
 	rows := flag.Int("rows", 2_000_000, "rows through the grants sink")
 	batch := flag.Int("batch", 100_000, "rows per INSERT (the sink's batch)")
+	runs := flag.Int("runs", 3, "runs per sink; the median and the range are reported (background merges of earlier runs make them vary)")
 	grants := flag.Int("grants", 10_000_000, "grants in the reconciled hour")
 	cpuprofile := flag.String("cpuprofile", "", "CPU profile of the sink part")
 	flag.Parse()
@@ -44,33 +47,59 @@ func main() {
 	must(err)
 	fmt.Printf("chDB (embedded ClickHouse 26.x); %d cores, %s\n", runtime.NumCPU(), runtime.Version())
 
-	// 1. Sink path: grant records -> rows -> INSERT.
-	sink := clickhouse.Grants()
-	recs := make([]*kgo.Record, *batch)
-	for i := range recs {
-		g := &pb.RewardGrant{OrderNo: fmt.Sprintf("u%d_rain_r%d_1_1", i%100000, i), ActId: fmt.Sprintf("u%d", i%100000), ActivityId: "spring-live",
-			ParentActivityId: "spring", SceneId: "rain", AwardType: pb.AwardType_CASH, Stage: 1, Amount: int64(1 + i%100), AtMs: time.Now().UnixMilli()}
-		recs[i], err = streams.NewRecord(schemas.TopicGrants, []byte(g.ActId), g)
-		must(err)
-	}
-	h := sink.Bind(st).Handle()
+	// 1. Sink path: records -> RowBinary rows -> one INSERT per batch.
 	if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)
 		must(err)
 		must(pprof.StartCPUProfile(f))
 	}
-	start := time.Now()
-	for done := 0; done < *rows; done += *batch {
-		for _, r := range recs {
-			must(h(ctx, r, nil))
-		}
-		must(sink.FlushForBench(ctx))
+	now := time.Now().UnixMilli()
+	grant := func(i int) *pb.RewardGrant {
+		return &pb.RewardGrant{OrderNo: fmt.Sprintf("u%d_rain_r%d_1_1", i%100000, i), ActId: fmt.Sprintf("u%d", i%100000), ActivityId: "spring-live",
+			ParentActivityId: "spring", SceneId: "rain", AwardType: pb.AwardType_CASH, Stage: 1, Amount: int64(1 + i%100), AtMs: now}
 	}
-	el := time.Since(start)
+	for _, c := range []struct {
+		sink *clickhouse.Sink
+		note string
+		rec  func(i int) proto.Message
+	}{
+		{clickhouse.Grants(), "folds into wallet_orders", func(i int) proto.Message { return grant(i) }},
+		{clickhouse.Ledger(), "folds into wallet_orders", func(i int) proto.Message {
+			g := grant(i)
+			return &pb.LedgerEntry{OrderNo: g.OrderNo, ActId: g.ActId, Amount: g.Amount, Kind: pb.LedgerKind_GRANT, BookedAtMs: now + 5000,
+				ActivityId: g.ActivityId, SceneId: g.SceneId, BalanceAfter: int64(i), GrantedAtMs: now}
+		}},
+		{clickhouse.UinUsage(), "no view", func(i int) proto.Message {
+			return &pb.UsageEvent{Uin: uint64(10000 + i), Kind: "login", Source: "auth", AtMs: now}
+		}},
+		{clickhouse.RecycleSteps(), "no view", func(i int) proto.Message {
+			return &pb.RecycleStep{Uin: uint64(10000 + i), TicketId: fmt.Sprintf("t-%d", i), Step: pb.RecycleStepKind(1 + i%5), Category: "inactive", AtMs: now}
+		}},
+	} {
+		recs := make([]*kgo.Record, *batch)
+		for i := range recs {
+			recs[i], err = streams.NewRecord(c.sink.Topic, []byte("k"), c.rec(i))
+			must(err)
+		}
+		h := c.sink.Bind(st).Handle()
+		var rates []float64
+		for range *runs {
+			start := time.Now()
+			for done := 0; done < *rows; done += *batch {
+				for _, r := range recs {
+					must(h(ctx, r, nil))
+				}
+				must(c.sink.FlushForBench(ctx))
+			}
+			rates = append(rates, float64(*rows)/time.Since(start).Seconds())
+		}
+		slices.Sort(rates)
+		fmt.Printf("%s: %.0f rows/s median of %d runs of %d rows (%.0f-%.0f; batches of %d: decode, RowBinary, INSERT; %s)\n",
+			c.sink.Name, rates[len(rates)/2], *runs, *rows, rates[0], rates[len(rates)-1], *batch, c.note)
+	}
 	if *cpuprofile != "" {
 		pprof.StopCPUProfile()
 	}
-	fmt.Printf("sink-grants: %d rows in %v = %.0f rows/s (batches of %d: decode, render, INSERT)\n", *rows, el.Round(time.Millisecond), float64(*rows)/el.Seconds(), *batch)
 
 	// Deliveries: one report record per 65,536 targets expands to rows.
 	dsink := clickhouse.Deliveries()
@@ -79,7 +108,7 @@ func main() {
 	set.AddRange(0, 65536)
 	b, _ := set.ToBytes()
 	rep, _ := streams.NewRecord(schemas.TopicReports, []byte("j"), &pb.DeliveryReport{JobId: "bench", Status: pb.DeliveryStatus_DELIVERED, Uins: b})
-	start = time.Now()
+	start := time.Now()
 	n := 0
 	for n < *rows {
 		must(dh(ctx, rep, nil))
@@ -89,7 +118,7 @@ func main() {
 		}
 	}
 	must(dsink.FlushForBench(ctx))
-	el = time.Since(start)
+	el := time.Since(start)
 	fmt.Printf("sink-deliveries: %d rows in %v = %.0f rows/s (roaring batches expanded to a row per uin)\n", n, el.Round(time.Millisecond), float64(n)/el.Seconds())
 
 	// 2. One hour of 10M grants, tokens and bookings, generated in place.
@@ -105,15 +134,29 @@ func main() {
 	scene := "concat('scene', toString(number % 4))"
 	gen("INSERT INTO grants SELECT " + order + ", " + user + ", 'spring-live', 'spring', " + scene + ", 'CASH', 1 + number % 100, {H0} + number % 3600000 FROM numbers({N})")
 	gen("INSERT INTO tokens SELECT " + order + ", " + user + ", 'spring-live', " + scene + ", 1 + number % 100, 'PROCESSING', {H0} + number % 3600000 FROM numbers({N})")
-	gen("INSERT INTO ledger SELECT " + order + ", " + user + ", 'GRANT', 1 + number % 100, 'spring-live', " + scene + ", 0, {H0} + number % 3600000 + 5000 FROM numbers({N})")
-	fmt.Printf("generated %d grants, tokens and bookings in %v\n", *grants, time.Since(t0).Round(time.Millisecond))
+	gen("INSERT INTO ledger SELECT " + order + ", " + user + ", 'GRANT', 1 + number % 100, 'spring-live', " + scene + ", 0, {H0} + number % 3600000 + 5000, {H0} + number % 3600000 FROM numbers({N})")
+	fmt.Printf("generated %d grants, tokens and bookings in %v (through the wallet_orders views)\n", *grants, time.Since(t0).Round(time.Millisecond))
 	r := &recon.Reconciler{Store: st, Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))}
+	hourly := func(when string) {
+		start := time.Now()
+		res, bad, err := r.Run(ctx, recon.Hour(hour, recon.AttemptH1))
+		must(err)
+		fmt.Printf("hourly reconciliation over %d grants, %s: %v (%d results, %d mismatches; all three checks, per activity/scene and per user)\n",
+			*grants, when, time.Since(start).Round(time.Millisecond), len(res), bad)
+	}
+	parts := func() string {
+		p, err := st.QueryStrings(ctx, "SELECT count(), sum(rows) FROM system.parts WHERE active AND table = 'wallet_orders'")
+		must(err)
+		return fmt.Sprintf("%s parts, %s rows", p[0][0], p[0][1])
+	}
+	fmt.Printf("wallet_orders as the inserts left it: %s\n", parts())
+	hourly("right after the inserts")
+	// At h+1 the background merges have had the hour to fold the rows;
+	// here they are forced, and their cost reported apart.
 	start = time.Now()
-	res, bad, err := r.Run(ctx, recon.Hour(hour, recon.AttemptH1))
-	must(err)
-	el = time.Since(start)
-	fmt.Printf("hourly reconciliation over %d grants: %v (%d results, %d mismatches; all three checks, per activity/scene and per user)\n",
-		*grants, el.Round(time.Millisecond), len(res), bad)
+	must(st.Exec(ctx, "OPTIMIZE TABLE wallet_orders FINAL"))
+	fmt.Printf("folding wallet_orders (background merges, spread over the hour as rows arrive): %v, now %s\n", time.Since(start).Round(time.Millisecond), parts())
+	hourly("once folded")
 }
 
 func must(err error) {

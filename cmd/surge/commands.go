@@ -64,6 +64,7 @@ func cmdRun(ctx context.Context, args []string) error {
 			return err
 		}
 		defer st.Close()
+		opts = append(opts, streams.MaxBatch(v.GetInt("sink.max_batch")))
 	}
 	p, err := startPipeline(ctx, log, bs, st, mirror, []string{name}, map[string][]streams.Option{name: opts})
 	if err != nil {

@@ -34,6 +34,7 @@ var options = []struct {
 	{"processor.shutdown_timeout", 30 * time.Second, "how long shutdown may take to finish the batch in flight"},
 	{"redis.addr", "", "Redis for the shared online bitmap; empty: an in-process miniredis in `embedded`, no mirror in `run`"},
 	{"redis.prefix", "online:", "key prefix of the online bitmap shards (use shadow.online: for load tests)"},
+	{"sink.max_batch", 100000, "rows per sink insert: ClickHouse wants few large inserts (overrides processor.max_batch for sink-*)"},
 	{"clickhouse.dsn", "", "ClickHouse server DSN (clickhouse://host:9000/db); empty uses embedded chDB"},
 	{"clickhouse.chdb_dir", "", "chDB data directory in embedded mode; empty is a temporary one"},
 	{"metrics.addr", "127.0.0.1:9464", "address of the Prometheus /metrics endpoint; empty disables it"},

@@ -66,8 +66,8 @@ func cmdEmbedded(ctx context.Context, args []string) error {
 	}
 	opts := map[string][]streams.Option{
 		"presence":          with(streams.OnCommit(func(in, _ int) { presenceIn.Add(int64(in)) })),
-		"sink-dead-letters": with(streams.OnCommit(func(in, _ int) { dlqIn.Add(int64(in)) })),
-		"sink-presence":     with(),
+		"sink-dead-letters": with(streams.OnCommit(func(in, _ int) { dlqIn.Add(int64(in)) }), streams.MaxBatch(v.GetInt("sink.max_batch"))),
+		"sink-presence":     with(streams.MaxBatch(v.GetInt("sink.max_batch"))),
 	}
 	runCtx, stopPipeline := context.WithCancel(ctx)
 	defer stopPipeline()

@@ -444,15 +444,18 @@ func (x *Token) GetSignature() []byte {
 
 // One booked entry in the account store.
 type LedgerEntry struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	OrderNo       string                 `protobuf:"bytes,1,opt,name=order_no,json=orderNo,proto3" json:"order_no,omitempty"`
-	ActId         string                 `protobuf:"bytes,2,opt,name=act_id,json=actId,proto3" json:"act_id,omitempty"`
-	Amount        int64                  `protobuf:"varint,3,opt,name=amount,proto3" json:"amount,omitempty"` // signed: withdrawals negative
-	Kind          LedgerKind             `protobuf:"varint,4,opt,name=kind,proto3,enum=surge.v1.LedgerKind" json:"kind,omitempty"`
-	BookedAtMs    int64                  `protobuf:"varint,5,opt,name=booked_at_ms,json=bookedAtMs,proto3" json:"booked_at_ms,omitempty"`
-	ActivityId    string                 `protobuf:"bytes,6,opt,name=activity_id,json=activityId,proto3" json:"activity_id,omitempty"`
-	SceneId       string                 `protobuf:"bytes,7,opt,name=scene_id,json=sceneId,proto3" json:"scene_id,omitempty"`
-	BalanceAfter  int64                  `protobuf:"varint,8,opt,name=balance_after,json=balanceAfter,proto3" json:"balance_after,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	OrderNo      string                 `protobuf:"bytes,1,opt,name=order_no,json=orderNo,proto3" json:"order_no,omitempty"`
+	ActId        string                 `protobuf:"bytes,2,opt,name=act_id,json=actId,proto3" json:"act_id,omitempty"`
+	Amount       int64                  `protobuf:"varint,3,opt,name=amount,proto3" json:"amount,omitempty"` // signed: withdrawals negative
+	Kind         LedgerKind             `protobuf:"varint,4,opt,name=kind,proto3,enum=surge.v1.LedgerKind" json:"kind,omitempty"`
+	BookedAtMs   int64                  `protobuf:"varint,5,opt,name=booked_at_ms,json=bookedAtMs,proto3" json:"booked_at_ms,omitempty"`
+	ActivityId   string                 `protobuf:"bytes,6,opt,name=activity_id,json=activityId,proto3" json:"activity_id,omitempty"`
+	SceneId      string                 `protobuf:"bytes,7,opt,name=scene_id,json=sceneId,proto3" json:"scene_id,omitempty"`
+	BalanceAfter int64                  `protobuf:"varint,8,opt,name=balance_after,json=balanceAfter,proto3" json:"balance_after,omitempty"`
+	// The booked token's open_time (its grant time), so reconciliation
+	// attributes a booking to the hour of its grant without a join.
+	GrantedAtMs   int64 `protobuf:"varint,9,opt,name=granted_at_ms,json=grantedAtMs,proto3" json:"granted_at_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -539,6 +542,13 @@ func (x *LedgerEntry) GetSceneId() string {
 func (x *LedgerEntry) GetBalanceAfter() int64 {
 	if x != nil {
 		return x.BalanceAfter
+	}
+	return 0
+}
+
+func (x *LedgerEntry) GetGrantedAtMs() int64 {
+	if x != nil {
+		return x.GrantedAtMs
 	}
 	return 0
 }
@@ -758,7 +768,7 @@ const file_surge_v1_wallet_proto_rawDesc = "" +
 	"\x06status\x18\t \x01(\x0e2\x15.surge.v1.TokenStatusR\x06status\x12\x15\n" +
 	"\x06key_id\x18\n" +
 	" \x01(\tR\x05keyId\x12\x1c\n" +
-	"\tsignature\x18\v \x01(\fR\tsignature\"\x84\x02\n" +
+	"\tsignature\x18\v \x01(\fR\tsignature\"\xa8\x02\n" +
 	"\vLedgerEntry\x12\x19\n" +
 	"\border_no\x18\x01 \x01(\tR\aorderNo\x12\x15\n" +
 	"\x06act_id\x18\x02 \x01(\tR\x05actId\x12\x16\n" +
@@ -769,7 +779,8 @@ const file_surge_v1_wallet_proto_rawDesc = "" +
 	"\vactivity_id\x18\x06 \x01(\tR\n" +
 	"activityId\x12\x19\n" +
 	"\bscene_id\x18\a \x01(\tR\asceneId\x12#\n" +
-	"\rbalance_after\x18\b \x01(\x03R\fbalanceAfter\"\xeb\x01\n" +
+	"\rbalance_after\x18\b \x01(\x03R\fbalanceAfter\x12\"\n" +
+	"\rgranted_at_ms\x18\t \x01(\x03R\vgrantedAtMs\"\xeb\x01\n" +
 	"\n" +
 	"Withdrawal\x12\x1f\n" +
 	"\vwithdraw_id\x18\x01 \x01(\tR\n" +

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/csv"
 	"fmt"
+	"os"
 	"strings"
 	"sync"
 
@@ -16,8 +17,9 @@ import (
 // (scripts/chdb.sh installs it; CHDB_LIB_PATH points at it). chDB allows one
 // session per process, so calls are serialised.
 type ChDB struct {
-	mu sync.Mutex
-	s  *chdb.Session
+	mu    sync.Mutex
+	s     *chdb.Session
+	spool string // where inserts stage their RowBinary file
 }
 
 // OpenChDB opens (or creates) a chDB database in dir; "" is a temporary one.
@@ -34,7 +36,11 @@ func OpenChDB(dir string) (*ChDB, error) {
 	if err != nil {
 		return nil, fmt.Errorf("chdb: %w", err)
 	}
-	return &ChDB{s: s}, nil
+	spool := os.TempDir()
+	if st, err := os.Stat("/dev/shm"); err == nil && st.IsDir() {
+		spool = "/dev/shm" // memory: the file lives only for one insert
+	}
+	return &ChDB{s: s, spool: spool}, nil
 }
 
 func (c *ChDB) query(sql, format string) (string, error) {
@@ -54,6 +60,29 @@ func (c *ChDB) query(sql, format string) (string, error) {
 // Exec implements Store.
 func (c *ChDB) Exec(_ context.Context, sql string) error {
 	_, err := c.query(sql, "CSV")
+	return err
+}
+
+// Insert implements Store: chDB has no way to pass data beside a query
+// string, so the rows go through a file it reads with FROM INFILE.
+func (c *ChDB) Insert(_ context.Context, table string, cols []Column, w *RowWriter) error {
+	if w.Rows() == 0 {
+		return nil
+	}
+	f, err := os.CreateTemp(c.spool, "surge-insert-*.rowbinary")
+	if err != nil {
+		return fmt.Errorf("chdb: insert spool: %w", err)
+	}
+	defer os.Remove(f.Name())
+	_, err = f.Write(w.Bytes())
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("chdb: insert spool: %w", err)
+	}
+	_, err = c.query(fmt.Sprintf("INSERT INTO %s (%s) FROM INFILE %s SETTINGS %s FORMAT RowBinary",
+		table, names(cols), Quote(f.Name()), insertSettings), "CSV")
 	return err
 }
 

@@ -20,4 +20,7 @@ func (*ChDB) Exec(context.Context, string) error { return errors.ErrUnsupported 
 func (*ChDB) QueryStrings(context.Context, string) ([][]string, error) {
 	return nil, errors.ErrUnsupported
 }
+func (*ChDB) Insert(context.Context, string, []Column, *RowWriter) error {
+	return errors.ErrUnsupported
+}
 func (*ChDB) Close() error { return nil }

@@ -11,169 +11,247 @@ import (
 	"surge/streams"
 )
 
-func b2i(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
-}
-
 // Grants sinks wallet.grants.
 func Grants() *Sink {
 	return &Sink{Name: "sink-grants", Topic: schemas.TopicGrants, Table: "grants",
-		Columns: []string{"order_no", "act_id", "activity_id", "parent_activity_id", "scene_id", "award_type", "amount", "at_ms"},
-		Row: func(r *kgo.Record) (string, error) {
+		Columns: Columns("order_no String, act_id String, activity_id String, parent_activity_id String, scene_id String, award_type String, amount Int64, at_ms Int64"),
+		Write: func(r *kgo.Record, w *RowWriter) error {
 			var g pb.RewardGrant
 			if err := streams.Decode(r, &g); err != nil {
-				return "", err
+				return err
 			}
-			return fmt.Sprintf("(%s, %s, %s, %s, %s, %s, %d, %d)", Quote(g.OrderNo), Quote(g.ActId), Quote(g.ActivityId),
-				Quote(g.ParentActivityId), Quote(g.SceneId), Quote(g.AwardType.String()), g.Amount, g.AtMs), nil
+			w.Str(g.OrderNo)
+			w.Str(g.ActId)
+			w.Str(g.ActivityId)
+			w.Str(g.ParentActivityId)
+			w.Str(g.SceneId)
+			w.Str(g.AwardType.String())
+			w.I64(g.Amount)
+			w.I64(g.AtMs)
+			w.EndRow()
+			return nil
 		}}
 }
 
 // Tokens sinks wallet.tokens (each status a row).
 func Tokens() *Sink {
 	return &Sink{Name: "sink-tokens", Topic: schemas.TopicTokens, Table: "tokens",
-		Columns: []string{"order_no", "act_id", "activity_id", "scene_id", "amount", "status", "open_time"},
-		Row: func(r *kgo.Record) (string, error) {
+		Columns: Columns("order_no String, act_id String, activity_id String, scene_id String, amount Int64, status String, open_time Int64"),
+		Write: func(r *kgo.Record, w *RowWriter) error {
 			var t pb.Token
 			if err := streams.Decode(r, &t); err != nil {
-				return "", err
+				return err
 			}
-			return fmt.Sprintf("(%s, %s, %s, %s, %d, %s, %d)", Quote(t.OutTradeNo), Quote(t.ActId), Quote(t.ActivityId),
-				Quote(t.SceneId), t.Amount, Quote(t.Status.String()), t.OpenTime), nil
+			w.Str(t.OutTradeNo)
+			w.Str(t.ActId)
+			w.Str(t.ActivityId)
+			w.Str(t.SceneId)
+			w.I64(t.Amount)
+			w.Str(t.Status.String())
+			w.I64(t.OpenTime)
+			w.EndRow()
+			return nil
 		}}
 }
 
 // Ledger sinks wallet.ledger.
 func Ledger() *Sink {
 	return &Sink{Name: "sink-ledger", Topic: schemas.TopicLedger, Table: "ledger",
-		Columns: []string{"order_no", "act_id", "kind", "amount", "activity_id", "scene_id", "balance_after", "booked_at_ms"},
-		Row: func(r *kgo.Record) (string, error) {
+		Columns: Columns("order_no String, act_id String, kind String, amount Int64, activity_id String, scene_id String, balance_after Int64, booked_at_ms Int64, granted_at_ms Int64"),
+		Write: func(r *kgo.Record, w *RowWriter) error {
 			var e pb.LedgerEntry
 			if err := streams.Decode(r, &e); err != nil {
-				return "", err
+				return err
 			}
-			return fmt.Sprintf("(%s, %s, %s, %d, %s, %s, %d, %d)", Quote(e.OrderNo), Quote(e.ActId), Quote(e.Kind.String()),
-				e.Amount, Quote(e.ActivityId), Quote(e.SceneId), e.BalanceAfter, e.BookedAtMs), nil
+			w.Str(e.OrderNo)
+			w.Str(e.ActId)
+			w.Str(e.Kind.String())
+			w.I64(e.Amount)
+			w.Str(e.ActivityId)
+			w.Str(e.SceneId)
+			w.I64(e.BalanceAfter)
+			w.I64(e.BookedAtMs)
+			w.I64(e.GrantedAtMs)
+			w.EndRow()
+			return nil
 		}}
 }
 
 // Withdrawals sinks the ledger's answers to withdrawals.
 func Withdrawals() *Sink {
 	return &Sink{Name: "sink-withdrawals", Topic: schemas.TopicWithdrawResult, Table: "withdrawals",
-		Columns: []string{"withdraw_id", "act_id", "amount", "refused", "reason", "balance_after", "at_ms"},
-		Row: func(r *kgo.Record) (string, error) {
-			var w pb.Withdrawal
-			if err := streams.Decode(r, &w); err != nil {
-				return "", err
+		Columns: Columns("withdraw_id String, act_id String, amount Int64, refused UInt8, reason String, balance_after Int64, at_ms Int64"),
+		Write: func(r *kgo.Record, w *RowWriter) error {
+			var x pb.Withdrawal
+			if err := streams.Decode(r, &x); err != nil {
+				return err
 			}
-			return fmt.Sprintf("(%s, %s, %d, %d, %s, %d, %d)", Quote(w.WithdrawId), Quote(w.ActId), w.Amount, b2i(w.Refused),
-				Quote(w.Reason), w.BalanceAfter, w.AtMs), nil
+			w.Str(x.WithdrawId)
+			w.Str(x.ActId)
+			w.I64(x.Amount)
+			w.Bool(x.Refused)
+			w.Str(x.Reason)
+			w.I64(x.BalanceAfter)
+			w.I64(x.AtMs)
+			w.EndRow()
+			return nil
 		}}
 }
 
 // JobStates sinks push.job-transitions.
 func JobStates() *Sink {
 	return &Sink{Name: "sink-job-states", Topic: schemas.TopicJobTransitions, Table: "job_states",
-		Columns: []string{"job_id", "from_state", "to_state", "reason", "executor", "position", "targets", "at_ms"},
-		Row: func(r *kgo.Record) (string, error) {
+		Columns: Columns("job_id String, from_state String, to_state String, reason String, executor String, position UInt64, targets UInt64, at_ms Int64"),
+		Write: func(r *kgo.Record, w *RowWriter) error {
 			var t pb.JobTransition
 			if err := streams.Decode(r, &t); err != nil {
-				return "", err
+				return err
 			}
-			return fmt.Sprintf("(%s, %s, %s, %s, %s, %d, %d, %d)", Quote(t.JobId), Quote(t.From.String()), Quote(t.To.String()),
-				Quote(t.Reason), Quote(t.Executor), t.Position, t.Targets, t.AtMs), nil
+			w.Str(t.JobId)
+			w.Str(t.From.String())
+			w.Str(t.To.String())
+			w.Str(t.Reason)
+			w.Str(t.Executor)
+			w.U64(t.Position)
+			w.U64(t.Targets)
+			w.I64(t.AtMs)
+			w.EndRow()
+			return nil
 		}}
 }
 
 // Deliveries sinks push.reports, one row per target.
 func Deliveries() *Sink {
 	return &Sink{Name: "sink-deliveries", Topic: schemas.TopicReports, Table: "deliveries",
-		Columns: []string{"job_id", "uin", "status", "filter", "unit_id", "display_at_ms", "at_ms"},
-		Rows: func(r *kgo.Record) ([]string, error) {
+		Columns: Columns("job_id String, uin UInt32, status String, filter String, unit_id UInt32, display_at_ms Int64, at_ms Int64"),
+		Write: func(r *kgo.Record, w *RowWriter) error {
 			var rep pb.DeliveryReport
 			if err := streams.Decode(r, &rep); err != nil {
-				return nil, err
+				return err
 			}
 			set := roaring.New()
 			if len(rep.Uins) > 0 {
 				if err := set.UnmarshalBinary(rep.Uins); err != nil {
-					return nil, streams.Reject("report with unreadable uins", err)
+					return streams.Reject("report with unreadable uins", err)
 				}
 			} else {
 				set.Add(uint32(rep.Uin))
 			}
-			prefix := fmt.Sprintf("(%s, ", Quote(rep.JobId))
-			suffix := fmt.Sprintf(", %s, %s, %d, %d, %d)", Quote(rep.Status.String()), Quote(rep.Filter), rep.UnitId, rep.DisplayAtMs, rep.AtMs)
-			rows := make([]string, 0, set.GetCardinality())
+			status := rep.Status.String()
 			it := set.Iterator()
 			for it.HasNext() {
-				rows = append(rows, fmt.Sprintf("%s%d%s", prefix, it.Next(), suffix))
+				w.Str(rep.JobId)
+				w.U32(it.Next())
+				w.Str(status)
+				w.Str(rep.Filter)
+				w.U32(rep.UnitId)
+				w.I64(rep.DisplayAtMs)
+				w.I64(rep.AtMs)
+				w.EndRow()
 			}
-			return rows, nil
+			return nil
 		}}
 }
 
 // RecycleSteps sinks uin.recycle-steps.
 func RecycleSteps() *Sink {
 	return &Sink{Name: "sink-recycle-steps", Topic: schemas.TopicRecycleSteps, Table: "recycle_steps",
-		Columns: []string{"uin", "ticket_id", "step", "expected_prev", "category", "reason", "at_ms"},
-		Row: func(r *kgo.Record) (string, error) {
+		Columns: Columns("uin UInt32, ticket_id String, step String, expected_prev String, category String, reason String, at_ms Int64"),
+		Write: func(r *kgo.Record, w *RowWriter) error {
 			var s pb.RecycleStep
 			if err := streams.Decode(r, &s); err != nil {
-				return "", err
+				return err
 			}
-			return fmt.Sprintf("(%d, %s, %s, %s, %s, %s, %d)", s.Uin, Quote(s.TicketId), Quote(s.Step.String()),
-				Quote(s.ExpectedPrev.String()), Quote(s.Category), Quote(s.Reason), s.AtMs), nil
+			if err := checkUin(s.Uin); err != nil {
+				return err
+			}
+			w.U32(uint32(s.Uin))
+			w.Str(s.TicketId)
+			w.Str(s.Step.String())
+			w.Str(s.ExpectedPrev.String())
+			w.Str(s.Category)
+			w.Str(s.Reason)
+			w.I64(s.AtMs)
+			w.EndRow()
+			return nil
 		}}
+}
+
+func checkUin(u uint64) error {
+	if u == 0 || u > 1<<32-1 {
+		return streams.Reject(fmt.Sprintf("uin out of range: %d", u), nil)
+	}
+	return nil
 }
 
 // UinRegistrations sinks uin.registrations.
 func UinRegistrations() *Sink {
 	return &Sink{Name: "sink-uin-registrations", Topic: schemas.TopicRegistrations, Table: "uin_registrations",
-		Columns: []string{"uin", "username", "channel", "completed", "at_ms"},
-		Row: func(r *kgo.Record) (string, error) {
+		Columns: Columns("uin UInt32, username String, channel String, completed UInt8, at_ms Int64"),
+		Write: func(r *kgo.Record, w *RowWriter) error {
 			var g pb.UinRegistration
 			if err := streams.Decode(r, &g); err != nil {
-				return "", err
+				return err
 			}
-			if g.Uin == 0 || g.Uin > 1<<32-1 {
-				return "", streams.Reject(fmt.Sprintf("uin out of range: %d", g.Uin), nil)
+			if err := checkUin(g.Uin); err != nil {
+				return err
 			}
-			return fmt.Sprintf("(%d, %s, %s, %d, %d)", g.Uin, Quote(g.Username), Quote(g.Channel), b2i(g.Completed), g.AtMs), nil
+			w.U32(uint32(g.Uin))
+			w.Str(g.Username)
+			w.Str(g.Channel)
+			w.Bool(g.Completed)
+			w.I64(g.AtMs)
+			w.EndRow()
+			return nil
 		}}
 }
 
 // UinUsage sinks uin.usage.
 func UinUsage() *Sink {
 	return &Sink{Name: "sink-uin-usage", Topic: schemas.TopicUsage, Table: "uin_usage",
-		Columns: []string{"uin", "kind", "source", "at_ms"},
-		Row: func(r *kgo.Record) (string, error) {
+		Columns: Columns("uin UInt32, kind String, source String, at_ms Int64"),
+		Write: func(r *kgo.Record, w *RowWriter) error {
 			var u pb.UsageEvent
 			if err := streams.Decode(r, &u); err != nil {
-				return "", err
+				return err
 			}
-			if u.Uin == 0 || u.Uin > 1<<32-1 {
-				return "", streams.Reject(fmt.Sprintf("uin out of range: %d", u.Uin), nil)
+			if err := checkUin(u.Uin); err != nil {
+				return err
 			}
-			return fmt.Sprintf("(%d, %s, %s, %d)", u.Uin, Quote(u.Kind), Quote(u.Source), u.AtMs), nil
+			w.U32(uint32(u.Uin))
+			w.Str(u.Kind)
+			w.Str(u.Source)
+			w.I64(u.AtMs)
+			w.EndRow()
+			return nil
 		}}
 }
 
 // Recon sinks platform.recon.
 func Recon() *Sink {
 	return &Sink{Name: "sink-recon", Topic: schemas.TopicRecon, Table: "recon_results",
-		Columns: []string{"check_name", "hour_start_ms", "scope", "expected", "actual", "mismatch", "attempt", "run_at_ms"},
-		Row: func(r *kgo.Record) (string, error) {
+		Columns: Columns("check_name String, hour_start_ms Int64, scope String, expected Int64, actual Int64, mismatch UInt8, attempt String, run_at_ms Int64"),
+		Write: func(r *kgo.Record, w *RowWriter) error {
 			var x pb.ReconResult
 			if err := streams.Decode(r, &x); err != nil {
-				return "", err
+				return err
 			}
-			return fmt.Sprintf("(%s, %d, %s, %d, %d, %d, %s, %d)", Quote(x.Check), x.HourStartMs, Quote(x.Scope), x.Expected,
-				x.Actual, b2i(x.Mismatch), Quote(x.Attempt), x.RunAtMs), nil
+			WriteRecon(w, &x)
+			return nil
 		}}
+}
+
+// WriteRecon appends one result row of the recon_results table.
+func WriteRecon(w *RowWriter, x *pb.ReconResult) {
+	w.Str(x.Check)
+	w.I64(x.HourStartMs)
+	w.Str(x.Scope)
+	w.I64(x.Expected)
+	w.I64(x.Actual)
+	w.Bool(x.Mismatch)
+	w.Str(x.Attempt)
+	w.I64(x.RunAtMs)
+	w.EndRow()
 }
 
 // Facts is every fact sink, by name.

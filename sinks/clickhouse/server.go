@@ -31,6 +31,30 @@ func OpenServer(ctx context.Context, dsn string) (*Server, error) {
 // Exec implements Store.
 func (s *Server) Exec(ctx context.Context, sql string) error { return s.conn.Exec(ctx, sql) }
 
+// Insert implements Store with a columnar batch: the RowBinary rows are
+// decoded into one slice per column and appended column by column.
+func (s *Server) Insert(ctx context.Context, table string, cols []Column, w *RowWriter) error {
+	if w.Rows() == 0 {
+		return nil
+	}
+	data, err := DecodeColumns(cols, w.Rows(), w.Bytes())
+	if err != nil {
+		return err
+	}
+	ctx = ch.Context(ctx, ch.WithSettings(ch.Settings{"optimize_on_insert": 0}))
+	batch, err := s.conn.PrepareBatch(ctx, fmt.Sprintf("INSERT INTO %s (%s)", table, names(cols)))
+	if err != nil {
+		return err
+	}
+	for i := range cols {
+		if err := batch.Column(i).Append(data[i]); err != nil {
+			_ = batch.Abort()
+			return fmt.Errorf("clickhouse: %s.%s: %w", table, cols[i].Name, err)
+		}
+	}
+	return batch.Send()
+}
+
 // QueryStrings implements Store; every column is read as its text form.
 func (s *Server) QueryStrings(ctx context.Context, sql string) ([][]string, error) {
 	rows, err := s.conn.Query(ctx, "SELECT * APPLY(toString) FROM ("+sql+")")

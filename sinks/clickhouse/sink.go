@@ -5,8 +5,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"strconv"
-	"strings"
-	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -14,9 +12,6 @@ import (
 	"surge/schemas/surgev1"
 	"surge/streams"
 )
-
-// RowFunc maps one record to a VALUES tuple such as "(1, 'a')", or rejects it.
-type RowFunc func(r *kgo.Record) (string, error)
 
 // Sink batches a topic's records into one table. Rows are inserted before
 // the batch's offsets commit (streams.BeforeCommit) and the tables are
@@ -27,53 +22,44 @@ type Sink struct {
 	Name    string
 	Topic   string
 	Table   string
-	Columns []string
-	Row     RowFunc
-	// Rows, when set instead of Row, maps one record to many rows (a
-	// batch record such as a delivery report).
-	Rows func(r *kgo.Record) ([]string, error)
+	Columns []Column
+	// Write appends the record's rows (usually one; a delivery report
+	// expands to a row per uin) to w, or rejects the record.
+	Write func(r *kgo.Record, w *RowWriter) error
 
 	store Store
-	rows  []string
+	rows  *RowWriter
 }
 
 // Bind attaches a store.
 func (s *Sink) Bind(st Store) *Sink { s.store = st; return s }
 
+func (s *Sink) writer() *RowWriter {
+	if s.rows == nil {
+		s.rows = NewRowWriter(s.Columns)
+	}
+	return s.rows
+}
+
 // Handle is the streams handler: it only buffers.
 func (s *Sink) Handle() streams.Handler {
 	return func(_ context.Context, in *kgo.Record, _ *streams.Output) error {
-		if s.Rows != nil {
-			rows, err := s.Rows(in)
-			if err != nil {
-				return err
-			}
-			s.rows = append(s.rows, rows...)
-			return nil
-		}
-		row, err := s.Row(in)
-		if err != nil {
+		w := s.writer()
+		m := w.mark()
+		if err := s.Write(in, w); err != nil {
+			w.undo(m)
 			return err
 		}
-		s.rows = append(s.rows, row)
+		if err := w.Err(); err != nil {
+			panic(fmt.Sprintf("sink %s: %v", s.Name, err)) // a Write that disagrees with Columns is a bug
+		}
 		return nil
 	}
 }
 
-// flush inserts the buffered rows in one statement.
+// flush inserts the batch's rows in one insert, before the commit.
 func (s *Sink) flush(ctx context.Context) error {
-	if len(s.rows) == 0 {
-		return nil
-	}
-	var b strings.Builder
-	fmt.Fprintf(&b, "INSERT INTO %s (%s) VALUES ", s.Table, strings.Join(s.Columns, ", "))
-	for i, r := range s.rows {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString(r)
-	}
-	return s.store.Exec(ctx, b.String())
+	return s.store.Insert(ctx, s.Table, s.Columns, s.writer())
 }
 
 // Options are the runtime options a sink needs.
@@ -82,7 +68,7 @@ func (s *Sink) Options() []streams.Option {
 		streams.Inputs(s.Topic),
 		streams.WithGuarantee(streams.AtLeastOnce),
 		streams.BeforeCommit(s.flush),
-		streams.OnBatchEnd(func(bool) { s.rows = s.rows[:0] }),
+		streams.OnBatchEnd(func(bool) { s.writer().Reset() }),
 	}
 }
 
@@ -99,29 +85,34 @@ func (s *Sink) Run(ctx context.Context, brokers []string, opts ...streams.Option
 	return r.Run(ctx)
 }
 
-func ms(t time.Time) string { return strconv.FormatFloat(float64(t.UnixMilli())/1000, 'f', 3, 64) }
-
 // DeadLetters sinks the dead-letter topic, so operators can query why
 // records were rejected.
 func DeadLetters() *Sink {
 	return &Sink{
 		Name: "sink-dead-letters", Topic: schemas.TopicDeadLetter, Table: "dead_letters",
-		Columns: []string{"source_topic", "source_partition", "source_offset", "processor", "reason", "schema_name", "key_hex", "value_bytes", "at"},
-		Row: func(r *kgo.Record) (string, error) {
+		Columns: Columns("source_topic String, source_partition Int32, source_offset Int64, processor String, reason String, schema_name String, key_hex String, value_bytes UInt32, at DateTime64ms"),
+		Write: func(r *kgo.Record, w *RowWriter) error {
 			h := func(k string) string { v, _ := streams.Header(r, k); return v }
 			part, err1 := strconv.Atoi(h(streams.HeaderDLQPartition))
 			off, err2 := strconv.ParseInt(h(streams.HeaderDLQOffset), 10, 64)
 			if err1 != nil || err2 != nil {
-				return "", streams.Reject("dead letter without source position", nil)
+				return streams.Reject("dead letter without source position", nil)
 			}
 			size := len(r.Value)
 			if t, ok := streams.Header(r, streams.HeaderDLQTruncated); ok {
 				size, _ = strconv.Atoi(t)
 			}
-			return fmt.Sprintf("(%s, %d, %d, %s, %s, %s, %s, %d, %s)",
-				Quote(h(streams.HeaderDLQTopic)), part, off, Quote(h(streams.HeaderDLQProcessor)),
-				Quote(h(streams.HeaderDLQReason)), Quote(h(schemas.HeaderSchema)), Quote(hex.EncodeToString(r.Key)),
-				size, ms(r.Timestamp)), nil
+			w.Str(h(streams.HeaderDLQTopic))
+			w.I32(int32(part))
+			w.I64(off)
+			w.Str(h(streams.HeaderDLQProcessor))
+			w.Str(h(streams.HeaderDLQReason))
+			w.Str(h(schemas.HeaderSchema))
+			w.Str(hex.EncodeToString(r.Key))
+			w.U32(uint32(size))
+			w.Millis(r.Timestamp.UnixMilli())
+			w.EndRow()
+			return nil
 		},
 	}
 }
@@ -130,17 +121,20 @@ func DeadLetters() *Sink {
 func Presence() *Sink {
 	return &Sink{
 		Name: "sink-presence", Topic: schemas.TopicPresence, Table: "presence_changes",
-		Columns: []string{"uin", "online", "at_ms"},
-		Row: func(r *kgo.Record) (string, error) {
+		Columns: Columns("uin UInt32, online UInt8, at_ms Int64"),
+		Write: func(r *kgo.Record, w *RowWriter) error {
 			var ev surgev1.LoginEvent
 			if err := streams.Decode(r, &ev); err != nil {
-				return "", err
+				return err
 			}
-			on := 0
-			if ev.Online {
-				on = 1
+			if ev.Uin > 1<<32-1 {
+				return streams.Reject(fmt.Sprintf("uin out of range: %d", ev.Uin), nil)
 			}
-			return fmt.Sprintf("(%d, %d, %d)", ev.Uin, on, ev.AtMs), nil
+			w.U32(uint32(ev.Uin))
+			w.Bool(ev.Online)
+			w.I64(ev.AtMs)
+			w.EndRow()
+			return nil
 		},
 	}
 }
@@ -149,6 +143,6 @@ func Presence() *Sink {
 // would; benchmarks drive the sink without a broker through it.
 func (s *Sink) FlushForBench(ctx context.Context) error {
 	err := s.flush(ctx)
-	s.rows = s.rows[:0]
+	s.writer().Reset()
 	return err
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -66,11 +67,11 @@ type flaky struct {
 	fails atomic.Int32
 }
 
-func (f *flaky) Exec(ctx context.Context, sql string) error {
+func (f *flaky) Insert(ctx context.Context, table string, cols []clickhouse.Column, w *clickhouse.RowWriter) error {
 	if f.fails.Add(-1) >= 0 {
 		return errors.New("connection refused")
 	}
-	return f.Store.Exec(ctx, sql)
+	return f.Store.Insert(ctx, table, cols, w)
 }
 
 // Every presence change lands in the table exactly once, although the
@@ -135,4 +136,73 @@ func TestSinkLosesNoRowAndRedeliveryDoesNotDouble(t *testing.T) {
 		raw, _ := store.QueryStrings(ctx, "SELECT count() FROM presence_changes")
 		t.Logf("%s raw rows before merge for %d records delivered twice", raw[0][0], n)
 	})
+}
+
+// Every sink's columns exist in its table after migration, with a type
+// its RowBinary encoding fits: a sink and a table can not drift apart
+// unnoticed.
+func TestSinkColumnsMatchTables(t *testing.T) {
+	ctx := context.Background()
+	if _, err := clickhouse.Migrate(ctx, store); err != nil {
+		t.Fatal(err)
+	}
+	fits := map[clickhouse.Type][]string{
+		clickhouse.String: {"String", "LowCardinality(String)"}, clickhouse.Int32: {"Int32"}, clickhouse.Int64: {"Int64"},
+		clickhouse.UInt8: {"UInt8"}, clickhouse.UInt32: {"UInt32"}, clickhouse.UInt64: {"UInt64"},
+		clickhouse.DateTime64ms: {"DateTime64(3, 'UTC')", "DateTime64(3)"},
+	}
+	for _, s := range clickhouse.Facts() {
+		rows, err := store.QueryStrings(ctx, "SELECT name, type FROM system.columns WHERE database = currentDatabase() AND table = '"+s.Table+"'")
+		if err != nil {
+			t.Fatal(err)
+		}
+		have := map[string]string{}
+		for _, r := range rows {
+			have[r[0]] = r[1]
+		}
+		for _, c := range s.Columns {
+			typ, ok := have[c.Name]
+			if !ok {
+				t.Errorf("%s: table %s has no column %s", s.Name, s.Table, c.Name)
+				continue
+			}
+			if !slices.Contains(fits[c.Type], typ) {
+				t.Errorf("%s: %s.%s is %s, the sink writes %v", s.Name, s.Table, c.Name, typ, fits[c.Type])
+			}
+		}
+	}
+}
+
+// A dead letter lands with its source position, reason and time (the
+// Int32, UInt32 and DateTime64 paths of RowBinary).
+func TestDeadLetterRow(t *testing.T) {
+	ctx := context.Background()
+	if _, err := clickhouse.Migrate(ctx, store); err != nil {
+		t.Fatal(err)
+	}
+	at := time.Date(2026, 12, 3, 10, 0, 0, 250e6, time.UTC)
+	rec := &kgo.Record{Topic: "platform.dead-letter", Key: []byte{0xab}, Value: []byte("xyz"), Timestamp: at, Headers: []kgo.RecordHeader{
+		{Key: streams.HeaderDLQTopic, Value: []byte("wallet.grants")}, {Key: streams.HeaderDLQPartition, Value: []byte("7")},
+		{Key: streams.HeaderDLQOffset, Value: []byte("123456789012")}, {Key: streams.HeaderDLQProcessor, Value: []byte("grant")},
+		{Key: streams.HeaderDLQReason, Value: []byte("malformed order number: 'x'")},
+	}}
+	s := clickhouse.DeadLetters().Bind(store)
+	if err := s.Handle()(ctx, rec, nil); err != nil {
+		t.Fatal(err)
+	}
+	bad := &kgo.Record{Topic: "platform.dead-letter", Value: []byte("x")} // no source position
+	if err := s.Handle()(ctx, bad, nil); !streams.IsReject(err) {
+		t.Fatalf("dead letter without a position: %v", err)
+	}
+	if err := s.FlushForBench(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := store.QueryStrings(ctx, "SELECT source_topic, source_partition, source_offset, processor, reason, key_hex, value_bytes, toUnixTimestamp64Milli(at) FROM dead_letters FINAL WHERE source_offset = 123456789012")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"wallet.grants", "7", "123456789012", "grant", "malformed order number: 'x'", "ab", "3", strconv.FormatInt(at.UnixMilli(), 10)}
+	if len(rows) != 1 || !slices.Equal(rows[0], want) {
+		t.Fatalf("dead_letters: %v, want %v", rows, want)
+	}
 }

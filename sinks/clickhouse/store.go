@@ -15,8 +15,11 @@ import (
 
 // Store is what sinks and reports need from ClickHouse.
 type Store interface {
-	// Exec runs a statement (DDL or INSERT ... VALUES).
+	// Exec runs a statement (DDL, or an INSERT with its data).
 	Exec(ctx context.Context, sql string) error
+	// Insert writes the rows of w (RowBinary, see RowWriter) into the
+	// table's columns in one insert. Sinks write only through Insert.
+	Insert(ctx context.Context, table string, cols []Column, w *RowWriter) error
 	// QueryStrings runs a SELECT and returns each row as strings.
 	QueryStrings(ctx context.Context, sql string) ([][]string, error)
 	Close() error
@@ -75,6 +78,12 @@ func Migrate(ctx context.Context, s Store) ([]string, error) {
 	}
 	return did, nil
 }
+
+// insertSettings apply to every sink insert. optimize_on_insert=0 skips
+// collapsing equal keys inside each inserted block: background merges and
+// FINAL (or the idempotent folds of wallet_orders) collapse them anyway,
+// and skipping it halves chDB's insert cost (bench/sinks-notes.md).
+const insertSettings = "optimize_on_insert = 0"
 
 // Quote renders s as a ClickHouse string literal.
 func Quote(s string) string {

@@ -7,6 +7,10 @@
 //     order number booked twice a double booking;
 //   - tokens_vs_ledger: every token has its ledger entry and every entry
 //     its token;
+//
+// (both wallet checks read wallet_orders, where the sinks' rows are folded
+// per order as they arrive, so a run reads one row per order of its window
+// and joins nothing; a booking counts in the window of its grant);
 //   - targets_vs_deliveries: each completed push job reached (delivered or
 //     queued offline) exactly its filtered targets.
 //
@@ -106,7 +110,7 @@ func (w Window) between(col string) string {
 func (r *Reconciler) Run(ctx context.Context, w Window) ([]*pb.ReconResult, int, error) {
 	r.init()
 	var all []*pb.ReconResult
-	for i, check := range []func(context.Context, Window) ([]*pb.ReconResult, error){r.grantedVsBooked, r.tokensVsLedger, r.targetsVsDeliveries} {
+	for i, check := range []func(context.Context, Window) ([]*pb.ReconResult, error){r.walletChecks, r.targetsVsDeliveries} {
 		t0 := time.Now()
 		res, err := check(ctx, w)
 		r.Log.Debug("recon: check ran", "check", i, "took", time.Since(t0))
@@ -140,25 +144,17 @@ func (r *Reconciler) publish(ctx context.Context, all []*pb.ReconResult) error {
 		return nil
 	}
 	sink := clickhouse.Recon()
-	sink.Bind(r.Store)
-	var recs []*kgo.Record
-	rows := "INSERT INTO recon_results (check_name, hour_start_ms, scope, expected, actual, mismatch, attempt, run_at_ms) VALUES "
-	for i, x := range all {
+	w := clickhouse.NewRowWriter(sink.Columns)
+	recs := make([]*kgo.Record, 0, len(all))
+	for _, x := range all {
 		rec, err := streams.NewRecord(r.Topic, []byte(x.Check), x)
 		if err != nil {
 			return err
 		}
 		recs = append(recs, rec)
-		row, err := sink.Row(rec)
-		if err != nil {
-			return err
-		}
-		if i > 0 {
-			rows += ","
-		}
-		rows += row
+		clickhouse.WriteRecon(w, x)
 	}
-	if err := r.Store.Exec(ctx, rows); err != nil {
+	if err := r.Store.Insert(ctx, sink.Table, sink.Columns, w); err != nil {
 		return fmt.Errorf("recon: write results: %w", err)
 	}
 	if r.Producer != nil {
@@ -171,72 +167,63 @@ func (r *Reconciler) publish(ctx context.Context, all []*pb.ReconResult) error {
 
 func atoi(s string) int64 { n, _ := strconv.ParseInt(s, 10, 64); return n }
 
-// ledgerByOrder is the booked side: bookings per order number, of the
-// bookings made since the window opened (nothing books before its grant).
-// Rows a sink redelivered are identical (same booked_at) and count once;
-// a second booking of one order number (another booked_at) counts twice.
-// Joins are on a 64-bit hash of the order number (k): several times faster
-// than on the string, and a collision among 10^7 keys has odds ~10^-5.
-func ledgerByOrder(w Window) string {
-	return fmt.Sprintf(`(SELECT cityHash64(order_no) AS k, uniqExact(booked_at_ms) AS n, any(amount) * n AS booked FROM ledger WHERE kind = 'GRANT' AND booked_at_ms >= %d GROUP BY k)`, w.From.UnixMilli())
+// walletOrders is one folded row per cash order granted in w: FINAL
+// finishes the folds the background merges have not done yet (cheap: the
+// table is sorted by grant minute and order). nb is the number of
+// distinct bookings, order_booked what they paid.
+func walletOrders(w Window) string {
+	return fmt.Sprintf(`(SELECT activity_id, scene_id, act_id, has_grant, granted AS order_granted, has_token,
+       token_amount AS order_token, length(bookings) AS nb, booked_amount * nb AS order_booked
+  FROM wallet_orders FINAL WHERE minute_ms >= %d AND minute_ms < %d)`, w.From.UnixMilli(), w.To.UnixMilli())
 }
 
-func (r *Reconciler) grantedVsBooked(ctx context.Context, w Window) ([]*pb.ReconResult, error) {
-	// One join, aggregated per user, rolled up per activity and scene; the
-	// users who disagree ride along (at most 100 per scene).
+// walletChecks runs granted_vs_booked and tokens_vs_ledger in one pass:
+// per user, rolled up per activity and scene; the users who disagree ride
+// along (at most 100 per scene).
+func (r *Reconciler) walletChecks(ctx context.Context, w Window) ([]*pb.ReconResult, error) {
 	rows, err := r.Store.QueryStrings(ctx, fmt.Sprintf(`
-SELECT activity_id, scene_id, sum(n), sum(granted), sum(booked), sum(lost), sum(doubled),
+SELECT activity_id, scene_id, sum(grants), sum(granted), sum(booked), sum(lost), sum(doubled),
+       sum(tokens), sum(token_amount), sum(token_booked), sum(unbooked), sum(orphans),
        arrayStringConcat(arraySlice(groupArrayIf(concat(act_id, ':', toString(granted), ':', toString(booked)), granted != booked), 1, 100), ' ')
 FROM (
-  SELECT g.activity_id AS activity_id, g.scene_id AS scene_id, g.act_id AS act_id, count() AS n, sum(g.amount) AS granted,
-         sum(l.booked) AS booked, countIf(l.n = 0) AS lost, countIf(l.n > 1) AS doubled
-  FROM (SELECT cityHash64(order_no) AS k, act_id, activity_id, scene_id, amount FROM grants FINAL WHERE award_type = 'CASH' AND %s) AS g
-  LEFT JOIN %s AS l USING (k)
+  SELECT activity_id, scene_id, act_id,
+         countIf(has_grant = 1) AS grants, sum(order_granted) AS granted, sum(order_booked) AS booked,
+         countIf(has_grant = 1 AND nb = 0) AS lost, countIf(nb > 1) AS doubled,
+         countIf(has_token = 1) AS tokens, sum(order_token) AS token_amount, sumIf(order_booked, has_token = 1) AS token_booked,
+         countIf(has_token = 1 AND nb = 0) AS unbooked, countIf(nb > 0 AND has_token = 0) AS orphans
+  FROM %s
   GROUP BY activity_id, scene_id, act_id)
-GROUP BY activity_id, scene_id ORDER BY activity_id, scene_id`, w.between("at_ms"), ledgerByOrder(w)))
+GROUP BY activity_id, scene_id ORDER BY activity_id, scene_id`, walletOrders(w)))
 	if err != nil {
-		return nil, fmt.Errorf("recon %s: %w", GrantedVsBooked, err)
+		return nil, fmt.Errorf("recon %s, %s: %w", GrantedVsBooked, TokensVsLedger, err)
 	}
-	var out []*pb.ReconResult
+	var granted, tokens []*pb.ReconResult
 	for _, row := range rows {
-		granted, booked, lost, doubled := atoi(row[3]), atoi(row[4]), atoi(row[5]), atoi(row[6])
-		scope := fmt.Sprintf("activity=%s scene=%s grants=%s lost=%d doubled=%d", row[0], row[1], row[2], lost, doubled)
-		out = append(out, &pb.ReconResult{Check: GrantedVsBooked, Scope: scope, Expected: granted, Actual: booked,
-			Mismatch: granted != booked || lost > 0 || doubled > 0})
-		for _, u := range strings.Fields(row[7]) {
-			f := strings.Split(u, ":")
-			if len(f) == 3 {
-				out = append(out, &pb.ReconResult{Check: GrantedVsBooked, Scope: "user=" + f[0], Expected: atoi(f[1]), Actual: atoi(f[2]), Mismatch: true})
+		scope := fmt.Sprintf("activity=%s scene=%s", row[0], row[1])
+		g, booked, lost, doubled := atoi(row[3]), atoi(row[4]), atoi(row[5]), atoi(row[6])
+		if atoi(row[2]) > 0 || booked > 0 {
+			granted = append(granted, &pb.ReconResult{Check: GrantedVsBooked, Expected: g, Actual: booked,
+				Scope:    fmt.Sprintf("%s grants=%s lost=%d doubled=%d", scope, row[2], lost, doubled),
+				Mismatch: g != booked || lost > 0 || doubled > 0})
+			for _, u := range strings.Fields(row[12]) {
+				f := strings.Split(u, ":")
+				if len(f) == 3 {
+					granted = append(granted, &pb.ReconResult{Check: GrantedVsBooked, Scope: "user=" + f[0], Expected: atoi(f[1]), Actual: atoi(f[2]), Mismatch: true})
+				}
 			}
 		}
+		unbooked, orphans := atoi(row[10]), atoi(row[11])
+		if atoi(row[7]) > 0 || orphans > 0 {
+			tokens = append(tokens, &pb.ReconResult{Check: TokensVsLedger, Expected: atoi(row[8]), Actual: atoi(row[9]),
+				Scope:    fmt.Sprintf("%s tokens=%s unbooked=%d", scope, row[7], unbooked),
+				Mismatch: unbooked > 0 || atoi(row[8]) != atoi(row[9])})
+		}
+		if orphans > 0 {
+			tokens = append(tokens, &pb.ReconResult{Check: TokensVsLedger, Scope: fmt.Sprintf("%s entries without a token=%d", scope, orphans),
+				Expected: 0, Actual: orphans, Mismatch: true})
+		}
 	}
-	return out, nil
-}
-
-func (r *Reconciler) tokensVsLedger(ctx context.Context, w Window) ([]*pb.ReconResult, error) {
-	rows, err := r.Store.QueryStrings(ctx, fmt.Sprintf(`
-SELECT count(), countIf(l.n = 0), sum(t.amount), sum(l.booked)
-FROM (SELECT cityHash64(order_no) AS k, any(amount) AS amount FROM tokens WHERE status = 'PROCESSING' AND %s GROUP BY k) AS t
-LEFT JOIN %s AS l USING (k)`, w.between("open_time"), ledgerByOrder(w)))
-	if err != nil {
-		return nil, fmt.Errorf("recon %s: %w", TokensVsLedger, err)
-	}
-	orphans, err := r.Store.QueryStrings(ctx, fmt.Sprintf(`
-SELECT count() FROM (SELECT DISTINCT cityHash64(order_no) AS k FROM ledger WHERE kind = 'GRANT' AND %s) AS l
-LEFT ANTI JOIN (SELECT DISTINCT cityHash64(order_no) AS k FROM tokens WHERE open_time < %d) AS t USING (k)`, w.between("booked_at_ms"), w.To.UnixMilli()))
-	if err != nil {
-		return nil, fmt.Errorf("recon %s orphans: %w", TokensVsLedger, err)
-	}
-	var out []*pb.ReconResult
-	if len(rows) == 1 && atoi(rows[0][0]) > 0 {
-		unbooked := atoi(rows[0][1])
-		out = append(out, &pb.ReconResult{Check: TokensVsLedger, Scope: fmt.Sprintf("tokens=%s unbooked=%d", rows[0][0], unbooked),
-			Expected: atoi(rows[0][2]), Actual: atoi(rows[0][3]), Mismatch: unbooked > 0})
-	}
-	if n := atoi(orphans[0][0]); n > 0 {
-		out = append(out, &pb.ReconResult{Check: TokensVsLedger, Scope: fmt.Sprintf("entries without a token=%d", n), Expected: 0, Actual: n, Mismatch: true})
-	}
-	return out, nil
+	return append(granted, tokens...), nil
 }
 
 func (r *Reconciler) targetsVsDeliveries(ctx context.Context, w Window) ([]*pb.ReconResult, error) {
@@ -272,7 +259,7 @@ func (r *Reconciler) Serve(ctx context.Context, tick time.Duration) {
 	defer t.Stop()
 	for {
 		now := r.Now()
-		end := now.Add(-r.Lag)
+		end := now.Add(-r.Lag).Truncate(time.Minute) // wallet_orders is folded per minute
 		if _, _, err := r.Run(ctx, Window{From: end.Add(-time.Minute), To: end, Attempt: AttemptRealTime}); err != nil && ctx.Err() == nil {
 			r.Log.Warn("recon: near-real-time run failed", "err", err)
 		}

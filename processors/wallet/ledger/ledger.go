@@ -317,7 +317,8 @@ func (l *Ledger) book(ctx context.Context, tok *pb.Token, verify bool, verdict e
 		return false, err
 	}
 	e := &pb.LedgerEntry{OrderNo: tok.OutTradeNo, ActId: tok.ActId, Amount: tok.Amount, Kind: pb.LedgerKind_GRANT,
-		BookedAtMs: time.Now().UnixMilli(), ActivityId: tok.ActivityId, SceneId: tok.SceneId, BalanceAfter: acc.balance + tok.Amount}
+		BookedAtMs: time.Now().UnixMilli(), ActivityId: tok.ActivityId, SceneId: tok.SceneId, BalanceAfter: acc.balance + tok.Amount,
+		GrantedAtMs: tok.OpenTime}
 	if err := apply(l.staged, l.staged, e, l); err != nil {
 		return false, err
 	}

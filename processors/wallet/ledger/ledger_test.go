@@ -124,6 +124,10 @@ func (w *wallet) ledgerEntries(t *testing.T) (map[string]int64, int64) {
 		if _, dup := out[e.OrderNo]; dup {
 			t.Fatalf("order %s booked twice", e.OrderNo)
 		}
+		// Reconciliation counts a booking in its grant's minute.
+		if e.Kind == pb.LedgerKind_GRANT && (e.GrantedAtMs <= 0 || e.GrantedAtMs > e.BookedAtMs) {
+			t.Fatalf("order %s: granted_at_ms %d, booked at %d", e.OrderNo, e.GrantedAtMs, e.BookedAtMs)
+		}
 		out[e.OrderNo] = e.Amount
 		sum += e.Amount
 		return nil

@@ -1,0 +1,5 @@
+CREATE MATERIALIZED VIEW IF NOT EXISTS wallet_orders_grants TO wallet_orders AS
+SELECT intDiv(at_ms, 60000) * 60000 AS minute_ms, cityHash64(order_no) AS k, act_id, activity_id, scene_id,
+       amount AS granted, toUInt8(1) AS has_grant, toUInt8(0) AS has_token, toInt64(0) AS token_amount,
+       toInt64(0) AS booked_amount, CAST([], 'Array(Int64)') AS bookings
+FROM grants WHERE award_type = 'CASH'

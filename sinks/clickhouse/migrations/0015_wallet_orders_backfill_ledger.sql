@@ -1,0 +1,9 @@
+-- Folds the ledger rows written before wallet_orders existed (the view in
+-- 0012_wallet_orders_ledger.sql sees only new inserts). Running it twice is harmless: every
+-- column of wallet_orders folds idempotently.
+INSERT INTO wallet_orders
+SELECT intDiv(if(granted_at_ms = 0, booked_at_ms, granted_at_ms), 60000) * 60000 AS minute_ms, cityHash64(order_no) AS k,
+       act_id, activity_id, scene_id,
+       toInt64(0) AS granted, toUInt8(0) AS has_grant, toUInt8(0) AS has_token, toInt64(0) AS token_amount,
+       amount AS booked_amount, [booked_at_ms] AS bookings
+FROM ledger WHERE kind = 'GRANT'
