@@ -319,18 +319,23 @@ func (x *RewardGrant) GetParentActivityId() string {
 
 // The signed proof of a cash grant, shown to the user before it is booked.
 type Token struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	AppId         string                 `protobuf:"bytes,1,opt,name=app_id,json=appId,proto3" json:"app_id,omitempty"`
-	ActId         string                 `protobuf:"bytes,2,opt,name=act_id,json=actId,proto3" json:"act_id,omitempty"`
-	ActivityId    string                 `protobuf:"bytes,3,opt,name=activity_id,json=activityId,proto3" json:"activity_id,omitempty"`
-	SceneId       string                 `protobuf:"bytes,4,opt,name=scene_id,json=sceneId,proto3" json:"scene_id,omitempty"`
-	Amount        int64                  `protobuf:"varint,5,opt,name=amount,proto3" json:"amount,omitempty"`
-	OutTradeNo    string                 `protobuf:"bytes,6,opt,name=out_trade_no,json=outTradeNo,proto3" json:"out_trade_no,omitempty"`
-	OpenTime      int64                  `protobuf:"varint,7,opt,name=open_time,json=openTime,proto3" json:"open_time,omitempty"`
-	RainId        string                 `protobuf:"bytes,8,opt,name=rain_id,json=rainId,proto3" json:"rain_id,omitempty"`
-	Status        TokenStatus            `protobuf:"varint,9,opt,name=status,proto3,enum=surge.v1.TokenStatus" json:"status,omitempty"`
-	KeyId         string                 `protobuf:"bytes,10,opt,name=key_id,json=keyId,proto3" json:"key_id,omitempty"` // which signing key
-	Signature     []byte                 `protobuf:"bytes,11,opt,name=signature,proto3" json:"signature,omitempty"`      // Ed25519 over the fields above (status excluded)
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	AppId      string                 `protobuf:"bytes,1,opt,name=app_id,json=appId,proto3" json:"app_id,omitempty"`
+	ActId      string                 `protobuf:"bytes,2,opt,name=act_id,json=actId,proto3" json:"act_id,omitempty"`
+	ActivityId string                 `protobuf:"bytes,3,opt,name=activity_id,json=activityId,proto3" json:"activity_id,omitempty"`
+	SceneId    string                 `protobuf:"bytes,4,opt,name=scene_id,json=sceneId,proto3" json:"scene_id,omitempty"`
+	Amount     int64                  `protobuf:"varint,5,opt,name=amount,proto3" json:"amount,omitempty"`
+	OutTradeNo string                 `protobuf:"bytes,6,opt,name=out_trade_no,json=outTradeNo,proto3" json:"out_trade_no,omitempty"`
+	OpenTime   int64                  `protobuf:"varint,7,opt,name=open_time,json=openTime,proto3" json:"open_time,omitempty"`
+	RainId     string                 `protobuf:"bytes,8,opt,name=rain_id,json=rainId,proto3" json:"rain_id,omitempty"`
+	Status     TokenStatus            `protobuf:"varint,9,opt,name=status,proto3,enum=surge.v1.TokenStatus" json:"status,omitempty"`
+	KeyId      string                 `protobuf:"bytes,10,opt,name=key_id,json=keyId,proto3" json:"key_id,omitempty"` // which signing key
+	// Ed25519. Without batch_proof: over the fields above (status excluded).
+	// With it: over the root of a Merkle tree of up to 64 tokens signed
+	// together, this token a leaf (processors/wallet/token).
+	Signature     []byte `protobuf:"bytes,11,opt,name=signature,proto3" json:"signature,omitempty"`
+	BatchIndex    uint32 `protobuf:"varint,12,opt,name=batch_index,json=batchIndex,proto3" json:"batch_index,omitempty"` // this token's leaf in the batch tree
+	BatchProof    []byte `protobuf:"bytes,13,opt,name=batch_proof,json=batchProof,proto3" json:"batch_proof,omitempty"`  // sibling hashes from the leaf to the root, 32 bytes each
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -438,6 +443,20 @@ func (x *Token) GetKeyId() string {
 func (x *Token) GetSignature() []byte {
 	if x != nil {
 		return x.Signature
+	}
+	return nil
+}
+
+func (x *Token) GetBatchIndex() uint32 {
+	if x != nil {
+		return x.BatchIndex
+	}
+	return 0
+}
+
+func (x *Token) GetBatchProof() []byte {
+	if x != nil {
+		return x.BatchProof
 	}
 	return nil
 }
@@ -753,7 +772,7 @@ const file_surge_v1_wallet_proto_rawDesc = "" +
 	"\vtemplate_id\x18\v \x01(\tR\n" +
 	"templateId\x12\x16\n" +
 	"\x06shadow\x18\f \x01(\bR\x06shadow\x12,\n" +
-	"\x12parent_activity_id\x18\r \x01(\tR\x10parentActivityId\"\xc5\x02\n" +
+	"\x12parent_activity_id\x18\r \x01(\tR\x10parentActivityId\"\x87\x03\n" +
 	"\x05Token\x12\x15\n" +
 	"\x06app_id\x18\x01 \x01(\tR\x05appId\x12\x15\n" +
 	"\x06act_id\x18\x02 \x01(\tR\x05actId\x12\x1f\n" +
@@ -768,7 +787,11 @@ const file_surge_v1_wallet_proto_rawDesc = "" +
 	"\x06status\x18\t \x01(\x0e2\x15.surge.v1.TokenStatusR\x06status\x12\x15\n" +
 	"\x06key_id\x18\n" +
 	" \x01(\tR\x05keyId\x12\x1c\n" +
-	"\tsignature\x18\v \x01(\fR\tsignature\"\xa8\x02\n" +
+	"\tsignature\x18\v \x01(\fR\tsignature\x12\x1f\n" +
+	"\vbatch_index\x18\f \x01(\rR\n" +
+	"batchIndex\x12\x1f\n" +
+	"\vbatch_proof\x18\r \x01(\fR\n" +
+	"batchProof\"\xa8\x02\n" +
 	"\vLedgerEntry\x12\x19\n" +
 	"\border_no\x18\x01 \x01(\tR\aorderNo\x12\x15\n" +
 	"\x06act_id\x18\x02 \x01(\tR\x05actId\x12\x16\n" +

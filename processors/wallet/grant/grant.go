@@ -356,16 +356,27 @@ func (in *Intake) takeStock(ctx context.Context, tree *config.Tree, ps []*pendin
 	return in.keep(ctx, ps, failed)
 }
 
-// publish signs the cash tokens, caches them and publishes grants and
-// tokens in one produce.
+// publish signs the cash tokens (token.SignBatch), caches them and
+// publishes grants and tokens in one produce.
 func (in *Intake) publish(ctx context.Context, tree *config.Tree, ps []*pending, now time.Time) {
 	if len(ps) == 0 {
 		return
 	}
+	// One signature covers up to token.BatchSize tokens (a Merkle batch).
+	toks := make([]*pb.Token, len(ps))
+	var batch []*pb.Token
+	for i, p := range ps {
+		if g := p.g; g.AwardType == pb.AwardType_CASH {
+			toks[i] = &pb.Token{AppId: g.AppId, ActId: g.ActId, ActivityId: p.phase.ID, SceneId: g.SceneId, Amount: g.Amount,
+				OutTradeNo: g.OrderNo, OpenTime: now.UnixMilli(), RainId: g.RainId, Status: pb.TokenStatus_PROCESSING}
+			batch = append(batch, toks[i])
+		}
+	}
+	in.d.Keys.SignBatch(batch)
 	recs := make([]*kgo.Record, 0, 2*len(ps))
 	pipe := in.d.Redis.Pipeline()
 	cached := 0
-	for _, p := range ps {
+	for i, p := range ps {
 		g := p.g
 		res := &Result{Activity: p.phase.ID}
 		gr, err := streams.NewRecord(p.l.ns+schemas.TopicGrants, []byte(g.ActId), g)
@@ -374,10 +385,7 @@ func (in *Intake) publish(ctx context.Context, tree *config.Tree, ps []*pending,
 			continue
 		}
 		recs = append(recs, gr)
-		if g.AwardType == pb.AwardType_CASH {
-			tok := &pb.Token{AppId: g.AppId, ActId: g.ActId, ActivityId: p.phase.ID, SceneId: g.SceneId, Amount: g.Amount,
-				OutTradeNo: g.OrderNo, OpenTime: now.UnixMilli(), RainId: g.RainId, Status: pb.TokenStatus_PROCESSING}
-			in.d.Keys.Sign(tok)
+		if tok := toks[i]; tok != nil {
 			res.Token = tok
 			tr, err := streams.NewRecord(p.l.ns+schemas.TopicTokens, []byte(g.ActId), tok)
 			if err != nil {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"google.golang.org/protobuf/proto"
 
 	"surge/processors/wallet/config"
 	"surge/processors/wallet/grant"
@@ -287,11 +288,16 @@ func TestNoDoubleBookingUnderDuplicatesAndCrashes(t *testing.T) {
 		*forged = pb.Token{AppId: "app", ActId: "u1", ActivityId: "spring-live", SceneId: "rain", Amount: 999999, OutTradeNo: "u1_rain_forged_1_1",
 			KeyId: "k1", Signature: toks[1].Signature, Status: pb.TokenStatus_PROCESSING}
 		fr, _ := streams.NewRecord(w.ns+schemas.TopicTokens, []byte("u1"), forged)
+		// A real batch-signed token altered: its signature and proof kept,
+		// its amount and order number changed.
+		altered := proto.Clone(toks[1]).(*pb.Token)
+		altered.Amount, altered.OutTradeNo = 999998, "u1_rain_altered_1_1"
+		ar, _ := streams.NewRecord(w.ns+schemas.TopicTokens, []byte("u1"), altered)
 		// And one with no status at all (never written by intake).
 		nostatus := &pb.Token{AppId: "app", ActId: "u1", ActivityId: "spring-live", SceneId: "rain", Amount: 5, OutTradeNo: "u1_rain_nostatus_1_1"}
 		w.keys.Sign(nostatus)
 		nr, _ := streams.NewRecord(w.ns+schemas.TopicTokens, []byte("u1"), nostatus)
-		recs = append(recs[:len(recs)/2], append([]*kgo.Record{fr, nr}, recs[len(recs)/2:]...)...)
+		recs = append(recs[:len(recs)/2], append([]*kgo.Record{fr, ar, nr}, recs[len(recs)/2:]...)...)
 		streamstest.ProduceSync(t, w.cl, recs...)
 
 		seed := token.ExportSeedForTest(w.keys)
@@ -324,17 +330,21 @@ func TestNoDoubleBookingUnderDuplicatesAndCrashes(t *testing.T) {
 		if _, ok := m[forged.OutTradeNo]; ok {
 			t.Fatal("forged token booked")
 		}
+		if _, ok := m[altered.OutTradeNo]; ok {
+			t.Fatal("altered batch token booked")
+		}
 		if _, ok := m[nostatus.OutTradeNo]; ok {
 			t.Fatal("token without a status booked")
 		}
-		dlq := streamstest.ReadN(t, b.Brokers, w.ns+schemas.TopicDeadLetter, true, 1, 20*time.Second, time.Second)
-		found := false
+		dlq := streamstest.ReadN(t, b.Brokers, w.ns+schemas.TopicDeadLetter, true, 2, 20*time.Second, time.Second)
+		found, foundAltered := false, false
 		for _, r := range dlq {
 			why, _ := streams.Header(r, "dlq-reason")
 			found = found || strings.Contains(why, "token refused: u1_rain_forged_1_1")
+			foundAltered = foundAltered || strings.Contains(why, "token refused: u1_rain_altered_1_1")
 		}
-		if !found {
-			t.Fatal("forged token not dead-lettered")
+		if !found || !foundAltered {
+			t.Fatalf("forged token dead-lettered: %v; altered batch token: %v", found, foundAltered)
 		}
 	})
 }

@@ -1,8 +1,13 @@
 package token
 
 import (
+	"crypto/ed25519"
 	"errors"
+	"fmt"
 	"testing"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
 	pb "surge/schemas/surgev1"
 )
@@ -64,6 +69,164 @@ func BenchmarkVerify(b *testing.B) {
 		if k.Verify(tok) != nil {
 			b.Fatal("verify")
 		}
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "verifies/s")
+}
+
+func batchOf(n int) []*pb.Token {
+	toks := make([]*pb.Token, n)
+	for i := range toks {
+		toks[i] = &pb.Token{AppId: "app", ActId: fmt.Sprintf("a%d", i), ActivityId: "act", SceneId: "s", Amount: int64(1 + i),
+			OutTradeNo: fmt.Sprintf("a%d_s_r_1_%d", i, i), OpenTime: 1, RainId: "r", Status: pb.TokenStatus_PROCESSING}
+	}
+	return toks
+}
+
+// Every token of a batch verifies on its own, whatever the batch's size;
+// one Ed25519 signature per BatchSize tokens.
+func TestSignBatchVerifies(t *testing.T) {
+	k, _ := Generate("k1")
+	for _, n := range []int{1, 2, 3, 7, 64, 65, 130} {
+		toks := batchOf(n)
+		k.SignBatch(toks)
+		sigs := map[string]bool{}
+		for i, tok := range toks {
+			if err := k.Verify(tok); err != nil {
+				t.Fatalf("batch of %d, token %d: %v", n, i, err)
+			}
+			if len(tok.BatchProof) == 0 || len(tok.BatchProof) > 6*hashSize {
+				t.Fatalf("batch of %d: proof of %d bytes", n, len(tok.BatchProof))
+			}
+			sigs[string(tok.Signature)] = true
+		}
+		if want := (n + BatchSize - 1) / BatchSize; len(sigs) != want {
+			t.Fatalf("batch of %d: %d signatures, want %d", n, len(sigs), want)
+		}
+		// A fresh keyring with the same public key (a reader elsewhere)
+		// verifies them too, from nothing cached.
+		id, pub := k.Public()
+		reader := &Keyring{public: map[string]ed25519.PublicKey{id: pub}, roots: newRootCache()}
+		for _, tok := range toks {
+			if err := reader.Verify(tok); err != nil {
+				t.Fatalf("reader: %v", err)
+			}
+		}
+	}
+}
+
+// Altering any signed field, the proof, the index or the signature of a
+// batch token is refused, also after its root was verified and cached.
+func TestBatchTamper(t *testing.T) {
+	k, _ := Generate("k1")
+	toks := batchOf(5)
+	k.SignBatch(toks)
+	for _, tok := range toks {
+		if err := k.Verify(tok); err != nil { // warms the root cache
+			t.Fatal(err)
+		}
+	}
+	clone := func(x *pb.Token) *pb.Token { return proto.Clone(x).(*pb.Token) }
+	for name, tamper := range map[string]func(*pb.Token){
+		"amount":       func(t *pb.Token) { t.Amount++ },
+		"owner":        func(t *pb.Token) { t.ActId = "a9" },
+		"order":        func(t *pb.Token) { t.OutTradeNo = "x" },
+		"open time":    func(t *pb.Token) { t.OpenTime++ },
+		"index":        func(t *pb.Token) { t.BatchIndex ^= 1 },
+		"index range":  func(t *pb.Token) { t.BatchIndex = 1 << 20 },
+		"proof":        func(t *pb.Token) { t.BatchProof[3] ^= 1 },
+		"short proof":  func(t *pb.Token) { t.BatchProof = t.BatchProof[:hashSize] },
+		"ragged proof": func(t *pb.Token) { t.BatchProof = t.BatchProof[:len(t.BatchProof)-1] },
+		"signature":    func(t *pb.Token) { t.Signature[0] ^= 1 },
+		"key":          func(t *pb.Token) { t.KeyId = "other" },
+		"other's proof": func(t *pb.Token) {
+			t.BatchProof, t.BatchIndex = toks[2].BatchProof, toks[2].BatchIndex
+		},
+	} {
+		c := clone(toks[0])
+		tamper(c)
+		if err := k.Verify(c); !errors.Is(err, ErrForged) {
+			t.Errorf("%s tampered, verify says %v", name, err)
+		}
+	}
+	// A whole second batch signed by another key with the same id.
+	other, _ := Generate("k1")
+	forged := batchOf(2)
+	other.SignBatch(forged)
+	if err := k.Verify(forged[0]); !errors.Is(err, ErrForged) {
+		t.Fatalf("a batch signed by another key verified: %v", err)
+	}
+	// A batch root's signature is not a single token's signature.
+	single := clone(toks[0])
+	single.BatchProof, single.BatchIndex = nil, 0
+	if err := k.Verify(single); !errors.Is(err, ErrForged) {
+		t.Fatalf("a batch signature verified as a single token's: %v", err)
+	}
+}
+
+// signed covers every Token field except status and the signature fields,
+// so a field added to the schema is signed unless deliberately left out.
+func TestSignedCoversEveryField(t *testing.T) {
+	unsigned := map[string]bool{"status": true, "signature": true, "batch_index": true, "batch_proof": true}
+	base := &pb.Token{}
+	fields := base.ProtoReflect().Descriptor().Fields()
+	for i := 0; i < fields.Len(); i++ {
+		f := fields.Get(i)
+		c := &pb.Token{}
+		m := c.ProtoReflect()
+		switch f.Kind() {
+		case protoreflect.StringKind:
+			m.Set(f, protoreflect.ValueOfString("x"))
+		case protoreflect.BytesKind:
+			m.Set(f, protoreflect.ValueOfBytes([]byte{1}))
+		case protoreflect.Int64Kind:
+			m.Set(f, protoreflect.ValueOfInt64(1))
+		case protoreflect.Uint32Kind:
+			m.Set(f, protoreflect.ValueOfUint32(1))
+		case protoreflect.EnumKind:
+			m.Set(f, protoreflect.ValueOfEnum(1))
+		default:
+			t.Fatalf("field %s of kind %s: extend this test", f.Name(), f.Kind())
+		}
+		changed := string(signed(c)) != string(signed(base))
+		if changed == unsigned[string(f.Name())] {
+			t.Errorf("field %s: signed=%v, want %v", f.Name(), changed, !unsigned[string(f.Name())])
+		}
+	}
+}
+
+// Per token, in batches of BatchSize: what intake pays to sign.
+func BenchmarkSignBatch(b *testing.B) {
+	k, _ := Generate("k")
+	toks := batchOf(BatchSize)
+	n := 0
+	for b.Loop() {
+		k.SignBatch(toks)
+		n += len(toks)
+	}
+	b.ReportMetric(float64(n)/b.Elapsed().Seconds(), "tokens/s")
+}
+
+// Per token, each batch root verified once (as the ledger and the balance
+// reads meet them): what booking pays to check.
+func BenchmarkVerifyBatch(b *testing.B) {
+	k, _ := Generate("k")
+	var toks []*pb.Token
+	for range 1024 {
+		batch := batchOf(BatchSize)
+		k.SignBatch(batch)
+		toks = append(toks, batch...)
+	}
+	id, pub := k.Public()
+	i := 0
+	reader := &Keyring{public: map[string]ed25519.PublicKey{id: pub}, roots: newRootCache()}
+	for b.Loop() {
+		if i == len(toks) {
+			i, reader = 0, &Keyring{public: map[string]ed25519.PublicKey{id: pub}, roots: newRootCache()}
+		}
+		if reader.Verify(toks[i]) != nil {
+			b.Fatal("verify")
+		}
+		i++
 	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "verifies/s")
 }
