@@ -44,6 +44,7 @@ func main() {
 	workers := flag.Int("workers", 512, "concurrent callers")
 	backlog := flag.Int("backlog", 1_000_000, "unbooked tokens waiting while balances are read")
 	reads := flag.Int("reads", 20_000, "balance reads")
+	batchers := flag.Int("batchers", 4, "intake batches in flight (Batcher workers)")
 	batch := flag.Int("batch", 256, "grants per intake batch (concurrent calls coalesced)")
 	cpuprofile := flag.String("cpuprofile", "", "CPU profile of the intake phase")
 	flag.Parse()
@@ -72,7 +73,7 @@ func main() {
 	must(err)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	in := grant.New(grant.Deps{Config: src, Keys: keys, Redis: rdb, Producer: cl, Log: log, Namespace: ns})
-	batcher := grant.NewBatcher(in, *batch, time.Millisecond, 4)
+	batcher := grant.NewBatcher(in, *batch, time.Millisecond, *batchers)
 	defer batcher.Close()
 	fmt.Printf("backend: %s, redis-server %s; %d cores, %s\n", backend, *redisAddr, runtime.NumCPU(), runtime.Version())
 
@@ -81,6 +82,15 @@ func main() {
 		f, err := os.Create(*cpuprofile)
 		must(err)
 		must(pprof.StartCPUProfile(f))
+	}
+	// The callers' requests are made before the clock starts: the figure
+	// is the intake's, not the load generator's.
+	reqs := make([]*pb.RewardGrant, *grants)
+	for i := range reqs {
+		act := fmt.Sprintf("u%d", i%*users)
+		n := order.Number{ActID: act, SceneID: "rain", RainID: fmt.Sprintf("r%d", i), AwardType: pb.AwardType_CASH, Stage: 1}
+		reqs[i] = &pb.RewardGrant{OrderNo: n.String(), ActId: act, ActivityId: "spring", SceneId: "rain", RainId: n.RainID,
+			AwardType: pb.AwardType_CASH, Stage: 1, Amount: int64(1 + i%100), AppId: "bench"}
 	}
 	var next, amount atomic.Int64
 	var wg sync.WaitGroup
@@ -95,10 +105,7 @@ func main() {
 				if i >= int64(*grants) {
 					return
 				}
-				act := fmt.Sprintf("u%d", i%int64(*users))
-				n := order.Number{ActID: act, SceneID: "rain", RainID: fmt.Sprintf("r%d", i), AwardType: pb.AwardType_CASH, Stage: 1}
-				g := &pb.RewardGrant{OrderNo: n.String(), ActId: act, ActivityId: "spring", SceneId: "rain", RainId: n.RainID,
-					AwardType: pb.AwardType_CASH, Stage: 1, Amount: 1 + i%100, AppId: "bench"}
+				g := reqs[i]
 				if _, err := batcher.Grant(ctx, g); err != nil {
 					must(err)
 				}

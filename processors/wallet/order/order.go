@@ -5,7 +5,6 @@ package order
 
 import (
 	"fmt"
-	"regexp"
 	"strconv"
 	"strings"
 
@@ -19,7 +18,20 @@ type Number struct {
 	Stage                  uint32
 }
 
-var part = regexp.MustCompile(`^[A-Za-z0-9-]{1,64}$`)
+// validPart: 1 to 64 of [A-Za-z0-9-] (checked byte by byte: a regexp was
+// 6% of intake's CPU).
+func validPart(s string) bool {
+	if len(s) == 0 || len(s) > 64 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
 
 // String formats the order number.
 func (n Number) String() string {
@@ -33,7 +45,7 @@ func Parse(s string) (Number, error) {
 		return Number{}, fmt.Errorf("order number %q: want actID_sceneID_rainID_awardType_stage", s)
 	}
 	for i, name := range []string{"actID", "sceneID", "rainID"} {
-		if !part.MatchString(f[i]) {
+		if !validPart(f[i]) {
 			return Number{}, fmt.Errorf("order number %q: bad %s %q", s, name, f[i])
 		}
 	}

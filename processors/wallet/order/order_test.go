@@ -1,6 +1,7 @@
 package order
 
 import (
+	"strings"
 	"testing"
 
 	pb "surge/schemas/surgev1"
@@ -12,7 +13,12 @@ func TestParseAndCheck(t *testing.T) {
 	if err != nil || got != n {
 		t.Fatalf("round trip: %v %v", got, err)
 	}
-	for _, bad := range []string{"", "a_b_c_1", "a_b_c_1_2_3", "a_b_c_9_1", "a_b_c_0_1", "a_b_c_x_1", "a_b_c_1_-1", "a b_s_r_1_1", "a__r_1_1"} {
+	for _, good := range []string{"a-1_s-2_R9_1_1", strings.Repeat("z", 64) + "_s_r_1_0"} {
+		if _, err := Parse(good); err != nil {
+			t.Errorf("%q: %v", good, err)
+		}
+	}
+	for _, bad := range []string{"", "a_b_c_1", "a_b_c_1_2_3", "a_b_c_9_1", "a_b_c_0_1", "a_b_c_x_1", "a_b_c_1_-1", "a b_s_r_1_1", "a__r_1_1", "é_s_r_1_1", "a_s!_r_1_1", strings.Repeat("a", 65) + "_s_r_1_1"} {
 		if _, err := Parse(bad); err == nil {
 			t.Errorf("%q parsed", bad)
 		}
