@@ -61,3 +61,26 @@ func waitTopics(ctx context.Context, adm *kadm.Client, topics []schemas.Topic) e
 		return nil
 	})
 }
+
+// PartitionCount is the number of partitions topic has.
+func PartitionCount(ctx context.Context, brokers []string, topic string) (int, error) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		return 0, err
+	}
+	defer cl.Close()
+	var n int
+	err = retryFor(ctx, 30*time.Second, func() error {
+		td, err := kadm.NewClient(cl).ListTopics(ctx, topic)
+		if err != nil {
+			return err
+		}
+		d, ok := td[topic]
+		if !ok || d.Err != nil || len(d.Partitions) == 0 {
+			return fmt.Errorf("topic %s not in the metadata", topic)
+		}
+		n = len(d.Partitions)
+		return nil
+	})
+	return n, err
+}

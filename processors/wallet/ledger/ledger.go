@@ -14,6 +14,7 @@
 package ledger
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -64,6 +65,15 @@ type Ledger struct {
 	checked                   map[*kgo.Record]error // signature verdicts of the batch, computed in parallel
 	seen                      *token.Verified       // tokens verified on earlier reads
 	booked                    []*pb.Token           // tokens booked in the open batch (marked SUCCESS after commit)
+	accts                     *accounts
+
+	// A partition's part of the store is rebuilt from wallet.ledger
+	// whenever the partition is assigned: another instance may have booked
+	// for its users since this one last owned it.
+	restore      *streams.Restorer
+	partitions   int
+	rebuild      *pebble.Batch
+	rebuildAccts *accounts
 	ready                     atomic.Bool
 	Bookings, Forged, Refused atomic.Int64
 
@@ -79,16 +89,34 @@ func New(cfg Config, brokers []string) *Ledger {
 		cfg.Metrics = metrics.NewRegistry()
 	}
 	c := cfg.Metrics.NewCounterVec("surge_wallet_ledger_total", "ledger events", "event")
-	return &Ledger{cfg: cfg, brokers: brokers, seen: token.NewVerified(1 << 20), limit: guard.NewBucket(cfg.Source.Tree().RateLimits.BookingsPerSecond),
+	return &Ledger{cfg: cfg, brokers: brokers, seen: token.NewVerified(1 << 20), accts: newAccounts(1 << 20), limit: guard.NewBucket(cfg.Source.Tree().RateLimits.BookingsPerSecond),
 		mBooked: c.With("booked"), mForged: c.With("forged_token"), mRefused: c.With("withdrawal_refused")}
 }
 
 func (l *Ledger) topic(name string) string { return l.cfg.Namespace + name }
 
-// Keys: 'o' orderNo -> entry (the idempotency index); 'a' actID ->
-// balance(8) income(8); 'e' actID 0x00 bookedAt(8) orderNo -> entry (flow).
-func orderKey(no string) []byte { return append([]byte{'o'}, no...) }
+// Keys: 'o' actID 0x00 orderNo -> empty (the idempotency index); 'a'
+// actID -> balance(8) income(8); 'e' actID 0x00 bookedAt(8) orderNo ->
+// entry (flow). Every key names its user, so a partition's part of the
+// store can be found and dropped (keyActID).
+func orderKey(act, no string) []byte {
+	return append(append(append([]byte{'o'}, act...), 0), no...)
+}
 func acctKey(act string) []byte { return append([]byte{'a'}, act...) }
+
+// keyActID is the user a store key belongs to.
+func keyActID(k []byte) []byte {
+	if len(k) == 0 {
+		return nil
+	}
+	if k[0] == 'a' {
+		return k[1:]
+	}
+	if i := bytes.IndexByte(k[1:], 0); i >= 0 {
+		return k[1 : 1+i]
+	}
+	return nil
+}
 func entryKey(act string, at int64, no string) []byte {
 	k := append([]byte{'e'}, act...)
 	k = append(k, 0)
@@ -100,22 +128,9 @@ type getter interface {
 	Get([]byte) ([]byte, interface{ Close() error }, error)
 }
 
-type account struct{ balance, income int64 }
 
-func (l *Ledger) account(r pebble.Reader, act string) (account, error) {
-	v, c, err := r.Get(acctKey(act))
-	if errors.Is(err, pebble.ErrNotFound) {
-		return account{}, nil
-	}
-	if err != nil {
-		return account{}, err
-	}
-	defer c.Close()
-	return account{int64(binary.BigEndian.Uint64(v)), int64(binary.BigEndian.Uint64(v[8:]))}, nil
-}
-
-func booked(r pebble.Reader, no string) (bool, error) {
-	_, c, err := r.Get(orderKey(no))
+func booked(r pebble.Reader, act, no string) (bool, error) {
+	_, c, err := r.Get(orderKey(act, no))
 	if errors.Is(err, pebble.ErrNotFound) {
 		return false, nil
 	}
@@ -126,9 +141,10 @@ func booked(r pebble.Reader, no string) (bool, error) {
 	return true, nil
 }
 
-// apply writes one ledger entry into w (the staged batch, or the restore).
-func apply(w *pebble.Batch, r pebble.Reader, e *pb.LedgerEntry, l *Ledger) error {
-	acc, err := l.account(r, e.ActId)
+// apply writes one ledger entry into w (the staged batch, or the restore)
+// and stages the account's new balance.
+func apply(w *pebble.Batch, accts *accounts, e *pb.LedgerEntry) error {
+	acc, err := accts.get(w, e.ActId)
 	if err != nil {
 		return err
 	}
@@ -136,8 +152,11 @@ func apply(w *pebble.Batch, r pebble.Reader, e *pb.LedgerEntry, l *Ledger) error
 	if e.Amount > 0 {
 		acc.income += e.Amount
 	}
+	accts.stage(e.ActId, acc)
 	v, _ := proto.Marshal(e)
-	_ = w.Set(orderKey(e.OrderNo), v, nil)
+	// The order index only answers "booked?": an empty value keeps the
+	// entry written once (the store is rebuilt from wallet.ledger anyway).
+	_ = w.Set(orderKey(e.ActId, e.OrderNo), nil, nil)
 	_ = w.Set(entryKey(e.ActId, e.BookedAtMs, e.OrderNo), v, nil)
 	return w.Set(acctKey(e.ActId), binary.BigEndian.AppendUint64(binary.BigEndian.AppendUint64(nil, uint64(acc.balance)), uint64(acc.income)), nil)
 }
@@ -150,6 +169,7 @@ func (l *Ledger) Run(ctx context.Context, opts ...streams.Option) error {
 	}
 	l.db = db
 	defer db.Close()
+	l.accts = newAccounts(1 << 20) // the store is rebuilt below; nothing cached may survive
 	start := time.Now()
 	n := 0
 	b := db.NewIndexedBatch()
@@ -159,13 +179,14 @@ func (l *Ledger) Run(ctx context.Context, opts ...streams.Option) error {
 			return nil
 		}
 		n++
-		if err := apply(b, b, &e, l); err != nil {
+		if err := apply(b, l.accts, &e); err != nil {
 			return err
 		}
 		if b.Count() > 50000 {
 			if err := b.Commit(pebble.NoSync); err != nil {
 				return err
 			}
+			l.accts.commit()
 			b = db.NewIndexedBatch()
 		}
 		return nil
@@ -176,7 +197,13 @@ func (l *Ledger) Run(ctx context.Context, opts ...streams.Option) error {
 	if err != nil {
 		return fmt.Errorf("ledger: restore: %w", err)
 	}
+	l.accts.commit()
 	l.cfg.Log.Info("ledger: store rebuilt from wallet.ledger", "entries", n, "took", time.Since(start).Round(time.Millisecond))
+	if l.partitions, err = streams.PartitionCount(ctx, l.brokers, l.topic(schemas.TopicTokens)); err != nil {
+		return fmt.Errorf("ledger: %w", err)
+	}
+	l.restore = streams.NewRestorer(l.brokers, l.clearPartitions, l.applyRestored, l.topic(schemas.TopicLedger))
+	l.restore.AfterRebuild = l.finishRebuild
 	l.staged = db.NewIndexedBatch()
 	l.ready.Store(true)
 	opts = append([]streams.Option{
@@ -189,6 +216,7 @@ func (l *Ledger) Run(ctx context.Context, opts ...streams.Option) error {
 		streams.OnBatchEnd(l.batchEnd),
 		streams.OnRetry(func() { l.batchEnd(false) }),
 		streams.BeforeBatch(l.verifyBatch),
+		l.restore.Option(),
 		// A token has no failure state: a transient error (Redis, the
 		// disk) is retried until it books, never dead-lettered.
 		streams.MaxAttempts(math.MaxInt32),
@@ -234,6 +262,45 @@ func (l *Ledger) verifyBatch(_ context.Context, recs []*kgo.Record) {
 	l.mu.Unlock()
 }
 
+// clearPartitions drops the store's keys of the users in partitions ps.
+func (l *Ledger) clearPartitions(ps map[int32]bool) error {
+	if err := localstore.DeleteWhere(l.db, func(k []byte) bool {
+		act := keyActID(k)
+		return act != nil && ps[int32(streams.PartitionFor(act, l.partitions))]
+	}); err != nil {
+		return err
+	}
+	l.accts.reset()
+	l.rebuild, l.rebuildAccts = l.db.NewIndexedBatch(), newAccounts(1<<20)
+	return nil
+}
+
+// applyRestored books one entry of a rebuilt partition.
+func (l *Ledger) applyRestored(r *kgo.Record) error {
+	var e pb.LedgerEntry
+	if streams.Decode(r, &e) != nil {
+		return nil
+	}
+	if err := apply(l.rebuild, l.rebuildAccts, &e); err != nil {
+		return err
+	}
+	if l.rebuild.Count() > 50000 {
+		if err := l.rebuild.Commit(pebble.NoSync); err != nil {
+			return err
+		}
+		l.rebuildAccts.commit()
+		l.rebuild = l.db.NewIndexedBatch()
+	}
+	return nil
+}
+
+func (l *Ledger) finishRebuild() error {
+	err := l.rebuild.Commit(pebble.NoSync)
+	l.rebuild, l.rebuildAccts = nil, nil
+	l.accts.reset() // balances read during the rebuild may be of the old state
+	return err
+}
+
 // Ready reports whether the store has been rebuilt and reads are served.
 func (l *Ledger) Ready() bool { return l.ready.Load() }
 
@@ -247,6 +314,7 @@ func (l *Ledger) batchEnd(committed bool) {
 			l.cfg.Log.Error("ledger: pebble commit failed; exiting so the restart rebuilds it", "err", err)
 			panic(err)
 		}
+		l.accts.commit()
 		if l.cfg.Tokens != nil && !l.cfg.Source.Tree().Degraded(guard.TokenRedis) {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			if err := l.cfg.Tokens.MarkBooked(ctx, toks); err != nil {
@@ -256,6 +324,7 @@ func (l *Ledger) batchEnd(committed bool) {
 		}
 	} else {
 		_ = l.staged.Close()
+		l.accts.drop()
 	}
 	l.staged = l.db.NewIndexedBatch()
 }
@@ -265,6 +334,9 @@ func (l *Ledger) Handle() streams.Handler {
 	return func(ctx context.Context, in *kgo.Record, out *streams.Output) error {
 		l.mu.Lock()
 		defer l.mu.Unlock()
+		if err := l.restore.Ensure(ctx, in.Partition); err != nil {
+			return err
+		}
 		if name, _ := streams.Header(in, schemas.HeaderSchema); name == schemas.Of(&pb.Withdrawal{}).Name {
 			var w pb.Withdrawal
 			if err := streams.Decode(in, &w); err != nil {
@@ -304,7 +376,7 @@ func (l *Ledger) book(ctx context.Context, tok *pb.Token, verify bool, verdict e
 	if tok.Amount <= 0 {
 		return false, streams.Reject(fmt.Sprintf("token %s with amount %d", tok.OutTradeNo, tok.Amount), nil)
 	}
-	done, err := booked(l.staged, tok.OutTradeNo)
+	done, err := booked(l.staged, tok.ActId, tok.OutTradeNo)
 	if err != nil || done {
 		return false, err
 	}
@@ -312,14 +384,14 @@ func (l *Ledger) book(ctx context.Context, tok *pb.Token, verify bool, verdict e
 	if err := l.limit.Wait(ctx, 1); err != nil {
 		return false, err
 	}
-	acc, err := l.account(l.staged, tok.ActId)
+	acc, err := l.accts.get(l.staged, tok.ActId)
 	if err != nil {
 		return false, err
 	}
 	e := &pb.LedgerEntry{OrderNo: tok.OutTradeNo, ActId: tok.ActId, Amount: tok.Amount, Kind: pb.LedgerKind_GRANT,
 		BookedAtMs: time.Now().UnixMilli(), ActivityId: tok.ActivityId, SceneId: tok.SceneId, BalanceAfter: acc.balance + tok.Amount,
 		GrantedAtMs: tok.OpenTime}
-	if err := apply(l.staged, l.staged, e, l); err != nil {
+	if err := apply(l.staged, l.accts, e); err != nil {
 		return false, err
 	}
 	if err := out.EmitMsg(l.topic(schemas.TopicLedger), []byte(e.ActId), e); err != nil {
@@ -348,10 +420,10 @@ func (l *Ledger) withdraw(ctx context.Context, w *pb.Withdrawal, out *streams.Ou
 		res.Refused, res.Reason = true, fmt.Sprintf("invalid withdrawal: id %q, user %q, amount %d", w.WithdrawId, w.ActId, w.Amount)
 		return answer(res)
 	}
-	if done, err := booked(l.staged, "w:"+w.WithdrawId); err != nil || done {
+	if done, err := booked(l.staged, w.ActId, "w:"+w.WithdrawId); err != nil || done {
 		if done {
 			res.Reason = "already booked"
-			acc, _ := l.account(l.staged, w.ActId)
+			acc, _ := l.accts.get(l.staged, w.ActId)
 			res.BalanceAfter = acc.balance
 			return answer(res)
 		}
@@ -378,7 +450,7 @@ func (l *Ledger) withdraw(ctx context.Context, w *pb.Withdrawal, out *streams.Ou
 			}
 		}
 	}
-	acc, err := l.account(l.staged, w.ActId)
+	acc, err := l.accts.get(l.staged, w.ActId)
 	if err != nil {
 		return err
 	}
@@ -390,7 +462,7 @@ func (l *Ledger) withdraw(ctx context.Context, w *pb.Withdrawal, out *streams.Ou
 	}
 	e := &pb.LedgerEntry{OrderNo: "w:" + w.WithdrawId, ActId: w.ActId, Amount: -w.Amount, Kind: pb.LedgerKind_WITHDRAW,
 		BookedAtMs: time.Now().UnixMilli(), BalanceAfter: acc.balance - w.Amount}
-	if err := apply(l.staged, l.staged, e, l); err != nil {
+	if err := apply(l.staged, l.accts, e); err != nil {
 		return err
 	}
 	if err := out.EmitMsg(l.topic(schemas.TopicLedger), []byte(w.ActId), e); err != nil {
@@ -440,7 +512,7 @@ func (l *Ledger) read(ctx context.Context, actID string, flow bool) (View, []Ite
 	if !l.ready.Load() {
 		return v, nil, errors.New("ledger: store not rebuilt yet")
 	}
-	acc, err := l.account(l.db, actID)
+	acc, err := l.accts.getCommitted(l.db, actID)
 	if err != nil {
 		return v, nil, err
 	}
@@ -471,7 +543,7 @@ func (l *Ledger) read(ctx context.Context, actID string, flow bool) (View, []Ite
 			if tok.Status == pb.TokenStatus_SUCCESS {
 				continue
 			}
-			if ok, _ := booked(l.db, tok.OutTradeNo); ok {
+			if ok, _ := booked(l.db, tok.ActId, tok.OutTradeNo); ok {
 				continue // booked; Redis not updated yet
 			}
 			if l.seen.Verify(l.cfg.Keys, tok) != nil || tok.ActId != actID {

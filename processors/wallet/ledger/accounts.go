@@ -1,0 +1,86 @@
+package ledger
+
+import (
+	"encoding/binary"
+	"errors"
+	"sync"
+
+	"github.com/cockroachdb/pebble/v2"
+)
+
+type account struct{ balance, income int64 }
+
+// accounts keeps balances in memory in front of the Pebble store. The
+// ledger is the only writer of its users' accounts (the inputs are
+// co-partitioned by actID), so a committed balance held here is the
+// balance. The open batch's changes are staged apart and promoted only when
+// the batch commits; an aborted batch drops them. Reading every account
+// from Pebble was the largest share of a booking's CPU (bench/wallet-notes.md).
+type accounts struct {
+	mu        sync.RWMutex
+	committed map[string]account
+	max       int // committed is cleared when it reaches max: a simple bound
+	staged    map[string]account
+}
+
+func newAccounts(max int) *accounts {
+	return &accounts{committed: make(map[string]account), max: max, staged: make(map[string]account)}
+}
+
+func readAccount(r pebble.Reader, act string) (account, error) {
+	v, c, err := r.Get(acctKey(act))
+	if errors.Is(err, pebble.ErrNotFound) {
+		return account{}, nil
+	}
+	if err != nil {
+		return account{}, err
+	}
+	defer c.Close()
+	return account{int64(binary.BigEndian.Uint64(v)), int64(binary.BigEndian.Uint64(v[8:]))}, nil
+}
+
+// get is the balance as the open batch sees it. r is the store under the
+// batch; only the processing goroutine calls get and stage.
+func (a *accounts) get(r pebble.Reader, act string) (account, error) {
+	if acc, ok := a.staged[act]; ok {
+		return acc, nil
+	}
+	return a.getCommitted(r, act)
+}
+
+// getCommitted is the committed balance (the readers' view).
+func (a *accounts) getCommitted(r pebble.Reader, act string) (account, error) {
+	a.mu.RLock()
+	acc, ok := a.committed[act]
+	a.mu.RUnlock()
+	if ok {
+		return acc, nil
+	}
+	return readAccount(r, act)
+}
+
+func (a *accounts) stage(act string, acc account) { a.staged[act] = acc }
+
+// commit promotes the staged balances; call it once their batch is
+// committed to Pebble.
+func (a *accounts) commit() {
+	a.mu.Lock()
+	for act, acc := range a.staged {
+		if len(a.committed) >= a.max {
+			clear(a.committed)
+		}
+		a.committed[act] = acc
+	}
+	a.mu.Unlock()
+	clear(a.staged)
+}
+
+// drop forgets the staged balances (an aborted or retried batch).
+func (a *accounts) drop() { clear(a.staged) }
+
+// reset forgets every committed balance (a partition was rebuilt).
+func (a *accounts) reset() {
+	a.mu.Lock()
+	clear(a.committed)
+	a.mu.Unlock()
+}
