@@ -60,20 +60,20 @@ type Ledger struct {
 	db      *pebble.DB
 	limit   *guard.Bucket
 
-	mu                        sync.Mutex // guards staged and the handler
-	staged                    *pebble.Batch
-	checked                   map[*kgo.Record]error // signature verdicts of the batch, computed in parallel
-	seen                      *token.Verified       // tokens verified on earlier reads
-	booked                    []*pb.Token           // tokens booked in the open batch (marked SUCCESS after commit)
-	accts                     *accounts
+	mu      sync.Mutex // guards staged and the handler
+	staged  *pebble.Batch
+	checked map[*kgo.Record]error // signature verdicts of the batch, computed in parallel
+	seen    *token.Verified       // tokens verified on earlier reads
+	booked  []*pb.Token           // tokens booked in the open batch (marked SUCCESS after commit)
+	accts   *accounts
 
 	// A partition's part of the store is rebuilt from wallet.ledger
 	// whenever the partition is assigned: another instance may have booked
 	// for its users since this one last owned it.
-	restore      *streams.Restorer
-	partitions   int
-	rebuild      *pebble.Batch
-	rebuildAccts *accounts
+	restore                   *streams.Restorer
+	partitions                int
+	rebuild                   *pebble.Batch
+	rebuildAccts              *accounts
 	ready                     atomic.Bool
 	Bookings, Forged, Refused atomic.Int64
 
@@ -127,7 +127,6 @@ func entryKey(act string, at int64, no string) []byte {
 type getter interface {
 	Get([]byte) ([]byte, interface{ Close() error }, error)
 }
-
 
 func booked(r pebble.Reader, act, no string) (bool, error) {
 	_, c, err := r.Get(orderKey(act, no))
