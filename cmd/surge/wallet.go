@@ -106,7 +106,9 @@ func cmdWallet(ctx context.Context, args []string) error {
 	}
 	ledDone := make(chan error, 1)
 	go func() { ledDone <- led.Run(ctx, opts...) }()
-	srv := &api.Server{Intake: in, Ledger: led, Counter: total, Producer: cl, Redis: rdb, Config: src, Log: log}
+	batcher := grant.NewBatcher(in, v.GetInt("wallet.batch_size"), v.GetDuration("wallet.batch_linger"), v.GetInt("wallet.batchers"))
+	defer batcher.Close()
+	srv := &api.Server{Intake: in, Batcher: batcher, Ledger: led, Counter: total, Producer: cl, Redis: rdb, Config: src, Log: log}
 	if err := srv.FollowResults(ctx, bs); err != nil {
 		return err
 	}

@@ -30,9 +30,17 @@ import (
 	"surge/streams"
 )
 
+// Granter accepts one grant: the Intake itself, or a grant.Batcher that
+// coalesces concurrent requests into batches (one signature, one Redis
+// round trip and one produce per batch).
+type Granter interface {
+	Grant(ctx context.Context, g *pb.RewardGrant) (*grant.Result, error)
+}
+
 // Server serves the API.
 type Server struct {
 	Intake    *grant.Intake
+	Batcher   Granter // when set, grants go through it instead of Intake
 	Ledger    *ledger.Ledger
 	Counter   *counter.Counter
 	Producer  *kgo.Client
@@ -96,7 +104,11 @@ func (s *Server) grant(w http.ResponseWriter, r *http.Request) {
 		fail(w, http.StatusBadRequest, fmt.Errorf("malformed grant: %w", err))
 		return
 	}
-	res, err := s.Intake.Grant(r.Context(), &g)
+	var granter Granter = s.Intake
+	if s.Batcher != nil {
+		granter = s.Batcher
+	}
+	res, err := granter.Grant(r.Context(), &g)
 	switch {
 	case errors.Is(err, grant.ErrInvalid), errors.Is(err, grant.ErrOverCap):
 		fail(w, http.StatusBadRequest, err)

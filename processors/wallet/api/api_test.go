@@ -64,7 +64,9 @@ func TestAPI(t *testing.T) {
 		done := make(chan error, 1)
 		go func() { done <- led.Run(ctx) }()
 		t.Cleanup(func() { cancel(); <-done })
-		s := &api.Server{Intake: in, Ledger: led, Producer: cl, Redis: rdb, Config: src, Namespace: ns, Log: log}
+		batcher := grant.NewBatcher(in, 64, time.Millisecond, 2) // as `surge wallet` serves grants
+		defer batcher.Close()
+		s := &api.Server{Intake: in, Batcher: batcher, Ledger: led, Producer: cl, Redis: rdb, Config: src, Namespace: ns, Log: log}
 		if err := s.FollowResults(ctx, b.Brokers); err != nil {
 			t.Fatal(err)
 		}
