@@ -38,13 +38,14 @@ type Restorer struct {
 	mu    sync.Mutex
 	stale map[int32]bool
 	owned map[int32]bool
+	gen   map[int32]uint64 // assignments seen per partition
 }
 
 // NewRestorer rebuilds with clear (drop a partition's state) then apply
 // (each changelog record of it, in order), reading topics up to their last
 // stable offsets.
 func NewRestorer(brokers []string, clear func(map[int32]bool) error, apply func(*kgo.Record) error, topics ...string) *Restorer {
-	return &Restorer{brokers: brokers, topics: topics, clear: clear, apply: apply, stale: map[int32]bool{}, owned: map[int32]bool{}}
+	return &Restorer{brokers: brokers, topics: topics, clear: clear, apply: apply, stale: map[int32]bool{}, owned: map[int32]bool{}, gen: map[int32]uint64{}}
 }
 
 // InputsOf marks changelog topics that are also inputs of the processor's
@@ -61,16 +62,20 @@ func (r *Restorer) InputsOf(group string, topics ...string) *Restorer {
 
 // Option hooks the restorer into a Runner's group membership.
 func (r *Restorer) Option() Option {
-	return ClientOpts(kgo.OnPartitionsAssigned(func(_ context.Context, _ *kgo.Client, as map[string][]int32) {
-		r.mu.Lock()
-		defer r.mu.Unlock()
-		for _, ps := range as {
-			for _, p := range ps {
-				r.stale[p] = true
-				r.owned[p] = true
-			}
+	return ClientOpts(kgo.OnPartitionsAssigned(func(_ context.Context, _ *kgo.Client, as map[string][]int32) { r.assigned(as) }))
+}
+
+// assigned marks newly assigned partitions stale.
+func (r *Restorer) assigned(as map[string][]int32) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, ps := range as {
+		for _, p := range ps {
+			r.stale[p] = true
+			r.owned[p] = true
+			r.gen[p]++
 		}
-	}))
+	}
 }
 
 // Ensure rebuilds every stale partition this instance owns (all at once,
@@ -83,9 +88,11 @@ func (r *Restorer) Ensure(ctx context.Context, partition int32) error {
 	}
 	r.stale[partition], r.owned[partition] = true, true // records before the callback ran
 	var ps []int32
+	gens := map[int32]uint64{}
 	for p, s := range r.stale {
 		if s {
 			ps = append(ps, p)
+			gens[p] = r.gen[p]
 		}
 	}
 	r.mu.Unlock()
@@ -94,7 +101,11 @@ func (r *Restorer) Ensure(ctx context.Context, partition int32) error {
 	}
 	r.mu.Lock()
 	for _, p := range ps {
-		r.stale[p] = false
+		// Assigned again while the rebuild ran: the rebuild may predate
+		// the other owner's last writes, so the partition stays stale.
+		if r.gen[p] == gens[p] {
+			r.stale[p] = false
+		}
 	}
 	r.mu.Unlock()
 	return nil

@@ -164,6 +164,11 @@ func TestExactlyOnceSurvivesTransientFailures(t *testing.T) {
 		// nothing it had emitted before the failure is produced twice.
 		var fails sync.Map
 		inner := echo(out)
+		// State staged per batch, as a stateful processor keeps it: OnRetry
+		// must drop what a failed attempt staged, or the records before
+		// the failure count twice.
+		var staged, retries int
+		var committed atomic.Int64
 		h := func(ctx context.Context, r *kgo.Record, o *streams.Output) error {
 			if r.Offset%500 == 7 {
 				v, _ := fails.LoadOrStore(fmt.Sprint(r.Partition, r.Offset), new(atomic.Int32))
@@ -171,12 +176,20 @@ func TestExactlyOnceSurvivesTransientFailures(t *testing.T) {
 					return errors.New("injected transient failure")
 				}
 			}
+			staged++
 			return inner(ctx, r, o)
 		}
 		reg := metrics.NewRegistry()
 		r, err := streams.New(streamstest.Unique("eos"), h, streams.Brokers(b.Brokers...), streams.Inputs(in),
 			streams.WithGuarantee(streams.ExactlyOnce), streams.DeadLetterTopic(dlq), streams.MaxBatch(400),
-			streams.Backoff(10*time.Millisecond, 50*time.Millisecond), streams.Metrics(reg), streams.Logger(quiet))
+			streams.Backoff(10*time.Millisecond, 50*time.Millisecond), streams.Metrics(reg), streams.Logger(quiet),
+			streams.OnRetry(func() { staged, retries = 0, retries+1 }),
+			streams.OnBatchEnd(func(ok bool) {
+				if ok {
+					committed.Add(int64(staged))
+				}
+				staged = 0
+			}))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -184,6 +197,9 @@ func TestExactlyOnceSurvivesTransientFailures(t *testing.T) {
 		got := streamstest.ReadN(t, b.Brokers, out, true, n, 60*time.Second, 2*time.Second)
 		stop()
 		assertExactlyOnce(t, countUins(t, got), n)
+		if committed.Load() != n || retries == 0 {
+			t.Fatalf("state committed for %d records of %d after %d retries", committed.Load(), n, retries)
+		}
 
 		var text strings.Builder
 		_ = reg.WriteText(&text)
