@@ -171,32 +171,18 @@ func (l *Ledger) Run(ctx context.Context, opts ...streams.Option) error {
 	l.accts = newAccounts(1 << 20) // the store is rebuilt below; nothing cached may survive
 	start := time.Now()
 	n := 0
-	b := db.NewIndexedBatch()
+	// The whole store, as a partition rebuild does it for one partition.
+	l.rebuild, l.rebuildAccts = db.NewIndexedBatch(), newAccounts(1<<20)
 	err = streams.ReadToEnd(ctx, l.brokers, l.topic(schemas.TopicLedger), func(r *kgo.Record) error {
-		var e pb.LedgerEntry
-		if streams.Decode(r, &e) != nil {
-			return nil
-		}
 		n++
-		if err := apply(b, l.accts, &e); err != nil {
-			return err
-		}
-		if b.Count() > 50000 {
-			if err := b.Commit(pebble.NoSync); err != nil {
-				return err
-			}
-			l.accts.commit()
-			b = db.NewIndexedBatch()
-		}
-		return nil
+		return l.applyRestored(r)
 	})
 	if err == nil {
-		err = b.Commit(pebble.Sync)
+		err = l.finishRebuild()
 	}
 	if err != nil {
 		return fmt.Errorf("ledger: restore: %w", err)
 	}
-	l.accts.commit()
 	l.cfg.Log.Info("ledger: store rebuilt from wallet.ledger", "entries", n, "took", time.Since(start).Round(time.Millisecond))
 	if l.partitions, err = streams.PartitionCount(ctx, l.brokers, l.topic(schemas.TopicTokens)); err != nil {
 		return fmt.Errorf("ledger: %w", err)
@@ -274,7 +260,8 @@ func (l *Ledger) clearPartitions(ps map[int32]bool) error {
 	return nil
 }
 
-// applyRestored books one entry of a rebuilt partition.
+// applyRestored books one entry of a rebuild (of a partition, or of the
+// whole store at start) into the rebuild's own batch.
 func (l *Ledger) applyRestored(r *kgo.Record) error {
 	var e pb.LedgerEntry
 	if streams.Decode(r, &e) != nil {
