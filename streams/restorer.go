@@ -35,10 +35,11 @@ type Restorer struct {
 	group  string          // see InputsOf
 	inputs map[string]bool // changelogs that are also the processor's inputs
 
-	mu    sync.Mutex
-	stale map[int32]bool
-	owned map[int32]bool
-	gen   map[int32]uint64 // assignments seen per partition
+	mu       sync.Mutex
+	stale    map[int32]bool
+	owned    map[int32]bool
+	gen      map[int32]uint64           // assignments seen per partition
+	baseline map[string]map[int32]int64 // see Baseline
 }
 
 // NewRestorer rebuilds with clear (drop a partition's state) then apply
@@ -58,6 +59,75 @@ func (r *Restorer) InputsOf(group string, topics ...string) *Restorer {
 		r.inputs[t] = true
 	}
 	return r
+}
+
+// Baseline records the changelogs' end offsets now, before the caller
+// loads its whole store from them (a start-up restore). A partition whose
+// changelogs still end there when it is assigned needs no rebuild: nothing
+// was written to it since, by this instance or another.
+func (r *Restorer) Baseline(ctx context.Context) error {
+	offs, err := endOffsets(ctx, r.brokers, r.topics)
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	r.baseline = offs
+	r.mu.Unlock()
+	return nil
+}
+
+// unchanged returns the partitions of ps whose changelogs all still end at
+// the baseline.
+func (r *Restorer) unchanged(ctx context.Context, ps []int32) (map[int32]bool, error) {
+	r.mu.Lock()
+	base := r.baseline
+	r.mu.Unlock()
+	if base == nil {
+		return nil, nil
+	}
+	cur, err := endOffsets(ctx, r.brokers, r.topics)
+	if err != nil {
+		return nil, err
+	}
+	same := map[int32]bool{}
+	for _, p := range ps {
+		same[p] = true
+		for _, t := range r.topics {
+			b, ok := base[t][p]
+			if c, ok2 := cur[t][p]; !ok || !ok2 || b != c {
+				same[p] = false
+			}
+		}
+	}
+	return same, nil
+}
+
+// endOffsets lists the high watermarks of topics' partitions.
+func endOffsets(ctx context.Context, brokers, topics []string) (map[string]map[int32]int64, error) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		return nil, err
+	}
+	defer cl.Close()
+	var listed kadm.ListedOffsets
+	err = retryFor(ctx, 10*time.Second, func() error {
+		var err error
+		if listed, err = kadm.NewClient(cl).ListEndOffsets(ctx, topics...); err == nil {
+			err = listed.Error()
+		}
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("restore: end offsets of %v: %w", topics, err)
+	}
+	out := map[string]map[int32]int64{}
+	listed.Each(func(o kadm.ListedOffset) {
+		if out[o.Topic] == nil {
+			out[o.Topic] = map[int32]int64{}
+		}
+		out[o.Topic][o.Partition] = o.Offset
+	})
+	return out, nil
 }
 
 // Option hooks the restorer into a Runner's group membership.
@@ -96,8 +166,20 @@ func (r *Restorer) Ensure(ctx context.Context, partition int32) error {
 		}
 	}
 	r.mu.Unlock()
-	if err := r.Rebuild(ctx, ps...); err != nil {
+	same, err := r.unchanged(ctx, ps)
+	if err != nil {
 		return err
+	}
+	var rebuild []int32
+	for _, p := range ps {
+		if !same[p] {
+			rebuild = append(rebuild, p)
+		}
+	}
+	if len(rebuild) > 0 {
+		if err := r.Rebuild(ctx, rebuild...); err != nil {
+			return err
+		}
 	}
 	r.mu.Lock()
 	for _, p := range ps {

@@ -38,3 +38,50 @@ func TestRestorerReassignedDuringRebuild(t *testing.T) {
 		}
 	}
 }
+
+// After Baseline, a partition whose changelog has not grown is not
+// rebuilt when assigned; one that has grown is.
+func TestRestorerSkipsUnchangedSinceBaseline(t *testing.T) {
+	const topic = "changelog"
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(2, topic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx := context.Background()
+	produce := func(p int32) {
+		if err := cl.ProduceSync(ctx, &kgo.Record{Topic: topic, Partition: p, Value: []byte("x")}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	produce(0)
+	produce(1)
+	var cleared []map[int32]bool
+	r := NewRestorer(c.ListenAddrs(), func(ps map[int32]bool) error {
+		cleared = append(cleared, ps)
+		return nil
+	}, func(*kgo.Record) error { return nil }, topic)
+	if err := r.Baseline(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r.assigned(map[string][]int32{topic: {0, 1}})
+	if err := r.Ensure(ctx, 0); err != nil {
+		t.Fatal(err)
+	}
+	if len(cleared) != 0 {
+		t.Fatalf("unchanged partitions rebuilt: %v", cleared)
+	}
+	produce(1) // another owner wrote to partition 1
+	r.assigned(map[string][]int32{topic: {0, 1}})
+	if err := r.Ensure(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if len(cleared) != 1 || !cleared[0][1] || cleared[0][0] {
+		t.Fatalf("rebuilt %v, want partition 1 only", cleared)
+	}
+}

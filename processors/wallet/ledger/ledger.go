@@ -171,6 +171,16 @@ func (l *Ledger) Run(ctx context.Context, opts ...streams.Option) error {
 	l.accts = newAccounts(1 << 20) // the store is rebuilt below; nothing cached may survive
 	start := time.Now()
 	n := 0
+	if l.partitions, err = streams.PartitionCount(ctx, l.brokers, l.topic(schemas.TopicTokens)); err != nil {
+		return fmt.Errorf("ledger: %w", err)
+	}
+	l.restore = streams.NewRestorer(l.brokers, l.clearPartitions, l.applyRestored, l.topic(schemas.TopicLedger))
+	l.restore.AfterRebuild = l.finishRebuild
+	// Partitions nobody wrote to after this point are not rebuilt again
+	// when the group assigns them.
+	if err := l.restore.Baseline(ctx); err != nil {
+		return fmt.Errorf("ledger: %w", err)
+	}
 	// The whole store, as a partition rebuild does it for one partition.
 	l.rebuild, l.rebuildAccts = db.NewIndexedBatch(), newAccounts(1<<20)
 	err = streams.ReadToEnd(ctx, l.brokers, l.topic(schemas.TopicLedger), func(r *kgo.Record) error {
@@ -184,11 +194,6 @@ func (l *Ledger) Run(ctx context.Context, opts ...streams.Option) error {
 		return fmt.Errorf("ledger: restore: %w", err)
 	}
 	l.cfg.Log.Info("ledger: store rebuilt from wallet.ledger", "entries", n, "took", time.Since(start).Round(time.Millisecond))
-	if l.partitions, err = streams.PartitionCount(ctx, l.brokers, l.topic(schemas.TopicTokens)); err != nil {
-		return fmt.Errorf("ledger: %w", err)
-	}
-	l.restore = streams.NewRestorer(l.brokers, l.clearPartitions, l.applyRestored, l.topic(schemas.TopicLedger))
-	l.restore.AfterRebuild = l.finishRebuild
 	l.staged = db.NewIndexedBatch()
 	l.ready.Store(true)
 	opts = append([]streams.Option{
