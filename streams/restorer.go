@@ -77,7 +77,7 @@ func (r *Restorer) Baseline(ctx context.Context) error {
 }
 
 // unchanged returns the partitions of ps whose changelogs all still end at
-// the baseline.
+// the baseline (an empty partition ends at 0).
 func (r *Restorer) unchanged(ctx context.Context, ps []int32) (map[int32]bool, error) {
 	r.mu.Lock()
 	base := r.baseline
@@ -93,8 +93,7 @@ func (r *Restorer) unchanged(ctx context.Context, ps []int32) (map[int32]bool, e
 	for _, p := range ps {
 		same[p] = true
 		for _, t := range r.topics {
-			b, ok := base[t][p]
-			if c, ok2 := cur[t][p]; !ok || !ok2 || b != c {
+			if base[t][p] != cur[t][p] {
 				same[p] = false
 			}
 		}
@@ -102,31 +101,19 @@ func (r *Restorer) unchanged(ctx context.Context, ps []int32) (map[int32]bool, e
 	return same, nil
 }
 
-// endOffsets lists the high watermarks of topics' partitions.
+// endOffsets is EndOffsets of each topic.
 func endOffsets(ctx context.Context, brokers, topics []string) (map[string]map[int32]int64, error) {
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
 	if err != nil {
 		return nil, err
 	}
 	defer cl.Close()
-	var listed kadm.ListedOffsets
-	err = retryFor(ctx, 10*time.Second, func() error {
-		var err error
-		if listed, err = kadm.NewClient(cl).ListEndOffsets(ctx, topics...); err == nil {
-			err = listed.Error()
-		}
-		return err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("restore: end offsets of %v: %w", topics, err)
-	}
 	out := map[string]map[int32]int64{}
-	listed.Each(func(o kadm.ListedOffset) {
-		if out[o.Topic] == nil {
-			out[o.Topic] = map[int32]int64{}
+	for _, t := range topics {
+		if out[t], err = EndOffsets(ctx, cl, t); err != nil {
+			return nil, fmt.Errorf("restore: end offsets of %s: %w", t, err)
 		}
-		out[o.Topic][o.Partition] = o.Offset
-	})
+	}
 	return out, nil
 }
 
