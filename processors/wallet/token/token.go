@@ -39,7 +39,7 @@ type Keyring struct {
 	signID string
 	signer ed25519.PrivateKey
 	public map[string]ed25519.PublicKey
-	roots  *rootCache
+	roots  *checkedSet // batch roots verified
 }
 
 // Generate returns a keyring with a fresh signing key named id.
@@ -48,7 +48,7 @@ func Generate(id string) (*Keyring, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Keyring{signID: id, signer: priv, public: map[string]ed25519.PublicKey{id: pub}, roots: newRootCache()}, nil
+	return &Keyring{signID: id, signer: priv, public: map[string]ed25519.PublicKey{id: pub}, roots: newCheckedSet(maxRoots)}, nil
 }
 
 // FromSeed builds a keyring from a base64 32-byte seed (configuration).
@@ -58,7 +58,7 @@ func FromSeed(id, seedB64 string) (*Keyring, error) {
 		return nil, fmt.Errorf("token: key %s: want a base64 %d-byte seed", id, ed25519.SeedSize)
 	}
 	priv := ed25519.NewKeyFromSeed(seed)
-	return &Keyring{signID: id, signer: priv, public: map[string]ed25519.PublicKey{id: priv.Public().(ed25519.PublicKey)}, roots: newRootCache()}, nil
+	return &Keyring{signID: id, signer: priv, public: map[string]ed25519.PublicKey{id: priv.Public().(ed25519.PublicKey)}, roots: newCheckedSet(maxRoots)}, nil
 }
 
 // Trust adds a public key (an older or another instance's key).
@@ -138,7 +138,7 @@ func (k *Keyring) SignBatch(toks []*pb.Token) {
 			levels = append(levels, up)
 		}
 		root := levels[len(levels)-1][0]
-		sig := ed25519.Sign(signer, append(append([]byte(nil), rootContext...), root[:]...))
+		sig := ed25519.Sign(signer, rootMessage(root))
 		for i, t := range group {
 			proof := make([]byte, 0, (len(levels)-1)*hashSize)
 			for d, at := 0, i; d < len(levels)-1; d, at = d+1, at/2 {
@@ -167,64 +167,61 @@ func root(t *pb.Token) ([hashSize]byte, bool) {
 	return h, true
 }
 
-// rootCache remembers batch roots whose signature verified, keyed by
-// public key, root and signature. Bounded; it starts over when full.
-type rootCache struct {
-	mu sync.RWMutex
-	ok map[string]struct{}
+// checkedSet remembers keys of checks that passed. Bounded; it simply
+// starts over when full. It serves both the batch roots a Keyring verified
+// and the tokens a Verified cache checked.
+type checkedSet struct {
+	mu  sync.RWMutex
+	max int
+	ok  map[string]struct{}
 }
 
-const maxRoots = 1 << 18
+func newCheckedSet(max int) *checkedSet { return &checkedSet{max: max, ok: make(map[string]struct{})} }
 
-func newRootCache() *rootCache { return &rootCache{ok: make(map[string]struct{})} }
-
-func (c *rootCache) has(key string) bool {
+func (c *checkedSet) has(key string) bool {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	_, ok := c.ok[key]
 	return ok
 }
 
-func (c *rootCache) add(key string) {
+func (c *checkedSet) add(key string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if len(c.ok) >= maxRoots {
+	if len(c.ok) >= c.max {
 		clear(c.ok)
 	}
 	c.ok[key] = struct{}{}
+}
+
+// maxRoots bounds a Keyring's verified batch roots (keyed by public key,
+// root and signature).
+const maxRoots = 1 << 18
+
+// rootMessage is what a batch signature signs.
+func rootMessage(root [hashSize]byte) []byte {
+	return append(append([]byte(nil), rootContext...), root[:]...)
 }
 
 // Verified remembers tokens whose signature was checked, so a user who
 // reloads the balance page does not pay ten Ed25519 verifications again.
 // The key is the whole signed byte string plus the signature: any change to
 // a token misses the cache. It is bounded and simply starts over when full.
-type Verified struct {
-	mu  sync.Mutex
-	max int
-	ok  map[string]struct{}
-}
+type Verified struct{ set *checkedSet }
 
 // NewVerified returns a cache of up to max tokens.
-func NewVerified(max int) *Verified { return &Verified{max: max, ok: make(map[string]struct{}, max)} }
+func NewVerified(max int) *Verified { return &Verified{set: newCheckedSet(max)} }
 
 // Verify checks t, from the cache when it was verified before.
 func (v *Verified) Verify(k *Keyring, t *pb.Token) error {
 	key := string(signed(t)) + t.KeyId + string(t.Signature) + string(t.BatchProof) + strconv.FormatUint(uint64(t.BatchIndex), 10)
-	v.mu.Lock()
-	_, hit := v.ok[key]
-	v.mu.Unlock()
-	if hit {
+	if v.set.has(key) {
 		return nil
 	}
 	if err := k.Verify(t); err != nil {
 		return err
 	}
-	v.mu.Lock()
-	if len(v.ok) >= v.max {
-		clear(v.ok)
-	}
-	v.ok[key] = struct{}{}
-	v.mu.Unlock()
+	v.set.add(key)
 	return nil
 }
 
@@ -250,7 +247,7 @@ func (k *Keyring) Verify(t *pb.Token) error {
 	if k.roots.has(key) {
 		return nil
 	}
-	if !ed25519.Verify(pub, append(append([]byte(nil), rootContext...), r[:]...), t.Signature) {
+	if !ed25519.Verify(pub, rootMessage(r), t.Signature) {
 		return ErrForged
 	}
 	k.roots.add(key)

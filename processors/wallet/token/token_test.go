@@ -105,7 +105,7 @@ func TestSignBatchVerifies(t *testing.T) {
 		// A fresh keyring with the same public key (a reader elsewhere)
 		// verifies them too, from nothing cached.
 		id, pub := k.Public()
-		reader := &Keyring{public: map[string]ed25519.PublicKey{id: pub}, roots: newRootCache()}
+		reader := &Keyring{public: map[string]ed25519.PublicKey{id: pub}, roots: newCheckedSet(maxRoots)}
 		for _, tok := range toks {
 			if err := reader.Verify(tok); err != nil {
 				t.Fatalf("reader: %v", err)
@@ -218,10 +218,10 @@ func BenchmarkVerifyBatch(b *testing.B) {
 	}
 	id, pub := k.Public()
 	i := 0
-	reader := &Keyring{public: map[string]ed25519.PublicKey{id: pub}, roots: newRootCache()}
+	reader := &Keyring{public: map[string]ed25519.PublicKey{id: pub}, roots: newCheckedSet(maxRoots)}
 	for b.Loop() {
 		if i == len(toks) {
-			i, reader = 0, &Keyring{public: map[string]ed25519.PublicKey{id: pub}, roots: newRootCache()}
+			i, reader = 0, &Keyring{public: map[string]ed25519.PublicKey{id: pub}, roots: newCheckedSet(maxRoots)}
 		}
 		if reader.Verify(toks[i]) != nil {
 			b.Fatal("verify")
