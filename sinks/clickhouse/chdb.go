@@ -82,7 +82,7 @@ func (c *ChDB) Insert(_ context.Context, table string, cols []Column, w *RowWrit
 		return fmt.Errorf("chdb: insert spool: %w", err)
 	}
 	_, err = c.query(fmt.Sprintf("INSERT INTO %s (%s) FROM INFILE %s SETTINGS %s FORMAT RowBinary",
-		table, names(cols), Quote(f.Name()), insertSettings), "CSV")
+		table, names(cols), Quote(f.Name()), settingsClause(insertSettings)), "CSV")
 	return err
 }
 

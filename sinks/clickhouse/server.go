@@ -41,7 +41,11 @@ func (s *Server) Insert(ctx context.Context, table string, cols []Column, w *Row
 	if err != nil {
 		return err
 	}
-	ctx = ch.Context(ctx, ch.WithSettings(ch.Settings{"optimize_on_insert": 0}))
+	settings := ch.Settings{}
+	for k, v := range insertSettings {
+		settings[k] = v
+	}
+	ctx = ch.Context(ctx, ch.WithSettings(settings))
 	batch, err := s.conn.PrepareBatch(ctx, fmt.Sprintf("INSERT INTO %s (%s)", table, names(cols)))
 	if err != nil {
 		return err

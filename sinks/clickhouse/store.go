@@ -79,11 +79,22 @@ func Migrate(ctx context.Context, s Store) ([]string, error) {
 	return did, nil
 }
 
-// insertSettings apply to every sink insert. optimize_on_insert=0 skips
-// collapsing equal keys inside each inserted block: background merges and
-// FINAL (or the idempotent folds of wallet_orders) collapse them anyway,
-// and skipping it halves chDB's insert cost (bench/sinks-notes.md).
-const insertSettings = "optimize_on_insert = 0"
+// insertSettings apply to every sink insert, on both drivers.
+// optimize_on_insert=0 skips collapsing equal keys inside each inserted
+// block: background merges and FINAL (or the idempotent folds of
+// wallet_orders) collapse them anyway, and skipping it halves chDB's
+// insert cost (bench/sinks-notes.md).
+var insertSettings = map[string]int{"optimize_on_insert": 0}
+
+// settingsClause renders settings for a SETTINGS clause.
+func settingsClause(settings map[string]int) string {
+	parts := make([]string, 0, len(settings))
+	for k, v := range settings {
+		parts = append(parts, fmt.Sprintf("%s = %d", k, v))
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, ", ")
+}
 
 // Quote renders s as a ClickHouse string literal.
 func Quote(s string) string {
