@@ -10,6 +10,9 @@ import (
 
 type account struct{ balance, income int64 }
 
+// maxCachedAccounts bounds the balances held in memory.
+const maxCachedAccounts = 1 << 20
+
 // accounts keeps balances in memory in front of the Pebble store. The
 // ledger is the only writer of its users' accounts (the inputs are
 // co-partitioned by actID), so a committed balance held here is the

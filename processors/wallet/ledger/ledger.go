@@ -89,7 +89,7 @@ func New(cfg Config, brokers []string) *Ledger {
 		cfg.Metrics = metrics.NewRegistry()
 	}
 	c := cfg.Metrics.NewCounterVec("surge_wallet_ledger_total", "ledger events", "event")
-	return &Ledger{cfg: cfg, brokers: brokers, seen: token.NewVerified(1 << 20), accts: newAccounts(1 << 20), limit: guard.NewBucket(cfg.Source.Tree().RateLimits.BookingsPerSecond),
+	return &Ledger{cfg: cfg, brokers: brokers, seen: token.NewVerified(1 << 20), accts: newAccounts(maxCachedAccounts), limit: guard.NewBucket(cfg.Source.Tree().RateLimits.BookingsPerSecond),
 		mBooked: c.With("booked"), mForged: c.With("forged_token"), mRefused: c.With("withdrawal_refused")}
 }
 
@@ -122,10 +122,6 @@ func entryKey(act string, at int64, no string) []byte {
 	k = append(k, 0)
 	k = binary.BigEndian.AppendUint64(k, uint64(at))
 	return append(k, no...)
-}
-
-type getter interface {
-	Get([]byte) ([]byte, interface{ Close() error }, error)
 }
 
 func booked(r pebble.Reader, act, no string) (bool, error) {
@@ -168,7 +164,7 @@ func (l *Ledger) Run(ctx context.Context, opts ...streams.Option) error {
 	}
 	l.db = db
 	defer db.Close()
-	l.accts = newAccounts(1 << 20) // the store is rebuilt below; nothing cached may survive
+	l.accts = newAccounts(maxCachedAccounts) // the store is rebuilt below; nothing cached may survive
 	start := time.Now()
 	n := 0
 	if l.partitions, err = streams.PartitionCount(ctx, l.brokers, l.topic(schemas.TopicTokens)); err != nil {
@@ -182,7 +178,7 @@ func (l *Ledger) Run(ctx context.Context, opts ...streams.Option) error {
 		return fmt.Errorf("ledger: %w", err)
 	}
 	// The whole store, as a partition rebuild does it for one partition.
-	l.rebuild, l.rebuildAccts = db.NewIndexedBatch(), newAccounts(1<<20)
+	l.startRebuild()
 	err = streams.ReadToEnd(ctx, l.brokers, l.topic(schemas.TopicLedger), func(r *kgo.Record) error {
 		n++
 		return l.applyRestored(r)
@@ -260,9 +256,14 @@ func (l *Ledger) clearPartitions(ps map[int32]bool) error {
 	}); err != nil {
 		return err
 	}
-	l.accts.reset()
-	l.rebuild, l.rebuildAccts = l.db.NewIndexedBatch(), newAccounts(1<<20)
+	l.accts.reset() // the cleared users' balances; reads do not refill it, only commits
+	l.startRebuild()
 	return nil
+}
+
+// startRebuild opens the batch and balances a rebuild applies entries to.
+func (l *Ledger) startRebuild() {
+	l.rebuild, l.rebuildAccts = l.db.NewIndexedBatch(), newAccounts(maxCachedAccounts)
 }
 
 // applyRestored books one entry of a rebuild (of a partition, or of the
@@ -288,7 +289,6 @@ func (l *Ledger) applyRestored(r *kgo.Record) error {
 func (l *Ledger) finishRebuild() error {
 	err := l.rebuild.Commit(pebble.NoSync)
 	l.rebuild, l.rebuildAccts = nil, nil
-	l.accts.reset() // balances read during the rebuild may be of the old state
 	return err
 }
 
