@@ -7,12 +7,12 @@
 //     order number booked twice a double booking;
 //   - tokens_vs_ledger: every token has its ledger entry and every entry
 //     its token;
-//
-// (both wallet checks read wallet_orders, where the sinks' rows are folded
-// per order as they arrive, so a run reads one row per order of its window
-// and joins nothing; a booking counts in the window of its grant);
 //   - targets_vs_deliveries: each completed push job reached (delivered or
 //     queued offline) exactly its filtered targets.
+//
+// Both wallet checks read wallet_orders, where the sinks' rows are folded
+// per order as they arrive, so a run reads one row per order of its window
+// and joins nothing; a booking counts in the window of its grant.
 //
 // Each check writes ReconResult records to platform.recon and the
 // recon_results table; a mismatch is also logged and counted (alerts).
@@ -174,7 +174,7 @@ func atoi(s string) int64 { n, _ := strconv.ParseInt(s, 10, 64); return n }
 func walletOrders(w Window) string {
 	return fmt.Sprintf(`(SELECT activity_id, scene_id, act_id, has_grant, granted AS order_granted, has_token,
        token_amount AS order_token, length(bookings) AS nb, booked_amount * nb AS order_booked
-  FROM wallet_orders FINAL WHERE minute_ms >= %d AND minute_ms < %d)`, w.From.UnixMilli(), w.To.UnixMilli())
+  FROM wallet_orders FINAL WHERE %s)`, w.between("minute_ms"))
 }
 
 // walletChecks runs granted_vs_booked and tokens_vs_ledger in one pass:
