@@ -3,6 +3,7 @@ package schemas
 import (
 	"fmt"
 	"sort"
+	"strconv"
 
 	"google.golang.org/protobuf/proto"
 
@@ -21,7 +22,19 @@ type Schema struct {
 	Version    int    // version written by this build
 	MinVersion int    // oldest version this build still reads
 	New        func() proto.Message
+
+	// The header values every record of this schema carries, encoded once:
+	// they are on every record of the hot paths. Shared, so never modified.
+	nameHeader, versionHeader []byte
 }
+
+// NameHeader is the value of HeaderSchema for this schema (shared: do not
+// modify it).
+func (s Schema) NameHeader() []byte { return s.nameHeader }
+
+// VersionHeader is the value of HeaderVersion this build writes (shared:
+// do not modify it).
+func (s Schema) VersionHeader() []byte { return s.versionHeader }
 
 // Accepts reports whether a record written at version v can be read.
 func (s Schema) Accepts(v int) bool { return v >= s.MinVersion && v <= s.Version }
@@ -33,7 +46,8 @@ func register(v, minV int, newFn func() proto.Message) {
 	if _, dup := registry[name]; dup {
 		panic("schemas: duplicate registration of " + name)
 	}
-	registry[name] = Schema{Name: name, Version: v, MinVersion: minV, New: newFn}
+	registry[name] = Schema{Name: name, Version: v, MinVersion: minV, New: newFn,
+		nameHeader: []byte(name), versionHeader: []byte(strconv.Itoa(v))}
 }
 
 func init() {

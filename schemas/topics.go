@@ -72,7 +72,7 @@ var Topics = []Topic{
 	{TopicOffline, "surge.v1.OfflineBatch", "a uin of the batch (4-byte big-endian)", 12, false, 7 * day, "offline targets, co-partitioned with push.login; with the DELIVERED_ON_LOGIN reports it is the offline queues' changelog"},
 	{TopicReports, "surge.v1.DeliveryReport", "job_id", 12, false, 7 * day, "per-target delivery outcomes; read back to rebuild remaining work"},
 	{TopicGrants, "surge.v1.RewardGrant", "act_id", 12, false, 30 * day, "accepted reward grants"},
-	{TopicTokens, "surge.v1.Token", "act_id", 12, false, 30 * day, "signed tokens and their status changes"},
+	{TopicTokens, "surge.v1.Token", "act_id", 12, false, 30 * day, "signed cash tokens (PROCESSING); a booking is its wallet.ledger entry"},
 	{TopicLedger, "surge.v1.LedgerEntry", "act_id", 12, false, 365 * day, "booked ledger entries; the account store is rebuilt from it"},
 	{TopicWithdrawals, "surge.v1.Withdrawal", "act_id", 12, false, 365 * day, "withdrawal requests"},
 	{TopicWithdrawResult, "surge.v1.Withdrawal", "act_id", 12, false, 30 * day, "the ledger's answer to each withdrawal: booked or refused with a reason"},

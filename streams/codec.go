@@ -1,6 +1,7 @@
 package streams
 
 import (
+	"bytes"
 	"fmt"
 	"strconv"
 
@@ -22,20 +23,32 @@ func NewRecord(topic string, key []byte, msg proto.Message) (*kgo.Record, error)
 		Key:   key,
 		Value: v,
 		Headers: []kgo.RecordHeader{
-			{Key: schemas.HeaderSchema, Value: []byte(s.Name)},
-			{Key: schemas.HeaderVersion, Value: []byte(strconv.Itoa(s.Version))},
+			{Key: schemas.HeaderSchema, Value: s.NameHeader()},
+			{Key: schemas.HeaderVersion, Value: s.VersionHeader()},
 		},
 	}, nil
 }
 
 // Header returns the value of the first header named key.
 func Header(r *kgo.Record, key string) (string, bool) {
+	v, ok := headerBytes(r, key)
+	return string(v), ok
+}
+
+// HasSchema reports whether r carries the schema named name, without
+// copying the header (it is asked of every record on mixed topics).
+func HasSchema(r *kgo.Record, name string) bool {
+	v, ok := headerBytes(r, schemas.HeaderSchema)
+	return ok && string(v) == name
+}
+
+func headerBytes(r *kgo.Record, key string) ([]byte, bool) {
 	for _, h := range r.Headers {
 		if h.Key == key {
-			return string(h.Value), true
+			return h.Value, true
 		}
 	}
-	return "", false
+	return nil, false
 }
 
 // Decode checks that r carries into's schema at a readable version and
@@ -43,23 +56,25 @@ func Header(r *kgo.Record, key string) (string, bool) {
 // be read by this build, so it belongs in the dead-letter topic.
 func Decode(r *kgo.Record, into proto.Message) error {
 	want := schemas.Of(into)
-	name, ok := Header(r, schemas.HeaderSchema)
+	name, ok := headerBytes(r, schemas.HeaderSchema)
 	if !ok {
 		return Reject("missing schema header", nil)
 	}
-	if name != want.Name {
+	if string(name) != want.Name {
 		return Reject(fmt.Sprintf("schema %q where %q expected", name, want.Name), nil)
 	}
-	vs, _ := Header(r, schemas.HeaderVersion)
-	v, err := strconv.Atoi(vs)
-	if err != nil {
-		return Reject(fmt.Sprintf("bad schema version %q", vs), nil)
-	}
-	if !want.Accepts(v) {
-		return Reject(fmt.Sprintf("unknown schema version %d of %s (reads %d..%d)", v, name, want.MinVersion, want.Version), nil)
+	// The common case, this build's own version, is a byte comparison.
+	if vs, _ := headerBytes(r, schemas.HeaderVersion); !bytes.Equal(vs, want.VersionHeader()) {
+		v, err := strconv.Atoi(string(vs))
+		if err != nil {
+			return Reject(fmt.Sprintf("bad schema version %q", vs), nil)
+		}
+		if !want.Accepts(v) {
+			return Reject(fmt.Sprintf("unknown schema version %d of %s (reads %d..%d)", v, name, want.MinVersion, want.Version), nil)
+		}
 	}
 	if err := proto.Unmarshal(r.Value, into); err != nil {
-		return Reject("malformed "+name, err)
+		return Reject("malformed "+want.Name, err)
 	}
 	return nil
 }

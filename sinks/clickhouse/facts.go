@@ -33,7 +33,9 @@ func Grants() *Sink {
 		}}
 }
 
-// Tokens sinks wallet.tokens (each status a row).
+// Tokens sinks wallet.tokens: one row per token issued (PROCESSING); a
+// token's booking is its row in ledger. Rows of SUCCESS tokens written by
+// earlier builds are kept as they came.
 func Tokens() *Sink {
 	return &Sink{Name: "sink-tokens", Topic: schemas.TopicTokens, Table: "tokens",
 		Columns: Columns("order_no String, act_id String, activity_id String, scene_id String, amount Int64, status String, open_time Int64"),

@@ -34,6 +34,9 @@ func Open(dir string, fresh bool, log *slog.Logger) (*pebble.DB, error) {
 		// index blocks from disk).
 		CacheSize:    256 << 20,
 		MemTableSize: 16 << 20,
+		// A fresh store is rebuilt from its topics after any crash, so a
+		// write-ahead log would only be written, never read.
+		DisableWAL: fresh,
 	}
 	for i := range opts.Levels {
 		opts.Levels[i].FilterPolicy = bloom.FilterPolicy(10)

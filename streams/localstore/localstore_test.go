@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"testing"
 
+	"github.com/cockroachdb/pebble/v2"
+
 	"surge/streams/localstore"
 )
 
@@ -24,13 +26,13 @@ func TestBlockCacheServesLookups(t *testing.T) {
 	for i := range 1_000_000 {
 		_ = b.Set(binary.BigEndian.AppendUint64([]byte{'k'}, uint64(2*i)), make([]byte, 40), nil)
 		if b.Count() >= 50_000 {
-			if err := b.Commit(nil); err != nil {
+			if err := b.Commit(pebble.NoSync); err != nil {
 				t.Fatal(err)
 			}
 			b = db.NewBatch()
 		}
 	}
-	if err := b.Commit(nil); err != nil {
+	if err := b.Commit(pebble.NoSync); err != nil {
 		t.Fatal(err)
 	}
 	if err := db.Flush(); err != nil {

@@ -76,6 +76,10 @@ func (q *Queues) topic(name string) string { return q.cfg.Namespace + name }
 // Stats returns messages queued and delivered on login by this process.
 func (q *Queues) Stats() (queued, delivered int64) { return q.queued.Load(), q.delivered.Load() }
 
+// offlineBatchSchema tells offline batches from delivery reports on the
+// queue's inputs.
+var offlineBatchSchema = schemas.Of(&pb.OfflineBatch{}).Name
+
 func entryKey(uin uint32, jobID string) []byte {
 	return append(binary.BigEndian.AppendUint32(make([]byte, 0, 4+len(jobID)), uin), jobID...)
 }
@@ -184,7 +188,7 @@ func (q *Queues) restore(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	if err := b.Commit(pebble.Sync); err != nil {
+	if err := b.Commit(pebble.NoSync); err != nil {
 		return 0, err
 	}
 	err = streams.ReadToEnd(ctx, q.brokers, q.topic(schemas.TopicPresence), func(r *kgo.Record) error {
@@ -225,7 +229,7 @@ func (q *Queues) Handle() streams.Handler {
 				JobId: e.JobId, Uin: uint64(e.Uin), Status: pb.DeliveryStatus_DELIVERED_ON_LOGIN, AtMs: now,
 				UnitId: e.UnitId, DisplayAtMs: e.DisplayAtMs, ContentId: e.ContentId, Executor: "offline"})
 		}
-		if name, _ := streams.Header(in, schemas.HeaderSchema); name == schemas.Of(&pb.OfflineBatch{}).Name {
+		if streams.HasSchema(in, offlineBatchSchema) {
 			var ob pb.OfflineBatch
 			if err := streams.Decode(in, &ob); err != nil {
 				return err

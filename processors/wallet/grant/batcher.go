@@ -3,6 +3,7 @@ package grant
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 
 	pb "surge/schemas/surgev1"
@@ -37,20 +38,28 @@ func NewBatcher(in *Intake, size int, linger time.Duration, workers int) *Batche
 	return b
 }
 
+// replies recycles the callers' reply channels: one per grant was a
+// tenth of the intake's CPU, mostly in the garbage collector.
+var replies = sync.Pool{New: func() any { return make(chan Outcome, 1) }}
+
 // Grant accepts one grant through a batch.
 func (b *Batcher) Grant(ctx context.Context, g *pb.RewardGrant) (*Result, error) {
-	r := batchReq{g: g, done: make(chan Outcome, 1)}
+	r := batchReq{g: g, done: replies.Get().(chan Outcome)}
 	select {
 	case b.reqs <- r:
 	case <-b.stop:
+		replies.Put(r.done)
 		return nil, ErrClosed
 	case <-ctx.Done():
+		replies.Put(r.done)
 		return nil, ctx.Err()
 	}
 	select {
 	case o := <-r.done:
+		replies.Put(r.done) // drained: nobody sends on it again
 		return o.Result, o.Err
 	case <-ctx.Done():
+		// Not recycled: the batch may still answer on it.
 		return nil, ctx.Err() // the grant may still be accepted: retry with the same order number
 	}
 }

@@ -125,14 +125,15 @@ type Outcome struct {
 
 // pending is a grant on its way through a batch.
 type pending struct {
-	g     *pb.RewardGrant
-	l     *lane
-	phase config.Child
-	scene config.Scene
-	idem  string
-	out   *Outcome
-	spent bool // budget taken (refund on failure)
-	fresh bool
+	g      *pb.RewardGrant
+	l      *lane
+	phase  config.Child
+	scene  config.Scene
+	idem   string
+	out    *Outcome
+	spent  bool // budget taken (refund on failure)
+	cached bool // token written to Redis (removed on failure)
+	fresh  bool
 }
 
 // GrantBatch accepts many grants with one Redis round trip per stage and
@@ -265,6 +266,9 @@ func (in *Intake) undo(ctx context.Context, ps []*pending) {
 		if p.spent {
 			pipe.DecrBy(ctx, p.l.keys+"wbudget:"+p.phase.ID, p.g.Amount)
 		}
+		if p.cached { // or the user would see a token that never books
+			pipe.HDel(ctx, p.l.tokens.key(p.g.ActId), p.g.OrderNo)
+		}
 	}
 	_, _ = pipe.Exec(ctx)
 }
@@ -395,17 +399,28 @@ func (in *Intake) publish(ctx context.Context, tree *config.Tree, ps []*pending,
 			recs = append(recs, tr)
 			if !tree.Degraded(guard.TokenRedis) {
 				p.l.tokens.put(ctx, pipe, tok, tr.Value)
+				p.cached = true
 				cached++
 			}
 		}
 		*p.out = Outcome{Result: res}
 	}
-	if cached > 0 {
+	// The tokens' cache and the produce are two round trips to different
+	// servers: made at once. A token the ledger books before its cache
+	// write lands is still read as booked (reads ask the ledger).
+	cachedDone := make(chan struct{})
+	go func() {
+		defer close(cachedDone)
+		if cached == 0 {
+			return
+		}
 		if _, err := pipe.Exec(ctx); err != nil {
 			in.d.Log.Warn("grant: tokens not cached in Redis; reads show them once booked", "tokens", cached, "err", err)
 		}
-	}
-	if err := in.d.Producer.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+	}()
+	err := in.d.Producer.ProduceSync(ctx, recs...).FirstErr()
+	<-cachedDone
+	if err != nil {
 		in.undo(ctx, ps) // not published: the caller may retry the same order numbers
 		for _, p := range ps {
 			*p.out = Outcome{Err: fmt.Errorf("grant: publish: %w", err)}

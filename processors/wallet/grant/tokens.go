@@ -80,18 +80,17 @@ func (t *Tokens) Get(ctx context.Context, actID, orderNo string) (*pb.Token, err
 	return tok, proto.Unmarshal(v, tok)
 }
 
-// MarkBooked sets the status of booked tokens to SUCCESS (the signature
-// does not cover the status).
+// MarkBooked sets the status of booked tokens to SUCCESS, in toks and in
+// Redis (the signature does not cover the status).
 func (t *Tokens) MarkBooked(ctx context.Context, toks []*pb.Token) error {
 	if len(toks) == 0 {
 		return nil
 	}
 	pipe := t.rdb.Pipeline()
 	for _, tok := range toks {
-		c := proto.Clone(tok).(*pb.Token)
-		c.Status = pb.TokenStatus_SUCCESS
-		b, _ := proto.Marshal(c)
-		pipe.HSet(ctx, t.key(c.ActId), c.OutTradeNo, b)
+		tok.Status = pb.TokenStatus_SUCCESS
+		b, _ := proto.Marshal(tok)
+		pipe.HSet(ctx, t.key(tok.ActId), tok.OutTradeNo, b)
 	}
 	_, err := pipe.Exec(ctx)
 	return err

@@ -6,6 +6,8 @@ import (
 	"sync"
 
 	"github.com/cockroachdb/pebble/v2"
+
+	"surge/streams/localstore"
 )
 
 type account struct{ balance, income int64 }
@@ -24,14 +26,19 @@ type accounts struct {
 	committed map[string]account
 	max       int // committed is cleared when it reaches max: a simple bound
 	staged    map[string]account
+	keys      *localstore.KeyFilter // a new user's account is not looked up
 }
 
-func newAccounts(max int) *accounts {
-	return &accounts{committed: make(map[string]account), max: max, staged: make(map[string]account)}
+func newAccounts(max int, keys *localstore.KeyFilter) *accounts {
+	return &accounts{committed: make(map[string]account), max: max, staged: make(map[string]account), keys: keys}
 }
 
-func readAccount(r pebble.Reader, act string) (account, error) {
-	v, c, err := r.Get(acctKey(act))
+func (a *accounts) read(r pebble.Reader, act string) (account, error) {
+	k := acctKey(act)
+	if !a.keys.MayContain(k) {
+		return account{}, nil
+	}
+	v, c, err := r.Get(k)
 	if errors.Is(err, pebble.ErrNotFound) {
 		return account{}, nil
 	}
@@ -59,7 +66,7 @@ func (a *accounts) getCommitted(r pebble.Reader, act string) (account, error) {
 	if ok {
 		return acc, nil
 	}
-	return readAccount(r, act)
+	return a.read(r, act)
 }
 
 func (a *accounts) stage(act string, acc account) { a.staged[act] = acc }

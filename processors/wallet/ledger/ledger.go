@@ -21,7 +21,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
-	"runtime"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -51,21 +50,28 @@ type Config struct {
 	Tokens    *grant.Tokens // the users' unbooked tokens (reads, forced booking)
 	Log       *slog.Logger
 	Metrics   *metrics.Registry
+	// ExpectedKeys sizes the filter of the store's keys (two per booking);
+	// past it lookups of new order numbers slowly fall back to Pebble.
+	// Default 8M (16 MiB).
+	ExpectedKeys int
 }
 
 // Ledger is the booking processor and the read side.
 type Ledger struct {
-	cfg     Config
-	brokers []string
-	db      *pebble.DB
-	limit   *guard.Bucket
+	cfg         Config
+	brokers     []string
+	db          *pebble.DB
+	keys        *localstore.KeyFilter // keys the store may hold: most lookups are of new orders
+	ledgerTopic string
+	limit       *guard.Bucket
 
-	mu      sync.Mutex // guards staged and the handler
-	staged  *pebble.Batch
-	checked map[*kgo.Record]error // signature verdicts of the batch, computed in parallel
-	seen    *token.Verified       // tokens verified on earlier reads
-	booked  []*pb.Token           // tokens booked in the open batch (marked SUCCESS after commit)
-	accts   *accounts
+	mu       sync.Mutex // guards staged and the handler
+	staged   *pebble.Batch
+	checking *batchCheck      // the batch's tokens, decoded and checked beside the handler
+	seen     *token.Verified  // tokens verified on earlier reads
+	booked   []*pb.Token      // tokens booked in the open batch (marked SUCCESS after commit)
+	marks    chan []*pb.Token // committed batches' tokens on their way to markBooked
+	accts    *accounts
 
 	// A partition's part of the store is rebuilt from wallet.ledger
 	// whenever the partition is assigned: another instance may have booked
@@ -88,20 +94,33 @@ func New(cfg Config, brokers []string) *Ledger {
 	if cfg.Metrics == nil {
 		cfg.Metrics = metrics.NewRegistry()
 	}
+	if cfg.ExpectedKeys <= 0 {
+		cfg.ExpectedKeys = 8 << 20
+	}
 	c := cfg.Metrics.NewCounterVec("surge_wallet_ledger_total", "ledger events", "event")
-	return &Ledger{cfg: cfg, brokers: brokers, seen: token.NewVerified(1 << 20), accts: newAccounts(maxCachedAccounts), limit: guard.NewBucket(cfg.Source.Tree().RateLimits.BookingsPerSecond),
+	l := &Ledger{cfg: cfg, brokers: brokers, ledgerTopic: cfg.Namespace + schemas.TopicLedger, seen: token.NewVerified(1 << 20), limit: guard.NewBucket(cfg.Source.Tree().RateLimits.BookingsPerSecond),
 		mBooked: c.With("booked"), mForged: c.With("forged_token"), mRefused: c.With("withdrawal_refused")}
+	l.resetStore()
+	return l
+}
+
+// resetStore forgets everything known about the store's contents: it is
+// about to be rebuilt from wallet.ledger.
+func (l *Ledger) resetStore() {
+	l.keys = localstore.NewKeyFilter(l.cfg.ExpectedKeys)
+	l.accts = newAccounts(maxCachedAccounts, l.keys)
 }
 
 func (l *Ledger) topic(name string) string { return l.cfg.Namespace + name }
 
-// Keys: 'o' actID 0x00 orderNo -> empty (the idempotency index); 'a'
-// actID -> balance(8) income(8); 'e' actID 0x00 bookedAt(8) orderNo ->
-// entry (flow). Every key names its user, so a partition's part of the
-// store can be found and dropped (keyActID).
-func orderKey(act, no string) []byte {
-	return append(append(append([]byte{'o'}, act...), 0), no...)
-}
+// withdrawalSchema tells withdrawals from tokens on the ledger's inputs.
+var withdrawalSchema = schemas.Of(&pb.Withdrawal{}).Name
+
+// Keys: 'a' actID -> balance(8) income(8); 'e' actID 0x00 orderNo ->
+// entry. The entry key is also the idempotency index ("is this order
+// booked?"): two keys per booking, not three. The flow list is sorted by
+// time when it is read. Every key names its user, so a partition's part
+// of the store can be found and dropped (keyActID).
 func acctKey(act string) []byte { return append([]byte{'a'}, act...) }
 
 // keyActID is the user a store key belongs to.
@@ -117,15 +136,20 @@ func keyActID(k []byte) []byte {
 	}
 	return nil
 }
-func entryKey(act string, at int64, no string) []byte {
-	k := append([]byte{'e'}, act...)
-	k = append(k, 0)
-	k = binary.BigEndian.AppendUint64(k, uint64(at))
+func entryKey(act, no string) []byte {
+	k := make([]byte, 0, 2+len(act)+len(no))
+	k = append(append(append(k, 'e'), act...), 0)
 	return append(k, no...)
 }
 
-func booked(r pebble.Reader, act, no string) (bool, error) {
-	_, c, err := r.Get(orderKey(act, no))
+// isBooked reports whether order no of user act is booked in r (the store,
+// or the open batch over it).
+func (l *Ledger) isBooked(r pebble.Reader, act, no string) (bool, error) {
+	k := entryKey(act, no)
+	if !l.keys.MayContain(k) {
+		return false, nil
+	}
+	_, c, err := r.Get(k)
 	if errors.Is(err, pebble.ErrNotFound) {
 		return false, nil
 	}
@@ -136,9 +160,9 @@ func booked(r pebble.Reader, act, no string) (bool, error) {
 	return true, nil
 }
 
-// apply writes one ledger entry into w (the staged batch, or the restore)
-// and stages the account's new balance.
-func apply(w *pebble.Batch, accts *accounts, e *pb.LedgerEntry) error {
+// apply writes one ledger entry, e encoded as v, into w (the staged batch,
+// or the restore) and stages the account's new balance.
+func (l *Ledger) apply(w *pebble.Batch, accts *accounts, e *pb.LedgerEntry, v []byte) error {
 	acc, err := accts.get(w, e.ActId)
 	if err != nil {
 		return err
@@ -148,12 +172,11 @@ func apply(w *pebble.Batch, accts *accounts, e *pb.LedgerEntry) error {
 		acc.income += e.Amount
 	}
 	accts.stage(e.ActId, acc)
-	v, _ := proto.Marshal(e)
-	// The order index only answers "booked?": an empty value keeps the
-	// entry written once (the store is rebuilt from wallet.ledger anyway).
-	_ = w.Set(orderKey(e.ActId, e.OrderNo), nil, nil)
-	_ = w.Set(entryKey(e.ActId, e.BookedAtMs, e.OrderNo), v, nil)
-	return w.Set(acctKey(e.ActId), binary.BigEndian.AppendUint64(binary.BigEndian.AppendUint64(nil, uint64(acc.balance)), uint64(acc.income)), nil)
+	ek, ak := entryKey(e.ActId, e.OrderNo), acctKey(e.ActId)
+	l.keys.Add(ek) // before the keys can be read
+	l.keys.Add(ak)
+	_ = w.Set(ek, v, nil)
+	return w.Set(ak, binary.BigEndian.AppendUint64(binary.BigEndian.AppendUint64(nil, uint64(acc.balance)), uint64(acc.income)), nil)
 }
 
 // Run rebuilds the store from wallet.ledger and books until ctx ends.
@@ -164,7 +187,7 @@ func (l *Ledger) Run(ctx context.Context, opts ...streams.Option) error {
 	}
 	l.db = db
 	defer db.Close()
-	l.accts = newAccounts(maxCachedAccounts) // the store is rebuilt below; nothing cached may survive
+	l.resetStore() // the store is rebuilt below; nothing known of it may survive
 	start := time.Now()
 	n := 0
 	if l.partitions, err = streams.PartitionCount(ctx, l.brokers, l.topic(schemas.TopicTokens)); err != nil {
@@ -199,9 +222,9 @@ func (l *Ledger) Run(ctx context.Context, opts ...streams.Option) error {
 		streams.WithGuarantee(streams.ExactlyOnce),
 		streams.DeadLetterTopic(l.topic(schemas.TopicDeadLetter)),
 		streams.ClientOpts(kgo.Balancers(kgo.RangeBalancer())), // co-partitioned by actID
-		streams.OnBatchEnd(l.batchEnd),
+		streams.OnBatchEnd(func(committed bool) { l.batchEnd(committed); l.checking.wait() }),
 		streams.OnRetry(func() { l.batchEnd(false) }),
-		streams.BeforeBatch(l.verifyBatch),
+		streams.BeforeBatch(func(_ context.Context, recs []*kgo.Record) { l.checking = l.checkBatch(recs) }),
 		l.restore.Option(),
 		// A token has no failure state: a transient error (Redis, the
 		// disk) is retried until it books, never dead-lettered.
@@ -211,41 +234,30 @@ func (l *Ledger) Run(ctx context.Context, opts ...streams.Option) error {
 	if err != nil {
 		return err
 	}
+	l.marks = make(chan []*pb.Token, 4)
+	marked := make(chan struct{})
+	go l.markBooked(marked)
+	defer func() { close(l.marks); <-marked }()
 	return r.Run(ctx)
 }
 
-// verifyBatch checks the signatures of a batch's tokens on every core;
-// Ed25519 verification is most of a booking's cost.
-func (l *Ledger) verifyBatch(_ context.Context, recs []*kgo.Record) {
-	verdicts := make([]error, len(recs))
-	done := make([]bool, len(recs))
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	for range runtime.GOMAXPROCS(0) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				i := int(next.Add(1) - 1)
-				if i >= len(recs) {
-					return
-				}
-				var tok pb.Token
-				if streams.Decode(recs[i], &tok) == nil && tok.Status == pb.TokenStatus_PROCESSING {
-					verdicts[i], done[i] = l.cfg.Keys.Verify(&tok), true
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	l.mu.Lock()
-	l.checked = make(map[*kgo.Record]error, len(recs))
-	for i, r := range recs {
-		if done[i] { // only verdicts reached; the handler checks the rest itself
-			l.checked[r] = verdicts[i]
+// markBooked moves committed bookings' tokens to SUCCESS in Redis, behind
+// the processing goroutine: the status there only spares readers a store
+// lookup (a token the ledger has booked is never counted twice), so the
+// next batch need not wait for it. It was a third of a batch's time
+// (bench/wallet-notes.md). A few batches may queue; then batchEnd waits.
+func (l *Ledger) markBooked(done chan<- struct{}) {
+	defer close(done)
+	for toks := range l.marks {
+		if l.cfg.Source.Tree().Degraded(guard.TokenRedis) {
+			continue
 		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if err := l.cfg.Tokens.MarkBooked(ctx, toks); err != nil {
+			l.cfg.Log.Warn("ledger: token status not updated in Redis (reads still correct: the ledger says booked)", "err", err)
+		}
+		cancel()
 	}
-	l.mu.Unlock()
 }
 
 // clearPartitions drops the store's keys of the users in partitions ps.
@@ -263,7 +275,7 @@ func (l *Ledger) clearPartitions(ps map[int32]bool) error {
 
 // startRebuild opens the batch and balances a rebuild applies entries to.
 func (l *Ledger) startRebuild() {
-	l.rebuild, l.rebuildAccts = l.db.NewIndexedBatch(), newAccounts(maxCachedAccounts)
+	l.rebuild, l.rebuildAccts = l.db.NewIndexedBatch(), newAccounts(maxCachedAccounts, l.keys)
 }
 
 // applyRestored books one entry of a rebuild (of a partition, or of the
@@ -273,7 +285,7 @@ func (l *Ledger) applyRestored(r *kgo.Record) error {
 	if streams.Decode(r, &e) != nil {
 		return nil
 	}
-	if err := apply(l.rebuild, l.rebuildAccts, &e); err != nil {
+	if err := l.apply(l.rebuild, l.rebuildAccts, &e, r.Value); err != nil {
 		return err
 	}
 	if l.rebuild.Count() > 50000 {
@@ -306,12 +318,8 @@ func (l *Ledger) batchEnd(committed bool) {
 			panic(err)
 		}
 		l.accts.commit()
-		if l.cfg.Tokens != nil && !l.cfg.Source.Tree().Degraded(guard.TokenRedis) {
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			if err := l.cfg.Tokens.MarkBooked(ctx, toks); err != nil {
-				l.cfg.Log.Warn("ledger: token status not updated in Redis (reads still correct: the ledger says booked)", "err", err)
-			}
-			cancel()
+		if l.cfg.Tokens != nil && len(toks) > 0 {
+			l.marks <- toks
 		}
 	} else {
 		_ = l.staged.Close()
@@ -328,7 +336,11 @@ func (l *Ledger) Handle() streams.Handler {
 		if err := l.restore.Ensure(ctx, in.Partition); err != nil {
 			return err
 		}
-		if name, _ := streams.Header(in, schemas.HeaderSchema); name == schemas.Of(&pb.Withdrawal{}).Name {
+		if c, ok := l.checking.token(in); ok {
+			_, err := l.book(ctx, c.tok, false, c.verdict, out)
+			return err
+		}
+		if streams.HasSchema(in, withdrawalSchema) {
 			var w pb.Withdrawal
 			if err := streams.Decode(in, &w); err != nil {
 				return err
@@ -340,15 +352,14 @@ func (l *Ledger) Handle() streams.Handler {
 			return err
 		}
 		if tok.Status == pb.TokenStatus_SUCCESS {
-			return nil // our own status update
+			return nil // a status update (earlier builds wrote them to wallet.tokens)
 		}
 		if tok.Status != pb.TokenStatus_PROCESSING {
 			l.Forged.Add(1)
 			l.mForged.Inc()
 			return streams.Reject(fmt.Sprintf("token %s with status %s", tok.OutTradeNo, tok.Status), nil)
 		}
-		verdict, checked := l.checked[in]
-		_, err := l.book(ctx, &tok, !checked, verdict, out)
+		_, err := l.book(ctx, &tok, true, nil, out)
 		return err
 	}
 }
@@ -367,7 +378,7 @@ func (l *Ledger) book(ctx context.Context, tok *pb.Token, verify bool, verdict e
 	if tok.Amount <= 0 {
 		return false, streams.Reject(fmt.Sprintf("token %s with amount %d", tok.OutTradeNo, tok.Amount), nil)
 	}
-	done, err := booked(l.staged, tok.ActId, tok.OutTradeNo)
+	done, err := l.isBooked(l.staged, tok.ActId, tok.OutTradeNo)
 	if err != nil || done {
 		return false, err
 	}
@@ -382,21 +393,30 @@ func (l *Ledger) book(ctx context.Context, tok *pb.Token, verify bool, verdict e
 	e := &pb.LedgerEntry{OrderNo: tok.OutTradeNo, ActId: tok.ActId, Amount: tok.Amount, Kind: pb.LedgerKind_GRANT,
 		BookedAtMs: time.Now().UnixMilli(), ActivityId: tok.ActivityId, SceneId: tok.SceneId, BalanceAfter: acc.balance + tok.Amount,
 		GrantedAtMs: tok.OpenTime}
-	if err := apply(l.staged, l.accts, e); err != nil {
-		return false, err
-	}
-	if err := out.EmitMsg(l.topic(schemas.TopicLedger), []byte(e.ActId), e); err != nil {
-		return false, err
-	}
-	done2 := proto.Clone(tok).(*pb.Token)
-	done2.Status = pb.TokenStatus_SUCCESS
-	if err := out.EmitMsg(l.topic(schemas.TopicTokens), []byte(e.ActId), done2); err != nil {
+	// The entry on wallet.ledger is the token's move to SUCCESS: the
+	// changelog of bookings, keyed like the token. The status in Redis
+	// follows once the transaction commits (batchEnd).
+	if err := l.bookEntry(e, out); err != nil {
 		return false, err
 	}
 	l.booked = append(l.booked, tok)
 	l.Bookings.Add(1)
 	l.mBooked.Inc()
 	return true, nil
+}
+
+// bookEntry stages e in the open batch and emits it to wallet.ledger,
+// encoded once for both.
+func (l *Ledger) bookEntry(e *pb.LedgerEntry, out *streams.Output) error {
+	r, err := streams.NewRecord(l.ledgerTopic, []byte(e.ActId), e)
+	if err != nil {
+		return err
+	}
+	if err := l.apply(l.staged, l.accts, e, r.Value); err != nil {
+		return err
+	}
+	out.Emit(r)
+	return nil
 }
 
 // withdraw force-books the user's unbooked tokens, then books the
@@ -411,7 +431,7 @@ func (l *Ledger) withdraw(ctx context.Context, w *pb.Withdrawal, out *streams.Ou
 		res.Refused, res.Reason = true, fmt.Sprintf("invalid withdrawal: id %q, user %q, amount %d", w.WithdrawId, w.ActId, w.Amount)
 		return answer(res)
 	}
-	if done, err := booked(l.staged, w.ActId, "w:"+w.WithdrawId); err != nil || done {
+	if done, err := l.isBooked(l.staged, w.ActId, "w:"+w.WithdrawId); err != nil || done {
 		if done {
 			res.Reason = "already booked"
 			acc, _ := l.accts.get(l.staged, w.ActId)
@@ -453,10 +473,7 @@ func (l *Ledger) withdraw(ctx context.Context, w *pb.Withdrawal, out *streams.Ou
 	}
 	e := &pb.LedgerEntry{OrderNo: "w:" + w.WithdrawId, ActId: w.ActId, Amount: -w.Amount, Kind: pb.LedgerKind_WITHDRAW,
 		BookedAtMs: time.Now().UnixMilli(), BalanceAfter: acc.balance - w.Amount}
-	if err := apply(l.staged, l.accts, e); err != nil {
-		return err
-	}
-	if err := out.EmitMsg(l.topic(schemas.TopicLedger), []byte(w.ActId), e); err != nil {
+	if err := l.bookEntry(e, out); err != nil {
 		return err
 	}
 	res.BalanceAfter = e.BalanceAfter
@@ -534,7 +551,7 @@ func (l *Ledger) read(ctx context.Context, actID string, flow bool) (View, []Ite
 			if tok.Status == pb.TokenStatus_SUCCESS {
 				continue
 			}
-			if ok, _ := booked(l.db, tok.ActId, tok.OutTradeNo); ok {
+			if ok, _ := l.isBooked(l.db, tok.ActId, tok.OutTradeNo); ok {
 				continue // booked; Redis not updated yet
 			}
 			if l.seen.Verify(l.cfg.Keys, tok) != nil || tok.ActId != actID {

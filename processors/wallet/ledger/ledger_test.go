@@ -255,6 +255,46 @@ func TestIntakeRefusals(t *testing.T) {
 	})
 }
 
+// TestFailedPublishLeavesNothing: a grant whose records cannot be produced
+// is refused, and nothing of it stays behind: no token in the user's
+// Redis hash (it would show in the balance and be force-booked by a
+// withdrawal, though never granted), no budget spent, and the order
+// number free for the caller's retry.
+func TestFailedPublishLeavesNothing(t *testing.T) {
+	streamstest.EachStack(t, func(t *testing.T, b streamstest.Backend, rdb *redis.Client) {
+		w := newWallet(t, b, rdb, tree(0), false)
+		ctx := context.Background()
+		dead, err := kgo.NewClient(kgo.SeedBrokers(b.Brokers...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		dead.Close() // every produce fails
+		broken := grant.New(grant.Deps{Config: w.src, Keys: w.keys, Redis: rdb, Producer: dead, Log: quiet, Namespace: w.ns})
+		g := cash("u9", "r1", 300)
+		g.AtMs = time.Now().Add(-60 * time.Hour).UnixMilli() // the test phase: a budget of 1000
+		if _, err := broken.Grant(ctx, proto.Clone(g).(*pb.RewardGrant)); err == nil {
+			t.Fatal("a grant that was not published was accepted")
+		}
+		if toks, _, err := broken.Tokens().All(ctx, "u9"); err != nil || len(toks) != 0 {
+			t.Fatalf("after a failed publish the user holds %d tokens (%v); want none", len(toks), err)
+		}
+		// The retry is a fresh grant, and the whole budget is still there:
+		// 300 + 700 fit in 1000 only if the failed 300 was refunded.
+		res, err := w.intake.Grant(ctx, proto.Clone(g).(*pb.RewardGrant))
+		if err != nil || res.Duplicate || res.Token == nil {
+			t.Fatalf("retry after a failed publish: %+v %v", res, err)
+		}
+		rest := cash("u9", "r2", 700)
+		rest.AtMs = g.AtMs
+		if _, err := w.intake.Grant(ctx, rest); err != nil {
+			t.Fatalf("the failed grant's budget was not refunded: %v", err)
+		}
+		if toks, _, _ := w.intake.Tokens().All(ctx, "u9"); len(toks) != 2 {
+			t.Fatalf("user holds %d tokens; want the 2 published", len(toks))
+		}
+	})
+}
+
 // Tokens re-delivered ten times over, shuffled, into a ledger killed three
 // times mid-way: every order is booked exactly once, the sums agree, and a
 // tampered token is dead-lettered and never booked.

@@ -25,7 +25,7 @@ import (
 	"strconv"
 	"sync"
 
-	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/encoding/protowire"
 
 	pb "surge/schemas/surgev1"
 )
@@ -78,11 +78,34 @@ func (k *Keyring) Public() (string, ed25519.PublicKey) {
 // signed is the byte string a signature (or a batch leaf) covers: every
 // field but status and the signature fields. TestSignedCoversEveryField
 // fails when a new Token field is in neither set.
-func signed(t *pb.Token) []byte {
-	c := &pb.Token{AppId: t.AppId, ActId: t.ActId, ActivityId: t.ActivityId, SceneId: t.SceneId, Amount: t.Amount,
-		OutTradeNo: t.OutTradeNo, OpenTime: t.OpenTime, RainId: t.RainId, KeyId: t.KeyId}
-	b, _ := proto.MarshalOptions{Deterministic: true}.Marshal(c)
-	return b
+func signed(t *pb.Token) []byte { return appendSigned(nil, t) }
+
+// appendSigned appends the signed byte string: the deterministic protobuf
+// encoding of those fields, written out by hand because every booking
+// hashes it (TestAppendSignedIsTheProtobufEncoding keeps the two equal).
+// Field numbers are wallet.proto's; zero values are omitted, as proto3 does.
+func appendSigned(b []byte, t *pb.Token) []byte {
+	str := func(b []byte, num protowire.Number, v string) []byte {
+		if v == "" {
+			return b
+		}
+		return protowire.AppendString(protowire.AppendTag(b, num, protowire.BytesType), v)
+	}
+	i64 := func(b []byte, num protowire.Number, v int64) []byte {
+		if v == 0 {
+			return b
+		}
+		return protowire.AppendVarint(protowire.AppendTag(b, num, protowire.VarintType), uint64(v))
+	}
+	b = str(b, 1, t.AppId)
+	b = str(b, 2, t.ActId)
+	b = str(b, 3, t.ActivityId)
+	b = str(b, 4, t.SceneId)
+	b = i64(b, 5, t.Amount)
+	b = str(b, 6, t.OutTradeNo)
+	b = i64(b, 7, t.OpenTime)
+	b = str(b, 8, t.RainId)
+	return str(b, 10, t.KeyId)
 }
 
 // Sign sets the token's key id and signature.
@@ -103,7 +126,8 @@ const hashSize = sha256.Size
 var rootContext = []byte("surge.wallet.token-batch.v2\x00")
 
 func leafHash(t *pb.Token) [hashSize]byte {
-	return sha256.Sum256(append([]byte{0}, signed(t)...))
+	var buf [256]byte
+	return sha256.Sum256(appendSigned(append(buf[:0], 0), t))
 }
 
 func nodeHash(l, r []byte) [hashSize]byte {
@@ -171,12 +195,52 @@ func root(t *pb.Token) ([hashSize]byte, bool) {
 // starts over when full. It serves both the batch roots a Keyring verified
 // and the tokens a Verified cache checked.
 type checkedSet struct {
-	mu  sync.RWMutex
-	max int
-	ok  map[string]struct{}
+	mu      sync.RWMutex
+	max     int
+	ok      map[string]struct{}
+	running map[string]*runningCheck // checks under way (check)
 }
 
-func newCheckedSet(max int) *checkedSet { return &checkedSet{max: max, ok: make(map[string]struct{})} }
+// runningCheck is one check other callers of the same key wait for.
+type runningCheck struct {
+	done chan struct{}
+	ok   bool
+}
+
+func newCheckedSet(max int) *checkedSet {
+	return &checkedSet{max: max, ok: make(map[string]struct{}), running: make(map[string]*runningCheck)}
+}
+
+// check reports whether key passes, running pass at most once at a time
+// per key: the tokens of one batch root reach the ledger's verifying
+// goroutines together, and each used to pay the Ed25519 verification.
+func (c *checkedSet) check(key string, pass func() bool) bool {
+	if c.has(key) {
+		return true
+	}
+	c.mu.Lock()
+	if _, ok := c.ok[key]; ok {
+		c.mu.Unlock()
+		return true
+	}
+	if r, ok := c.running[key]; ok {
+		c.mu.Unlock()
+		<-r.done
+		return r.ok
+	}
+	r := &runningCheck{done: make(chan struct{})}
+	c.running[key] = r
+	c.mu.Unlock()
+	r.ok = pass()
+	c.mu.Lock()
+	delete(c.running, key)
+	if r.ok {
+		c.addLocked(key)
+	}
+	c.mu.Unlock()
+	close(r.done)
+	return r.ok
+}
 
 func (c *checkedSet) has(key string) bool {
 	c.mu.RLock()
@@ -188,6 +252,10 @@ func (c *checkedSet) has(key string) bool {
 func (c *checkedSet) add(key string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.addLocked(key)
+}
+
+func (c *checkedSet) addLocked(key string) {
 	if len(c.ok) >= c.max {
 		clear(c.ok)
 	}
@@ -244,13 +312,9 @@ func (k *Keyring) Verify(t *pb.Token) error {
 		return fmt.Errorf("%w: malformed batch proof", ErrForged)
 	}
 	key := string(pub) + string(r[:]) + string(t.Signature) // the key itself: a re-trusted id is checked again
-	if k.roots.has(key) {
-		return nil
-	}
-	if !ed25519.Verify(pub, rootMessage(r), t.Signature) {
+	if !k.roots.check(key, func() bool { return ed25519.Verify(pub, rootMessage(r), t.Signature) }) {
 		return ErrForged
 	}
-	k.roots.add(key)
 	return nil
 }
 

@@ -4,7 +4,10 @@ import (
 	"crypto/ed25519"
 	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -229,4 +232,65 @@ func BenchmarkVerifyBatch(b *testing.B) {
 		i++
 	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "verifies/s")
+}
+
+// TestAppendSignedIsTheProtobufEncoding: the hand-written encoding of the
+// signed fields must stay the deterministic protobuf encoding, or tokens
+// signed by another build (or before this one) would no longer verify.
+func TestAppendSignedIsTheProtobufEncoding(t *testing.T) {
+	toks := []*pb.Token{
+		{},
+		{AppId: "app", ActId: "a1", ActivityId: "act", SceneId: "s", Amount: 88, OutTradeNo: "a1_s_r_1_1", OpenTime: 1700000000000, RainId: "r", KeyId: "k1"},
+		{ActId: "只有中文", Amount: -5, OpenTime: -1, Status: pb.TokenStatus_SUCCESS, Signature: []byte{1}, BatchIndex: 3, BatchProof: []byte{2}},
+		{AppId: string(make([]byte, 300)), Amount: 1 << 62, KeyId: "k"},
+	}
+	for i, tok := range toks {
+		c := &pb.Token{AppId: tok.AppId, ActId: tok.ActId, ActivityId: tok.ActivityId, SceneId: tok.SceneId, Amount: tok.Amount,
+			OutTradeNo: tok.OutTradeNo, OpenTime: tok.OpenTime, RainId: tok.RainId, KeyId: tok.KeyId}
+		want, err := proto.MarshalOptions{Deterministic: true}.Marshal(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := signed(tok); string(got) != string(want) {
+			t.Errorf("token %d: signed bytes\n%x\nwant the protobuf encoding\n%x", i, got, want)
+		}
+	}
+}
+
+// TestRootCheckedOnceAtATime: the tokens of one batch reach the ledger's
+// verifying goroutines together; only one of them may pay the Ed25519
+// verification, and all must get its answer.
+func TestRootCheckedOnceAtATime(t *testing.T) {
+	for _, pass := range []bool{true, false} {
+		c := newCheckedSet(16)
+		var runs atomic.Int32
+		release := make(chan struct{})
+		var wg sync.WaitGroup
+		answers := make([]bool, 8)
+		for i := range answers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				answers[i] = c.check("root", func() bool {
+					runs.Add(1)
+					<-release
+					return pass
+				})
+			}()
+		}
+		time.Sleep(50 * time.Millisecond) // let every caller arrive while the first check runs
+		close(release)
+		wg.Wait()
+		for i, a := range answers {
+			if a != pass {
+				t.Errorf("pass=%v: caller %d got %v", pass, i, a)
+			}
+		}
+		if pass && runs.Load() != 1 {
+			t.Errorf("a passing root was checked %d times at once; want 1", runs.Load())
+		}
+		if !pass && c.has("root") {
+			t.Error("a failed check was remembered as passed")
+		}
+	}
 }
