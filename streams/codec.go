@@ -56,6 +56,18 @@ func headerBytes(r *kgo.Record, key string) ([]byte, bool) {
 // be read by this build, so it belongs in the dead-letter topic.
 func Decode(r *kgo.Record, into proto.Message) error {
 	want := schemas.Of(into)
+	if err := CheckSchema(r, want); err != nil {
+		return err
+	}
+	if err := proto.Unmarshal(r.Value, into); err != nil {
+		return Reject("malformed "+want.Name, err)
+	}
+	return nil
+}
+
+// CheckSchema is Decode's check of the headers alone, for readers that
+// walk the encoded value themselves (the ClickHouse sinks).
+func CheckSchema(r *kgo.Record, want schemas.Schema) error {
 	name, ok := headerBytes(r, schemas.HeaderSchema)
 	if !ok {
 		return Reject("missing schema header", nil)
@@ -72,9 +84,6 @@ func Decode(r *kgo.Record, into proto.Message) error {
 		if !want.Accepts(v) {
 			return Reject(fmt.Sprintf("unknown schema version %d of %s (reads %d..%d)", v, name, want.MinVersion, want.Version), nil)
 		}
-	}
-	if err := proto.Unmarshal(r.Value, into); err != nil {
-		return Reject("malformed "+want.Name, err)
 	}
 	return nil
 }

@@ -13,97 +13,39 @@ import (
 
 // Grants sinks wallet.grants.
 func Grants() *Sink {
-	return &Sink{Name: "sink-grants", Topic: schemas.TopicGrants, Table: "grants",
-		Columns: Columns("order_no String, act_id String, activity_id String, parent_activity_id String, scene_id String, award_type String, amount Int64, at_ms Int64"),
-		Write: func(r *kgo.Record, w *RowWriter) error {
-			var g pb.RewardGrant
-			if err := streams.Decode(r, &g); err != nil {
-				return err
-			}
-			w.Str(g.OrderNo)
-			w.Str(g.ActId)
-			w.Str(g.ActivityId)
-			w.Str(g.ParentActivityId)
-			w.Str(g.SceneId)
-			w.Str(g.AwardType.String())
-			w.I64(g.Amount)
-			w.I64(g.AtMs)
-			w.EndRow()
-			return nil
-		}}
+	return fieldSink("sink-grants", schemas.TopicGrants, "grants", &pb.RewardGrant{},
+		"order_no String, act_id String, activity_id String, parent_activity_id String, scene_id String, award_type String, amount Int64, at_ms Int64",
+		"order_no", "act_id", "activity_id", "parent_activity_id", "scene_id", "award_type", "amount", "at_ms")
 }
 
 // Tokens sinks wallet.tokens: one row per token issued (PROCESSING); a
 // token's booking is its row in ledger. Rows of SUCCESS tokens written by
 // earlier builds are kept as they came.
 func Tokens() *Sink {
-	return &Sink{Name: "sink-tokens", Topic: schemas.TopicTokens, Table: "tokens",
-		Columns: Columns("order_no String, act_id String, activity_id String, scene_id String, amount Int64, status String, open_time Int64"),
-		Write: func(r *kgo.Record, w *RowWriter) error {
-			var t pb.Token
-			if err := streams.Decode(r, &t); err != nil {
-				return err
-			}
-			w.Str(t.OutTradeNo)
-			w.Str(t.ActId)
-			w.Str(t.ActivityId)
-			w.Str(t.SceneId)
-			w.I64(t.Amount)
-			w.Str(t.Status.String())
-			w.I64(t.OpenTime)
-			w.EndRow()
-			return nil
-		}}
+	return fieldSink("sink-tokens", schemas.TopicTokens, "tokens", &pb.Token{},
+		"order_no String, act_id String, activity_id String, scene_id String, amount Int64, status String, open_time Int64",
+		"out_trade_no", "act_id", "activity_id", "scene_id", "amount", "status", "open_time")
 }
 
 // Ledger sinks wallet.ledger.
 func Ledger() *Sink {
-	return &Sink{Name: "sink-ledger", Topic: schemas.TopicLedger, Table: "ledger",
-		Columns: Columns("order_no String, act_id String, kind String, amount Int64, activity_id String, scene_id String, balance_after Int64, booked_at_ms Int64, granted_at_ms Int64"),
-		Write: func(r *kgo.Record, w *RowWriter) error {
-			var e pb.LedgerEntry
-			if err := streams.Decode(r, &e); err != nil {
-				return err
-			}
-			w.Str(e.OrderNo)
-			w.Str(e.ActId)
-			w.Str(e.Kind.String())
-			w.I64(e.Amount)
-			w.Str(e.ActivityId)
-			w.Str(e.SceneId)
-			w.I64(e.BalanceAfter)
-			w.I64(e.BookedAtMs)
-			w.I64(e.GrantedAtMs)
-			w.EndRow()
-			return nil
-		}}
+	return fieldSink("sink-ledger", schemas.TopicLedger, "ledger", &pb.LedgerEntry{},
+		"order_no String, act_id String, kind String, amount Int64, activity_id String, scene_id String, balance_after Int64, booked_at_ms Int64, granted_at_ms Int64",
+		"order_no", "act_id", "kind", "amount", "activity_id", "scene_id", "balance_after", "booked_at_ms", "granted_at_ms")
 }
 
 // Withdrawals sinks the ledger's answers to withdrawals.
 func Withdrawals() *Sink {
-	return &Sink{Name: "sink-withdrawals", Topic: schemas.TopicWithdrawResult, Table: "withdrawals",
-		Columns: Columns("withdraw_id String, act_id String, amount Int64, refused UInt8, reason String, balance_after Int64, at_ms Int64"),
-		Write: func(r *kgo.Record, w *RowWriter) error {
-			var x pb.Withdrawal
-			if err := streams.Decode(r, &x); err != nil {
-				return err
-			}
-			w.Str(x.WithdrawId)
-			w.Str(x.ActId)
-			w.I64(x.Amount)
-			w.Bool(x.Refused)
-			w.Str(x.Reason)
-			w.I64(x.BalanceAfter)
-			w.I64(x.AtMs)
-			w.EndRow()
-			return nil
-		}}
+	return fieldSink("sink-withdrawals", schemas.TopicWithdrawResult, "withdrawals", &pb.Withdrawal{},
+		"withdraw_id String, act_id String, amount Int64, refused UInt8, reason String, balance_after Int64, at_ms Int64",
+		"withdraw_id", "act_id", "amount", "refused", "reason", "balance_after", "at_ms")
 }
 
 // JobStates sinks push.job-transitions.
 func JobStates() *Sink {
 	return &Sink{Name: "sink-job-states", Topic: schemas.TopicJobTransitions, Table: "job_states",
 		Columns: Columns("job_id String, from_state String, to_state String, reason String, executor String, position UInt64, targets UInt64, at_ms Int64"),
+		// Decoded whole: the transition carries the job, a nested message.
 		Write: func(r *kgo.Record, w *RowWriter) error {
 			var t pb.JobTransition
 			if err := streams.Decode(r, &t); err != nil {

@@ -84,6 +84,13 @@ func (w *RowWriter) Str(s string) {
 	w.buf = append(w.buf, s...)
 }
 
+// StrBytes appends a String value held as bytes.
+func (w *RowWriter) StrBytes(s []byte) {
+	w.next(String)
+	w.buf = binary.AppendUvarint(w.buf, uint64(len(s)))
+	w.buf = append(w.buf, s...)
+}
+
 // I32 appends an Int32.
 func (w *RowWriter) I32(v int32) {
 	w.next(Int32)

@@ -7,6 +7,7 @@ import (
 	"strconv"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+	"google.golang.org/protobuf/proto"
 
 	"surge/schemas"
 	"surge/schemas/surgev1"
@@ -26,9 +27,21 @@ type Sink struct {
 	// Write appends the record's rows (usually one; a delivery report
 	// expands to a row per uin) to w, or rejects the record.
 	Write func(r *kgo.Record, w *RowWriter) error
+	// Message and Fields, for a table whose columns are the record's
+	// fields: its message type, and the fields in column order (Write is
+	// then FieldRows).
+	Message proto.Message
+	Fields  []string
 
 	store Store
 	rows  *RowWriter
+}
+
+// fieldSink is a sink whose rows are the fields of msg: columns names the
+// columns and their types, fields the message fields behind them.
+func fieldSink(name, topic, table string, msg proto.Message, columns string, fields ...string) *Sink {
+	cols := Columns(columns)
+	return &Sink{Name: name, Topic: topic, Table: table, Columns: cols, Message: msg, Fields: fields, Write: FieldRows(msg, cols, fields...)}
 }
 
 // Bind attaches a store.
