@@ -99,7 +99,8 @@ func cmdWallet(ctx context.Context, args []string) error {
 	total := counter.New(rdb, backup, "wallet:total", log)
 	go total.Run(ctx, time.Second)
 	in := grant.New(grant.Deps{Config: src, Keys: keys, Redis: rdb, Producer: cl, Counter: total, Log: log, Metrics: metrics.Default})
-	led := ledger.New(ledger.Config{Dir: dir, Source: src, Keys: keys, Tokens: in.Tokens(), Log: log, Metrics: metrics.Default}, bs)
+	led := ledger.New(ledger.Config{Dir: dir, Source: src, Keys: keys, Tokens: in.Tokens(), Log: log, Metrics: metrics.Default,
+		ExpectedKeys: v.GetInt("wallet.ledger_keys")}, bs)
 	opts, err := runnerOptions(v, log)
 	if err != nil {
 		return err

@@ -84,6 +84,10 @@ type Ledger struct {
 	Bookings, Forged, Refused atomic.Int64
 
 	mBooked, mForged, mRefused metrics.Counter
+	// Order lookups by how they were answered: by the key filter alone,
+	// or by the store (found, or not: a false "maybe" of the filter; when
+	// these grow, wallet.ledger_keys is too small).
+	mLookupFilter, mLookupFound, mLookupMissed metrics.Counter
 }
 
 // New returns a ledger.
@@ -100,6 +104,8 @@ func New(cfg Config, brokers []string) *Ledger {
 	c := cfg.Metrics.NewCounterVec("surge_wallet_ledger_total", "ledger events", "event")
 	l := &Ledger{cfg: cfg, brokers: brokers, ledgerTopic: cfg.Namespace + schemas.TopicLedger, seen: token.NewVerified(1 << 20), limit: guard.NewBucket(cfg.Source.Tree().RateLimits.BookingsPerSecond),
 		mBooked: c.With("booked"), mForged: c.With("forged_token"), mRefused: c.With("withdrawal_refused")}
+	lk := cfg.Metrics.NewCounterVec("surge_wallet_ledger_order_lookups_total", "is-this-order-booked lookups by how they were answered", "answer")
+	l.mLookupFilter, l.mLookupFound, l.mLookupMissed = lk.With("filter_absent"), lk.With("store_found"), lk.With("store_absent")
 	l.resetStore()
 	return l
 }
@@ -147,16 +153,19 @@ func entryKey(act, no string) []byte {
 func (l *Ledger) isBooked(r pebble.Reader, act, no string) (bool, error) {
 	k := entryKey(act, no)
 	if !l.keys.MayContain(k) {
+		l.mLookupFilter.Inc()
 		return false, nil
 	}
 	_, c, err := r.Get(k)
 	if errors.Is(err, pebble.ErrNotFound) {
+		l.mLookupMissed.Inc()
 		return false, nil
 	}
 	if err != nil {
 		return false, err
 	}
 	c.Close()
+	l.mLookupFound.Inc()
 	return true, nil
 }
 

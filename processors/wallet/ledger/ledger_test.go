@@ -26,6 +26,7 @@ import (
 	"surge/schemas"
 	pb "surge/schemas/surgev1"
 	"surge/streams"
+	"surge/streams/metrics"
 	"surge/streams/streamstest"
 )
 
@@ -62,6 +63,7 @@ type wallet struct {
 	intake *grant.Intake
 	led    *ledger.Ledger
 	cl     *kgo.Client
+	reg    *metrics.Registry // the ledgers' metrics
 	stop   context.CancelFunc
 	done   chan error
 }
@@ -82,7 +84,8 @@ func newWallet(t *testing.T, b streamstest.Backend, rdb *redis.Client, tr *confi
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := &wallet{ns: ns, b: b, rdb: rdb, src: config.Static(tr), keys: keys, cl: streamstest.Client(t, b.Brokers, kgo.ProducerLinger(time.Millisecond))}
+	w := &wallet{ns: ns, b: b, rdb: rdb, src: config.Static(tr), keys: keys, cl: streamstest.Client(t, b.Brokers, kgo.ProducerLinger(time.Millisecond)),
+		reg: metrics.NewRegistry()}
 	w.intake = grant.New(grant.Deps{Config: w.src, Keys: keys, Redis: rdb, Producer: w.cl, Log: quiet, Namespace: ns})
 	if runLedger {
 		w.startLedger(t)
@@ -92,7 +95,7 @@ func newWallet(t *testing.T, b streamstest.Backend, rdb *redis.Client, tr *confi
 
 func (w *wallet) startLedger(t *testing.T) {
 	w.led = ledger.New(ledger.Config{Namespace: w.ns, Dir: t.TempDir() + "/ledger", Source: w.src, Keys: w.keys,
-		Tokens: w.intake.Tokens(), Log: quiet}, w.b.Brokers)
+		Tokens: w.intake.Tokens(), Log: quiet, Metrics: w.reg}, w.b.Brokers)
 	ctx, cancel := context.WithCancel(context.Background())
 	w.stop, w.done = cancel, make(chan error, 1)
 	go func() { w.done <- w.led.Run(ctx) }()
@@ -194,6 +197,15 @@ func TestBacklogInvisibleAndBookedEqualsGranted(t *testing.T) {
 		_, sum := waitBooked(t, w, 400)
 		if sum != granted {
 			t.Fatalf("booked %d, granted %d", sum, granted)
+		}
+		// Every booking asked whether its order was booked; all were new,
+		// and the key filter answered without a store lookup.
+		lookups := w.reg.NewCounterVec("surge_wallet_ledger_order_lookups_total", "", "answer")
+		if n := lookups.With("filter_absent").Value(); n < 400 {
+			t.Fatalf("%v of 400 new orders answered by the key filter", n)
+		}
+		if n := lookups.With("store_absent").Value(); n > 4 {
+			t.Fatalf("%v lookups of absent orders reached the store: the filter is not filtering", n)
 		}
 		for act, want := range per {
 			if v, _ := w.led.Balance(ctx, act); v.Balance != want || v.Unbooked != 0 {
