@@ -66,6 +66,7 @@ type config struct {
 	onRetry        func()
 	beforeBatch    func(ctx context.Context, recs []*kgo.Record)
 	beforeCommit   func(ctx context.Context) error
+	onIdle         func(ctx context.Context)
 }
 
 func defaults(name string) config {
@@ -179,6 +180,15 @@ func OnRetry(fn func()) Option { return func(c *config) { c.onRetry = fn } }
 func BeforeBatch(fn func(ctx context.Context, recs []*kgo.Record)) Option {
 	return func(c *config) { c.beforeBatch = fn }
 }
+
+// OnIdle is called on the processing goroutine when no record has arrived
+// for idlePoll: the place for work on the processor's state that must not
+// run beside the handler and must not wait for traffic (rebuilding a
+// partition nobody writes to, so reads of it can be served).
+func OnIdle(fn func(ctx context.Context)) Option { return func(c *config) { c.onIdle = fn } }
+
+// idlePoll is how long a poll waits for records before OnIdle runs.
+const idlePoll = 250 * time.Millisecond
 
 // BeforeCommit is called after a batch is processed and before its outputs
 // and offsets commit; an error retries the batch (with back-off), so a sink

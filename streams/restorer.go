@@ -31,6 +31,8 @@ type Restorer struct {
 	// AfterRebuild, if set, runs when a rebuild has read every changelog
 	// record (a store that buffers apply's writes flushes them here).
 	AfterRebuild func() error
+	// AfterAssign, if set, runs after each assignment is recorded.
+	AfterAssign func()
 
 	group  string          // see InputsOf
 	inputs map[string]bool // changelogs that are also the processor's inputs
@@ -119,19 +121,80 @@ func endOffsets(ctx context.Context, brokers, topics []string) (map[string]map[i
 
 // Option hooks the restorer into a Runner's group membership.
 func (r *Restorer) Option() Option {
-	return ClientOpts(kgo.OnPartitionsAssigned(func(_ context.Context, _ *kgo.Client, as map[string][]int32) { r.assigned(as) }))
+	return ClientOpts(
+		kgo.OnPartitionsAssigned(func(_ context.Context, _ *kgo.Client, as map[string][]int32) { r.assigned(as) }),
+		kgo.OnPartitionsRevoked(func(_ context.Context, _ *kgo.Client, rs map[string][]int32) { r.revoked(rs) }),
+		kgo.OnPartitionsLost(func(_ context.Context, _ *kgo.Client, rs map[string][]int32) { r.revoked(rs) }),
+	)
+}
+
+// revoked forgets partitions this instance no longer owns: their state
+// here is no longer kept current. Inside a transactional session the
+// callback may not run (kgo skips it while a revocation is pending), so
+// owning is only a hint: a caller that must know asks the group.
+func (r *Restorer) revoked(rs map[string][]int32) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, ps := range rs {
+		for _, p := range ps {
+			r.owned[p] = false
+		}
+	}
+}
+
+// Current reports whether this instance owns partition p and its state is
+// rebuilt: reads of p's state are then the truth.
+func (r *Restorer) Current(p int32) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.owned[p] && !r.stale[p]
+}
+
+// Owned lists the partitions this instance owns, current or not.
+func (r *Restorer) Owned() []int32 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var ps []int32
+	for p, o := range r.owned {
+		if o {
+			ps = append(ps, p)
+		}
+	}
+	return ps
+}
+
+// EnsureAll rebuilds every stale partition this instance owns, as Ensure
+// does when a record of one arrives; call it on the processing goroutine
+// (OnIdle), so partitions without traffic become current too.
+func (r *Restorer) EnsureAll(ctx context.Context) error {
+	r.mu.Lock()
+	var first int32 = -1
+	for p, s := range r.stale {
+		if s && r.owned[p] {
+			first = p
+			break
+		}
+	}
+	r.mu.Unlock()
+	if first < 0 {
+		return nil
+	}
+	return r.Ensure(ctx, first)
 }
 
 // assigned marks newly assigned partitions stale.
 func (r *Restorer) assigned(as map[string][]int32) {
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	for _, ps := range as {
 		for _, p := range ps {
 			r.stale[p] = true
 			r.owned[p] = true
 			r.gen[p]++
 		}
+	}
+	r.mu.Unlock()
+	if r.AfterAssign != nil {
+		r.AfterAssign()
 	}
 }
 
@@ -147,7 +210,7 @@ func (r *Restorer) Ensure(ctx context.Context, partition int32) error {
 	var ps []int32
 	gens := map[int32]uint64{}
 	for p, s := range r.stale {
-		if s {
+		if s && r.owned[p] { // a revoked partition waits for its next assignment
 			ps = append(ps, p)
 			gens[p] = r.gen[p]
 		}
@@ -240,27 +303,71 @@ func ReadPartitions(ctx context.Context, brokers []string, topics []string, part
 
 // readPartitions is ReadPartitions with, for the topics in upTo, a lower
 // end per partition.
+// settleWait bounds how long a rebuild waits for transactions open on its
+// partitions to end: the previous owner's last one ends within its
+// transaction timeout (streams.TransactionTimeout, 20 s by default).
+const settleWait = time.Minute
+
+// settledOffsets lists the last stable offsets of the wanted partitions
+// once every transaction that was open on them when it was called has
+// ended. Reading only to the stable offset as it stood would leave out a
+// batch the partition's previous owner had produced but not yet committed:
+// its offsets commit with it, so the new owner never processes those
+// inputs again, and its rebuilt state would lack that batch for good (a
+// ledger would miss bookings, or a withdrawal).
+func settledOffsets(ctx context.Context, adm *kadm.Client, topics []string, want map[int32]bool) (kadm.ListedOffsets, error) {
+	var ends, stable kadm.ListedOffsets
+	list := func(fn func(context.Context, ...string) (kadm.ListedOffsets, error), into *kadm.ListedOffsets) error {
+		return retryFor(ctx, 10*time.Second, func() error {
+			var err error
+			if *into, err = fn(ctx, topics...); err == nil {
+				err = into.Error()
+			}
+			return err
+		})
+	}
+	if err := list(adm.ListEndOffsets, &ends); err != nil {
+		return nil, err
+	}
+	deadline := time.Now().Add(settleWait)
+	for {
+		if err := list(adm.ListCommittedOffsets, &stable); err != nil {
+			return nil, err
+		}
+		open := 0
+		ends.Each(func(o kadm.ListedOffset) {
+			if s, ok := stable.Lookup(o.Topic, o.Partition); want[o.Partition] && ok && s.Offset < o.Offset {
+				open++
+			}
+		})
+		if open == 0 {
+			return stable, nil
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("%d partitions still have a transaction open after %v", open, settleWait)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
 func readPartitions(ctx context.Context, brokers []string, topics []string, partitions []int32, upTo map[string]map[int32]int64, fn func(*kgo.Record) error) error {
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
 	if err != nil {
 		return err
 	}
 	adm := kadm.NewClient(cl)
-	var stable kadm.ListedOffsets
-	err = retryFor(ctx, 10*time.Second, func() error {
-		var err error
-		if stable, err = adm.ListCommittedOffsets(ctx, topics...); err == nil {
-			err = stable.Error()
-		}
-		return err
-	})
-	cl.Close()
-	if err != nil {
-		return fmt.Errorf("restore: last stable offsets of %v: %w", topics, err)
-	}
 	want := map[int32]bool{}
 	for _, p := range partitions {
 		want[p] = true
+	}
+	stable, err := settledOffsets(ctx, adm, topics, want)
+	cl.Close()
+	if err != nil {
+		return fmt.Errorf("restore: last stable offsets of %v: %w", topics, err)
 	}
 	offsets := map[string]map[int32]kgo.Offset{}
 	ends := map[string]map[int32]int64{}

@@ -85,3 +85,42 @@ func TestRestorerSkipsUnchangedSinceBaseline(t *testing.T) {
 		t.Fatalf("rebuilt %v, want partition 1 only", cleared)
 	}
 }
+
+// EnsureAll makes every owned partition current, traffic or not; a
+// revoked partition is no longer current and is not rebuilt until it is
+// assigned again.
+func TestRestorerEnsureAllAndRevocation(t *testing.T) {
+	const topic = "changelog"
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(3, topic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var rebuilt []map[int32]bool
+	r := NewRestorer(c.ListenAddrs(), func(ps map[int32]bool) error {
+		rebuilt = append(rebuilt, ps)
+		return nil
+	}, func(*kgo.Record) error { return nil }, topic)
+	ctx := context.Background()
+	r.assigned(map[string][]int32{topic: {0, 1}})
+	if r.Current(0) || r.Current(1) {
+		t.Fatal("assigned partitions are current before their rebuild")
+	}
+	if err := r.EnsureAll(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !r.Current(0) || !r.Current(1) || r.Current(2) || len(rebuilt) != 1 || len(rebuilt[0]) != 2 {
+		t.Fatalf("after EnsureAll: current %v %v %v, rebuilds %v", r.Current(0), r.Current(1), r.Current(2), rebuilt)
+	}
+	r.revoked(map[string][]int32{topic: {1}})
+	if r.Current(1) || !r.Current(0) {
+		t.Fatal("a revoked partition is still current, or another lost its state")
+	}
+	r.assigned(map[string][]int32{topic: {1}})
+	if err := r.EnsureAll(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !r.Current(1) || len(rebuilt) != 2 || !rebuilt[1][1] || rebuilt[1][0] {
+		t.Fatalf("partition 1 assigned again: rebuilds %v", rebuilt)
+	}
+}

@@ -183,13 +183,18 @@ type committer interface {
 
 func (r *Runner) loop(ctx context.Context, cl *kgo.Client, c committer) error {
 	for {
-		fetches := c.poll(ctx, r.cfg.maxBatch)
+		pctx, cancelPoll := ctx, context.CancelFunc(func() {})
+		if r.cfg.onIdle != nil {
+			pctx, cancelPoll = context.WithTimeout(ctx, idlePoll)
+		}
+		fetches := c.poll(pctx, r.cfg.maxBatch)
+		cancelPoll()
 		if fetches.IsClientClosed() {
 			return errors.New("client closed")
 		}
 		var fetchErr error
 		fetches.EachError(func(t string, p int32, err error) {
-			if !errors.Is(err, context.Canceled) {
+			if !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
 				fetchErr = fmt.Errorf("fetch %s/%d: %w", t, p, err)
 			}
 		})
@@ -200,6 +205,9 @@ func (r *Runner) loop(ctx context.Context, cl *kgo.Client, c committer) error {
 		if len(recs) == 0 {
 			if ctx.Err() != nil {
 				return ctx.Err()
+			}
+			if r.cfg.onIdle != nil {
+				r.cfg.onIdle(ctx)
 			}
 			continue
 		}

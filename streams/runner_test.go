@@ -537,3 +537,34 @@ func TestBrokerGoneMidRunLosesAndDuplicatesNothing(t *testing.T) {
 	t.Logf("broker away after %d of %d committed", atCrash, n)
 	assertExactlyOnce(t, countUins(t, got), n)
 }
+
+// OnIdle runs on the processing goroutine while no record arrives, so
+// state work that needs no traffic (rebuilding an idle partition) gets
+// done; it stops with the runner.
+func TestOnIdleRunsWithoutTraffic(t *testing.T) {
+	streamstest.Each(t, func(t *testing.T, b streamstest.Backend) {
+		in := streamstest.Unique("idle-in")
+		streamstest.CreateTopics(t, b.Brokers, 1, in)
+		var idle atomic.Int64
+		r, err := streams.New("idle", func(context.Context, *kgo.Record, *streams.Output) error { return nil },
+			streams.Brokers(b.Brokers...), streams.Inputs(in), streams.Group(streamstest.Unique("idle")),
+			streams.WithGuarantee(streams.ExactlyOnce), streams.OnIdle(func(context.Context) { idle.Add(1) }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- r.Run(ctx) }()
+		deadline := time.Now().Add(30 * time.Second)
+		for idle.Load() < 3 {
+			if time.Now().After(deadline) {
+				t.Fatalf("OnIdle ran %d times in 30 s without traffic", idle.Load())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		cancel()
+		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+			t.Fatal(err)
+		}
+	})
+}

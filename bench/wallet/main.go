@@ -188,6 +188,12 @@ func main() {
 	}
 	_, err = pipe.Exec(ctx)
 	must(err)
+	// Reads are answered by the partitions' owner once it has rebuilt
+	// them: here every partition, as this ledger is the only instance.
+	tokensTopic, _ := schemas.TopicByName(schemas.TopicTokens)
+	for led.Serving() < int(tokensTopic.Partitions) {
+		time.Sleep(time.Millisecond)
+	}
 	readPass := func(label string, readers int) {
 		lat := make([]time.Duration, *reads)
 		var ri atomic.Int64

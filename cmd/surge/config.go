@@ -50,6 +50,7 @@ var options = []struct {
 	{"push.mirror_threshold", 10_000_000, "mass push: accounts with this many followers use the local fan-list mirror"},
 	{"wallet.config", "", "`wallet`: activity tree file (YAML/TOML/JSON), reloaded on change; empty uses a built-in demo tree"},
 	{"wallet.http_addr", "127.0.0.1:8480", "`wallet`: address of the wallet HTTP API"},
+	{"wallet.advertise", "", "`wallet`: URL other instances send reads of this instance's users to; empty: http://<wallet.http_addr>"},
 	{"wallet.key_id", "k1", "`wallet`: id of the token signing key"},
 	{"wallet.key_seed", "", "`wallet`: base64 32-byte Ed25519 seed of the signing key; empty generates one (tokens then die with the process)"},
 	{"wallet.dir", "", "`wallet`: ledger Pebble directory; empty is a temporary one"},

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"time"
@@ -99,8 +100,12 @@ func cmdWallet(ctx context.Context, args []string) error {
 	total := counter.New(rdb, backup, "wallet:total", log)
 	go total.Run(ctx, time.Second)
 	in := grant.New(grant.Deps{Config: src, Keys: keys, Redis: rdb, Producer: cl, Counter: total, Log: log, Metrics: metrics.Default})
+	advertise := v.GetString("wallet.advertise")
+	if advertise == "" {
+		advertise = defaultAdvertise(v.GetString("wallet.http_addr"))
+	}
 	led := ledger.New(ledger.Config{Dir: dir, Source: src, Keys: keys, Tokens: in.Tokens(), Log: log, Metrics: metrics.Default,
-		ExpectedKeys: v.GetInt("wallet.ledger_keys")}, bs)
+		ExpectedKeys: v.GetInt("wallet.ledger_keys"), Advertise: advertise}, bs)
 	opts, err := runnerOptions(v, log)
 	if err != nil {
 		return err
@@ -109,7 +114,8 @@ func cmdWallet(ctx context.Context, args []string) error {
 	go func() { ledDone <- led.Run(ctx, opts...) }()
 	batcher := grant.NewBatcher(in, v.GetInt("wallet.batch_size"), v.GetDuration("wallet.batch_linger"), v.GetInt("wallet.batchers"))
 	defer batcher.Close()
-	srv := &api.Server{Intake: in, Batcher: batcher, Ledger: led, Counter: total, Producer: cl, Redis: rdb, Config: src, Log: log}
+	srv := &api.Server{Intake: in, Batcher: batcher, Ledger: led, Counter: total, Producer: cl, Redis: rdb, Config: src, Log: log,
+		Advertise: advertise}
 	if err := srv.FollowResults(ctx, bs); err != nil {
 		return err
 	}
@@ -127,4 +133,20 @@ func cmdWallet(ctx context.Context, args []string) error {
 		err = nil
 	}
 	return errors.Join(err, <-ledDone)
+}
+
+// defaultAdvertise is the URL other instances reach this one's API at when
+// wallet.advertise is not set: the listen address, with this host's name
+// for a wildcard host.
+func defaultAdvertise(listen string) string {
+	host, port, err := net.SplitHostPort(listen)
+	if err != nil {
+		return "http://" + listen
+	}
+	if host == "" || host == "0.0.0.0" || host == "::" {
+		if h, err := os.Hostname(); err == nil {
+			host = h
+		}
+	}
+	return "http://" + net.JoinHostPort(host, port)
 }

@@ -12,7 +12,9 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -49,6 +51,13 @@ type Server struct {
 	Namespace string
 	Log       *slog.Logger
 	Timeout   time.Duration // how long a withdrawal waits for the ledger's answer
+	// Advertise is this instance's own address (the ledger's
+	// Config.Advertise); reads of users another instance owns are sent
+	// there, Client (default: 2 s timeout) carrying them.
+	Advertise string
+	Client    *http.Client
+
+	forwarded atomic.Int64
 
 	mu      sync.Mutex
 	waiters map[string]chan *pb.Withdrawal
@@ -128,10 +137,58 @@ func (s *Server) grant(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// forwardedHeader marks a read sent on by another instance: it is
+// answered here or refused, never sent on again.
+const forwardedHeader = "X-Surge-Forwarded-By"
+
+// readFailed answers a read the local ledger could not: one of a user
+// whose partition another instance owns is sent on to that instance.
+func (s *Server) readFailed(w http.ResponseWriter, r *http.Request, err error) {
+	var notOwner *ledger.NotOwnerError
+	if !errors.As(err, &notOwner) {
+		fail(w, http.StatusServiceUnavailable, err)
+		return
+	}
+	if by := r.Header.Get(forwardedHeader); by != "" {
+		fail(w, http.StatusServiceUnavailable, fmt.Errorf("%w (sent here by %s; the group is rebalancing, retry)", err, by))
+		return
+	}
+	owner, oerr := s.Ledger.Owner(r.Context(), r.PathValue("act"))
+	if oerr != nil {
+		fail(w, http.StatusServiceUnavailable, errors.Join(err, oerr))
+		return
+	}
+	req, _ := http.NewRequestWithContext(r.Context(), http.MethodGet, strings.TrimSuffix(owner, "/")+r.URL.RequestURI(), nil)
+	req.Header.Set(forwardedHeader, s.Advertise)
+	resp, ferr := s.forwardClient().Do(req)
+	if ferr != nil {
+		fail(w, http.StatusServiceUnavailable, fmt.Errorf("owner %s: %w", owner, ferr))
+		return
+	}
+	defer resp.Body.Close()
+	s.forwarded.Add(1)
+	w.Header().Set("Content-Type", resp.Header.Get("Content-Type"))
+	w.Header().Set("X-Surge-Served-By", owner)
+	w.WriteHeader(resp.StatusCode)
+	_, _ = io.Copy(w, resp.Body)
+}
+
+func (s *Server) forwardClient() *http.Client {
+	if s.Client != nil {
+		return s.Client
+	}
+	return forwardClient
+}
+
+var forwardClient = &http.Client{Timeout: 2 * time.Second}
+
+// Forwarded is how many reads this instance sent on to their owner.
+func (s *Server) Forwarded() int64 { return s.forwarded.Load() }
+
 func (s *Server) balance(w http.ResponseWriter, r *http.Request) {
 	v, err := s.Ledger.Balance(r.Context(), r.PathValue("act"))
 	if err != nil {
-		fail(w, http.StatusServiceUnavailable, err)
+		s.readFailed(w, r, err)
 		return
 	}
 	reply(w, http.StatusOK, map[string]any{"balance": v.Balance, "income": v.Income, "unbooked": v.Unbooked, "forged": v.Forged})
@@ -145,7 +202,7 @@ func (s *Server) flow(w http.ResponseWriter, r *http.Request) {
 	}
 	items, v, err := s.Ledger.Flow(r.Context(), r.PathValue("act"), max(page, 0), size)
 	if err != nil {
-		fail(w, http.StatusServiceUnavailable, err)
+		s.readFailed(w, r, err)
 		return
 	}
 	out := make([]map[string]any, len(items))

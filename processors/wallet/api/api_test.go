@@ -3,11 +3,13 @@ package api_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,6 +22,8 @@ import (
 	"surge/processors/wallet/ledger"
 	"surge/processors/wallet/token"
 	"surge/schemas"
+	pb "surge/schemas/surgev1"
+	"surge/streams"
 	"surge/streams/streamstest"
 )
 
@@ -46,19 +50,34 @@ func call(t *testing.T, srv *httptest.Server, method, path, body string) (int, m
 	return resp.StatusCode, out
 }
 
+// stack is what an API instance stands on: the wallet's topics (in
+// namespace ns), a signing key, the config, a producer and the intake.
+type stack struct {
+	log  *slog.Logger
+	keys *token.Keyring
+	src  *config.Source
+	cl   *kgo.Client
+	in   *grant.Intake
+}
+
+func newStack(t *testing.T, b streamstest.Backend, rdb *redis.Client, ns string, partitions int32) stack {
+	var names []string
+	for _, n := range []string{schemas.TopicGrants, schemas.TopicTokens, schemas.TopicLedger, schemas.TopicWithdrawals, schemas.TopicWithdrawResult, schemas.TopicDeadLetter} {
+		names = append(names, ns+n)
+	}
+	streamstest.CreateTopics(t, b.Brokers, partitions, names...)
+	st := stack{log: slog.New(slog.NewTextHandler(io.Discard, nil)), src: config.Static(tree()),
+		cl: streamstest.Client(t, b.Brokers, kgo.ProducerLinger(time.Millisecond))}
+	st.keys, _ = token.Generate("k")
+	st.in = grant.New(grant.Deps{Config: st.src, Keys: st.keys, Redis: rdb, Producer: st.cl, Log: st.log, Namespace: ns})
+	return st
+}
+
 func TestAPI(t *testing.T) {
 	streamstest.EachStack(t, func(t *testing.T, b streamstest.Backend, rdb *redis.Client) {
 		ns := streamstest.Unique("api") + "."
-		var names []string
-		for _, n := range []string{schemas.TopicGrants, schemas.TopicTokens, schemas.TopicLedger, schemas.TopicWithdrawals, schemas.TopicWithdrawResult, schemas.TopicDeadLetter} {
-			names = append(names, ns+n)
-		}
-		streamstest.CreateTopics(t, b.Brokers, 3, names...)
-		log := slog.New(slog.NewTextHandler(io.Discard, nil))
-		keys, _ := token.Generate("k")
-		src := config.Static(tree())
-		cl := streamstest.Client(t, b.Brokers, kgo.ProducerLinger(time.Millisecond))
-		in := grant.New(grant.Deps{Config: src, Keys: keys, Redis: rdb, Producer: cl, Log: log, Namespace: ns})
+		st := newStack(t, b, rdb, ns, 3)
+		log, keys, src, cl, in := st.log, st.keys, st.src, st.cl, st.in
 		led := ledger.New(ledger.Config{Namespace: ns, Dir: t.TempDir(), Source: src, Keys: keys, Tokens: in.Tokens(), Log: log}, b.Brokers)
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
@@ -72,7 +91,7 @@ func TestAPI(t *testing.T) {
 		}
 		srv := httptest.NewServer(s.Handler())
 		defer srv.Close()
-		for !led.Ready() {
+		for led.Serving() < 3 {
 			time.Sleep(10 * time.Millisecond)
 		}
 
@@ -116,5 +135,116 @@ func TestAPI(t *testing.T) {
 			time.Sleep(20 * time.Millisecond)
 		}
 
+	})
+}
+
+// TestReadsGoToThePartitionOwner runs two instances, each a ledger behind
+// its own API. Every user's balance read through either API is what the
+// user's owner booked: a read of a user the other instance owns is sent
+// on to it (the non-owner's store has that user only as of its start, if
+// at all). A read already sent on once is refused by a non-owner, never
+// sent on again.
+func TestReadsGoToThePartitionOwner(t *testing.T) {
+	streamstest.EachStack(t, func(t *testing.T, b streamstest.Backend, rdb *redis.Client) {
+		ns := streamstest.Unique("owner") + "."
+		st := newStack(t, b, rdb, ns, 6)
+		log, keys, src, cl, in := st.log, st.keys, st.src, st.cl, st.in
+		type instance struct {
+			led *ledger.Ledger
+			api *api.Server
+			srv *httptest.Server
+		}
+		start := func(name string) instance {
+			var handler atomic.Value
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				handler.Load().(http.Handler).ServeHTTP(w, r)
+			}))
+			t.Cleanup(srv.Close)
+			led := ledger.New(ledger.Config{Namespace: ns, Dir: t.TempDir(), Source: src, Keys: keys, Tokens: in.Tokens(), Log: log,
+				Advertise: srv.URL}, b.Brokers)
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- led.Run(ctx, streams.InstanceID(name)) }()
+			t.Cleanup(func() { cancel(); <-done })
+			s := &api.Server{Intake: in, Ledger: led, Producer: cl, Redis: rdb, Config: src, Namespace: ns, Log: log, Advertise: srv.URL}
+			handler.Store(s.Handler())
+			return instance{led, s, srv}
+		}
+		ctx := context.Background()
+		granted := map[string]float64{}
+		grantRound := func(round string) {
+			for i := range 120 {
+				act := fmt.Sprintf("u%d", i%24)
+				g := &pb.RewardGrant{OrderNo: fmt.Sprintf("%s_rain_%s%d_1_1", act, round, i), ActId: act, ActivityId: "spring", SceneId: "rain",
+					RainId: fmt.Sprintf("%s%d", round, i), AwardType: pb.AwardType_CASH, Stage: 1, Amount: int64(1 + i%9), AppId: "app"}
+				if _, err := in.Grant(ctx, g); err != nil {
+					t.Fatal(err)
+				}
+				granted[act] += float64(g.Amount)
+			}
+		}
+		a := start("a")
+		grantRound("one")
+		bi := start("b")
+		// Both instances serve a share of the six partitions, settled: the
+		// group joins in more than one round.
+		deadline := time.Now().Add(60 * time.Second)
+		settled := time.Now()
+		for time.Since(settled) < 2*time.Second {
+			if a.led.Serving() == 0 || bi.led.Serving() == 0 || a.led.Serving()+bi.led.Serving() != 6 {
+				settled = time.Now()
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("instances serve %d and %d partitions", a.led.Serving(), bi.led.Serving())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		grantRound("two") // booked by the owners after b's start: b's store never saw a's share
+		deadline = time.Now().Add(60 * time.Second)
+		for a.led.Bookings.Load()+bi.led.Bookings.Load() < 240 {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d of 240 booked", a.led.Bookings.Load()+bi.led.Bookings.Load())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		for act, want := range granted {
+			for _, via := range []instance{a, bi} {
+				var code int
+				var out map[string]any
+				for range 50 { // a rebalance may still settle: 503 means retry
+					if code, out = call(t, via.srv, "GET", "/v1/users/"+act+"/balance", ""); code != http.StatusServiceUnavailable {
+						break
+					}
+					time.Sleep(100 * time.Millisecond)
+				}
+				if code != 200 || out["balance"].(float64) != want {
+					t.Fatalf("%s via %s: %d %v, granted %v", act, via.srv.URL, code, out, want)
+				}
+			}
+			// Sent on once already: only the owner answers.
+			answered := 0
+			for _, via := range []instance{a, bi} {
+				req, _ := http.NewRequest("GET", via.srv.URL+"/v1/users/"+act+"/balance", nil)
+				req.Header.Set("X-Surge-Forwarded-By", "test")
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp.Body.Close()
+				switch resp.StatusCode {
+				case 200:
+					answered++
+				case http.StatusServiceUnavailable:
+				default:
+					t.Fatalf("%s, forwarded read: status %d", act, resp.StatusCode)
+				}
+			}
+			if answered != 1 {
+				t.Fatalf("%s: %d instances answered a forwarded read; want only the owner", act, answered)
+			}
+		}
+		if a.api.Forwarded() == 0 || bi.api.Forwarded() == 0 {
+			t.Fatalf("reads sent on: a %d, b %d; each owns some users the other was asked about", a.api.Forwarded(), bi.api.Forwarded())
+		}
 	})
 }

@@ -50,6 +50,10 @@ type Config struct {
 	Tokens    *grant.Tokens // the users' unbooked tokens (reads, forced booking)
 	Log       *slog.Logger
 	Metrics   *metrics.Registry
+	// Advertise is the address of this instance's API ("http://host:port"),
+	// told to the other instances through the consumer group so they can
+	// send it the reads of the users it owns (see Owner).
+	Advertise string
 	// ExpectedKeys sizes the filter of the store's keys (two per booking);
 	// past it lookups of new order numbers slowly fall back to Pebble.
 	// Default 8M (16 MiB).
@@ -65,7 +69,8 @@ type Ledger struct {
 	ledgerTopic string
 	limit       *guard.Bucket
 
-	mu       sync.Mutex // guards staged and the handler
+	mu       sync.Mutex   // guards staged and the handler
+	commitMu sync.RWMutex // a batch's commit (store and balances) against reads
 	staged   *pebble.Batch
 	checking *batchCheck      // the batch's tokens, decoded and checked beside the handler
 	seen     *token.Verified  // tokens verified on earlier reads
@@ -77,6 +82,7 @@ type Ledger struct {
 	// whenever the partition is assigned: another instance may have booked
 	// for its users since this one last owned it.
 	restore                   *streams.Restorer
+	owners                    *owners
 	partitions                int
 	rebuild                   *pebble.Batch
 	rebuildAccts              *accounts
@@ -203,6 +209,10 @@ func (l *Ledger) Run(ctx context.Context, opts ...streams.Option) error {
 		return fmt.Errorf("ledger: %w", err)
 	}
 	l.restore = streams.NewRestorer(l.brokers, l.clearPartitions, l.applyRestored, l.topic(schemas.TopicLedger))
+	l.owners = &owners{brokers: l.brokers, group: l.cfg.Namespace + "wallet-ledger", topic: l.topic(schemas.TopicTokens),
+		self: l.cfg.Advertise + "#" + instanceNonce()}
+	defer l.owners.close()
+	l.restore.AfterAssign = l.owners.invalidate
 	l.restore.AfterRebuild = l.finishRebuild
 	// Partitions nobody wrote to after this point are not rebuilt again
 	// when the group assigns them.
@@ -227,7 +237,7 @@ func (l *Ledger) Run(ctx context.Context, opts ...streams.Option) error {
 	opts = append([]streams.Option{
 		streams.Brokers(l.brokers...),
 		streams.Inputs(l.topic(schemas.TopicTokens), l.topic(schemas.TopicWithdrawals)),
-		streams.Group(l.cfg.Namespace + "wallet-ledger"),
+		streams.Group(l.owners.group),
 		streams.WithGuarantee(streams.ExactlyOnce),
 		streams.DeadLetterTopic(l.topic(schemas.TopicDeadLetter)),
 		streams.ClientOpts(kgo.Balancers(kgo.RangeBalancer())), // co-partitioned by actID
@@ -235,10 +245,20 @@ func (l *Ledger) Run(ctx context.Context, opts ...streams.Option) error {
 		streams.OnRetry(func() { l.batchEnd(false) }),
 		streams.BeforeBatch(func(_ context.Context, recs []*kgo.Record) { l.checking = l.checkBatch(recs) }),
 		l.restore.Option(),
+		// Partitions without traffic are rebuilt too, so their reads can
+		// be answered here.
+		streams.OnIdle(func(ctx context.Context) {
+			l.mu.Lock()
+			defer l.mu.Unlock()
+			if err := l.restore.EnsureAll(ctx); err != nil {
+				l.cfg.Log.Warn("ledger: rebuilding idle partitions failed; retried when idle again", "err", err)
+			}
+		}),
 		// A token has no failure state: a transient error (Redis, the
 		// disk) is retried until it books, never dead-lettered.
 		streams.MaxAttempts(math.MaxInt32),
 	}, opts...)
+	opts = append(opts, streams.ClientOpts(kgo.ClientID(advertisePrefix+l.owners.self)))
 	r, err := streams.New("wallet-ledger", l.Handle(), opts...)
 	if err != nil {
 		return err
@@ -322,11 +342,13 @@ func (l *Ledger) batchEnd(committed bool) {
 	toks := l.booked
 	l.booked = nil
 	if committed {
+		l.commitMu.Lock() // readers see the store and the balances of one commit
 		if err := l.staged.Commit(pebble.NoSync); err != nil {
 			l.cfg.Log.Error("ledger: pebble commit failed; exiting so the restart rebuilds it", "err", err)
 			panic(err)
 		}
 		l.accts.commit()
+		l.commitMu.Unlock()
 		if l.cfg.Tokens != nil && len(toks) > 0 {
 			l.marks <- toks
 		}
@@ -529,52 +551,76 @@ func (l *Ledger) read(ctx context.Context, actID string, flow bool) (View, []Ite
 	if !l.ready.Load() {
 		return v, nil, errors.New("ledger: store not rebuilt yet")
 	}
-	acc, err := l.accts.getCommitted(l.db, actID)
-	if err != nil {
-		return v, nil, err
+	if p := l.partitionOf(actID); !l.servesPartition(ctx, p) {
+		return v, nil, &NotOwnerError{Partition: p}
 	}
-	v.Balance, v.Income = acc.balance, acc.income
-	var items []Item
-	if flow {
-		lo := append(append([]byte{'e'}, actID...), 0)
-		hi := append(append([]byte{'e'}, actID...), 1)
-		it, err := l.db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
-		if err != nil {
-			return v, nil, err
-		}
-		for ok := it.First(); ok; ok = it.Next() {
-			var e pb.LedgerEntry
-			if proto.Unmarshal(it.Value(), &e) == nil {
-				items = append(items, Item{OrderNo: e.OrderNo, Kind: e.Kind, Amount: e.Amount, AtMs: e.BookedAtMs, Booked: true})
-			}
-		}
-		it.Close()
-	}
+	// The user's tokens first, then the store as one commit left it: a
+	// token is then either in the booked balance or counted as unbooked,
+	// never neither (a commit between reading the balance and asking
+	// "booked?" used to drop a batch's tokens from the view).
+	var toks []*pb.Token
+	redisOK := false
 	if l.cfg.Tokens != nil && !l.cfg.Source.Tree().Degraded(guard.TokenRedis) {
-		toks, bad, err := l.cfg.Tokens.All(ctx, actID)
-		if err != nil {
-			return v, items, nil // degrade: show what is booked
-		}
+		var bad int
+		var err error
+		toks, bad, err = l.cfg.Tokens.All(ctx, actID)
+		redisOK = err == nil // otherwise degrade: show what is booked
 		v.Forged += bad
+	}
+	var items []Item
+	var unbooked []*pb.Token
+	err := func() error {
+		l.commitMu.RLock()
+		defer l.commitMu.RUnlock()
+		acc, err := l.accts.getCommitted(l.db, actID)
+		if err != nil {
+			return err
+		}
+		v.Balance, v.Income = acc.balance, acc.income
+		if flow {
+			lo := append(append([]byte{'e'}, actID...), 0)
+			hi := append(append([]byte{'e'}, actID...), 1)
+			it, err := l.db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
+			if err != nil {
+				return err
+			}
+			for ok := it.First(); ok; ok = it.Next() {
+				var e pb.LedgerEntry
+				if proto.Unmarshal(it.Value(), &e) == nil {
+					items = append(items, Item{OrderNo: e.OrderNo, Kind: e.Kind, Amount: e.Amount, AtMs: e.BookedAtMs, Booked: true})
+				}
+			}
+			it.Close()
+		}
 		for _, tok := range toks {
 			if tok.Status == pb.TokenStatus_SUCCESS {
-				continue
+				continue // marked once its booking committed: in the balance
 			}
 			if ok, _ := l.isBooked(l.db, tok.ActId, tok.OutTradeNo); ok {
 				continue // booked; Redis not updated yet
 			}
-			if l.seen.Verify(l.cfg.Keys, tok) != nil || tok.ActId != actID {
-				v.Forged++
-				l.Forged.Add(1)
-				l.mForged.Inc()
-				continue
-			}
-			v.Balance += tok.Amount
-			v.Income += tok.Amount
-			v.Unbooked++
-			if flow {
-				items = append(items, Item{OrderNo: tok.OutTradeNo, Kind: pb.LedgerKind_GRANT, Amount: tok.Amount, AtMs: tok.OpenTime})
-			}
+			unbooked = append(unbooked, tok)
+		}
+		return nil
+	}()
+	if err != nil {
+		return v, nil, err
+	}
+	if !redisOK {
+		return v, items, nil
+	}
+	for _, tok := range unbooked {
+		if l.seen.Verify(l.cfg.Keys, tok) != nil || tok.ActId != actID {
+			v.Forged++
+			l.Forged.Add(1)
+			l.mForged.Inc()
+			continue
+		}
+		v.Balance += tok.Amount
+		v.Income += tok.Amount
+		v.Unbooked++
+		if flow {
+			items = append(items, Item{OrderNo: tok.OutTradeNo, Kind: pb.LedgerKind_GRANT, Amount: tok.Amount, AtMs: tok.OpenTime})
 		}
 	}
 	sort.SliceStable(items, func(a, b int) bool { return items[a].AtMs > items[b].AtMs })
