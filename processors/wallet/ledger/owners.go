@@ -146,6 +146,10 @@ func (o *owners) refresh(ctx context.Context) error {
 		}
 		o.adm = kadm.NewClient(cl)
 	}
+	// Reads wait on this under the lock: a broker that does not answer
+	// must not hold them longer than a read's patience.
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
 	gs, err := o.adm.DescribeGroups(ctx, o.group)
 	if err != nil {
 		return fmt.Errorf("ledger: describe group %s: %w", o.group, err)
