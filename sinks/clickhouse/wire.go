@@ -56,10 +56,7 @@ func FieldRows(msg proto.Message, cols []Column, fields ...string) func(*kgo.Rec
 		default:
 			panic(fmt.Sprintf("clickhouse: column %s (type %d) cannot take %s field %s", cols[i].Name, cols[i].Type, fd.Kind(), name))
 		}
-		if int(f.num) >= len(d.column) {
-			d.column = append(d.column, make([]int8, int(f.num)+1-len(d.column))...)
-		}
-		d.column[f.num] = int8(i + 1)
+		d.setColumn(f.num, int8(i+1))
 		d.fields = append(d.fields, f)
 	}
 	// Protobuf refuses a record whose strings are not UTF-8, kept or not;
@@ -71,10 +68,7 @@ func FieldRows(msg proto.Message, cols []Column, fields ...string) func(*kgo.Rec
 			panic(fmt.Sprintf("clickhouse: %s has the nested or repeated field %s; FieldRows reads flat messages", md.FullName(), fd.Name()))
 		}
 		if fd.Kind() == protoreflect.StringKind && d.col(fd.Number()) < 0 {
-			if int(fd.Number()) >= len(d.column) {
-				d.column = append(d.column, make([]int8, int(fd.Number())+1-len(d.column))...)
-			}
-			d.column[fd.Number()] = checkOnly
+			d.setColumn(fd.Number(), checkOnly)
 		}
 	}
 	if len(d.fields) > maxWireFields {
@@ -118,6 +112,14 @@ type wireRows struct {
 // checkOnly marks a string field the table does not keep: only its UTF-8
 // is checked.
 const checkOnly = -1
+
+// setColumn records what field number num is to the table.
+func (d *wireRows) setColumn(num protowire.Number, v int8) {
+	if int(num) >= len(d.column) {
+		d.column = append(d.column, make([]int8, int(num)+1-len(d.column))...)
+	}
+	d.column[num] = v
+}
 
 // col is the column a field number fills, or -1.
 func (d *wireRows) col(num protowire.Number) int {

@@ -52,10 +52,9 @@ type Server struct {
 	Log       *slog.Logger
 	Timeout   time.Duration // how long a withdrawal waits for the ledger's answer
 	// Advertise is this instance's own address (the ledger's
-	// Config.Advertise); reads of users another instance owns are sent
-	// there, Client (default: 2 s timeout) carrying them.
+	// Config.Advertise), named on the reads it sends on to the owner of
+	// their user.
 	Advertise string
-	Client    *http.Client
 
 	forwarded atomic.Int64
 
@@ -160,7 +159,7 @@ func (s *Server) readFailed(w http.ResponseWriter, r *http.Request, err error) {
 	}
 	req, _ := http.NewRequestWithContext(r.Context(), http.MethodGet, strings.TrimSuffix(owner, "/")+r.URL.RequestURI(), nil)
 	req.Header.Set(forwardedHeader, s.Advertise)
-	resp, ferr := s.forwardClient().Do(req)
+	resp, ferr := ownerClient.Do(req)
 	if ferr != nil {
 		fail(w, http.StatusServiceUnavailable, fmt.Errorf("owner %s: %w", owner, ferr))
 		return
@@ -173,14 +172,8 @@ func (s *Server) readFailed(w http.ResponseWriter, r *http.Request, err error) {
 	_, _ = io.Copy(w, resp.Body)
 }
 
-func (s *Server) forwardClient() *http.Client {
-	if s.Client != nil {
-		return s.Client
-	}
-	return forwardClient
-}
-
-var forwardClient = &http.Client{Timeout: 2 * time.Second}
+// ownerClient carries reads to their owner.
+var ownerClient = &http.Client{Timeout: 2 * time.Second}
 
 // Forwarded is how many reads this instance sent on to their owner.
 func (s *Server) Forwarded() int64 { return s.forwarded.Load() }

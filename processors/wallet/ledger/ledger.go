@@ -208,7 +208,7 @@ func (l *Ledger) Run(ctx context.Context, opts ...streams.Option) error {
 	if l.partitions, err = streams.PartitionCount(ctx, l.brokers, l.topic(schemas.TopicTokens)); err != nil {
 		return fmt.Errorf("ledger: %w", err)
 	}
-	l.restore = streams.NewRestorer(l.brokers, l.clearPartitions, l.applyRestored, l.topic(schemas.TopicLedger))
+	l.restore = streams.NewRestorer(l.brokers, l.clearPartitions, l.applyRestored, l.ledgerTopic)
 	l.owners = &owners{brokers: l.brokers, group: l.cfg.Namespace + "wallet-ledger", topic: l.topic(schemas.TopicTokens),
 		self: l.cfg.Advertise + "#" + instanceNonce()}
 	defer l.owners.close()
@@ -221,7 +221,7 @@ func (l *Ledger) Run(ctx context.Context, opts ...streams.Option) error {
 	}
 	// The whole store, as a partition rebuild does it for one partition.
 	l.startRebuild()
-	err = streams.ReadToEnd(ctx, l.brokers, l.topic(schemas.TopicLedger), func(r *kgo.Record) error {
+	err = streams.ReadToEnd(ctx, l.brokers, l.ledgerTopic, func(r *kgo.Record) error {
 		n++
 		return l.applyRestored(r)
 	})
@@ -559,12 +559,10 @@ func (l *Ledger) read(ctx context.Context, actID string, flow bool) (View, []Ite
 	// never neither (a commit between reading the balance and asking
 	// "booked?" used to drop a batch's tokens from the view).
 	var toks []*pb.Token
-	redisOK := false
 	if l.cfg.Tokens != nil && !l.cfg.Source.Tree().Degraded(guard.TokenRedis) {
 		var bad int
-		var err error
-		toks, bad, err = l.cfg.Tokens.All(ctx, actID)
-		redisOK = err == nil // otherwise degrade: show what is booked
+		// Redis down: no tokens, and the view degrades to what is booked.
+		toks, bad, _ = l.cfg.Tokens.All(ctx, actID)
 		v.Forged += bad
 	}
 	var items []Item
@@ -605,9 +603,6 @@ func (l *Ledger) read(ctx context.Context, actID string, flow bool) (View, []Ite
 	}()
 	if err != nil {
 		return v, nil, err
-	}
-	if !redisOK {
-		return v, items, nil
 	}
 	for _, tok := range unbooked {
 		if l.seen.Verify(l.cfg.Keys, tok) != nil || tok.ActId != actID {
