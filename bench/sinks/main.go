@@ -15,6 +15,7 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -32,6 +33,7 @@ import (
 func main() {
 	rows := flag.Int("rows", 2_000_000, "rows through the grants sink")
 	batch := flag.Int("batch", 100_000, "rows per INSERT (the sink's batch)")
+	tasks := flag.String("tasks", "1,2", "tasks per sink to measure, comma-separated: each task builds and inserts its own batches, at once (sink.tasks)")
 	runs := flag.Int("runs", 3, "runs per sink; the median and the range are reported (background merges of earlier runs make them vary)")
 	grants := flag.Int("grants", 10_000_000, "grants in the reconciled hour")
 	cpuprofile := flag.String("cpuprofile", "", "CPU profile of the sink part")
@@ -39,7 +41,9 @@ func main() {
 	dir, err := os.MkdirTemp("", "bench-sinks-")
 	must(err)
 	defer os.RemoveAll(dir)
-	st, err := clickhouse.OpenChDB(dir)
+	taskCounts, err := parseCounts(*tasks)
+	must(err)
+	st, err := clickhouse.OpenChDB(dir, clickhouse.ChDBConnections(slices.Max(taskCounts)))
 	must(err)
 	defer st.Close()
 	ctx := context.Background()
@@ -59,43 +63,47 @@ func main() {
 			ParentActivityId: "spring", SceneId: "rain", AwardType: pb.AwardType_CASH, Stage: 1, Amount: int64(1 + i%100), AtMs: now}
 	}
 	for _, c := range []struct {
-		sink *clickhouse.Sink
+		sink func() *clickhouse.Sink
 		note string
 		rec  func(i int) proto.Message
 	}{
-		{clickhouse.Grants(), "folds into wallet_orders", func(i int) proto.Message { return grant(i) }},
-		{clickhouse.Ledger(), "folds into wallet_orders", func(i int) proto.Message {
+		{clickhouse.Grants, "folds into wallet_orders", func(i int) proto.Message { return grant(i) }},
+		{clickhouse.Ledger, "folds into wallet_orders", func(i int) proto.Message {
 			g := grant(i)
 			return &pb.LedgerEntry{OrderNo: g.OrderNo, ActId: g.ActId, Amount: g.Amount, Kind: pb.LedgerKind_GRANT, BookedAtMs: now + 5000,
 				ActivityId: g.ActivityId, SceneId: g.SceneId, BalanceAfter: int64(i), GrantedAtMs: now}
 		}},
-		{clickhouse.UinUsage(), "no view", func(i int) proto.Message {
+		{clickhouse.UinUsage, "no view", func(i int) proto.Message {
 			return &pb.UsageEvent{Uin: uint64(10000 + i), Kind: "login", Source: "auth", AtMs: now}
 		}},
-		{clickhouse.RecycleSteps(), "no view", func(i int) proto.Message {
+		{clickhouse.RecycleSteps, "no view", func(i int) proto.Message {
 			return &pb.RecycleStep{Uin: uint64(10000 + i), TicketId: fmt.Sprintf("t-%d", i), Step: pb.RecycleStepKind(1 + i%5), Category: "inactive", AtMs: now}
 		}},
 	} {
+		name := c.sink().Name
 		recs := make([]*kgo.Record, *batch)
 		for i := range recs {
-			recs[i], err = streams.NewRecord(c.sink.Topic, []byte("k"), c.rec(i))
+			recs[i], err = streams.NewRecord(c.sink().Topic, []byte("k"), c.rec(i))
 			must(err)
 		}
-		h := c.sink.Bind(st).Handle()
-		var rates []float64
-		for range *runs {
-			start := time.Now()
-			for done := 0; done < *rows; done += *batch {
-				for _, r := range recs {
-					must(h(ctx, r, nil))
+		for _, n := range taskCounts {
+			var rates []float64
+			for range *runs {
+				start := time.Now()
+				errs := make(chan error, n)
+				for t := range n {
+					s := c.sink().Bind(st)
+					go func() { errs <- sinkRows(ctx, s, recs, (*rows/(*batch))*(t+1)/n-(*rows/(*batch))*t/n) }()
 				}
-				must(c.sink.FlushForBench(ctx))
+				for range n {
+					must(<-errs)
+				}
+				rates = append(rates, float64(*rows)/time.Since(start).Seconds())
 			}
-			rates = append(rates, float64(*rows)/time.Since(start).Seconds())
+			slices.Sort(rates)
+			fmt.Printf("%s, %d task(s): %.0f rows/s median of %d runs of %d rows (%.0f-%.0f; batches of %d: decode, RowBinary, INSERT; %s)\n",
+				name, n, rates[len(rates)/2], *runs, *rows, rates[0], rates[len(rates)-1], *batch, c.note)
 		}
-		slices.Sort(rates)
-		fmt.Printf("%s: %.0f rows/s median of %d runs of %d rows (%.0f-%.0f; batches of %d: decode, RowBinary, INSERT; %s)\n",
-			c.sink.Name, rates[len(rates)/2], *runs, *rows, rates[0], rates[len(rates)-1], *batch, c.note)
 	}
 	if *cpuprofile != "" {
 		pprof.StopCPUProfile()
@@ -157,6 +165,35 @@ func main() {
 	must(st.Exec(ctx, "OPTIMIZE TABLE wallet_orders FINAL"))
 	fmt.Printf("folding wallet_orders (background merges, spread over the hour as rows arrive): %v, now %s\n", time.Since(start).Round(time.Millisecond), parts())
 	hourly("once folded")
+}
+
+// sinkRows runs batches batches of recs through the sink, as one task's
+// commits would: every record through the handler, then one insert.
+func sinkRows(ctx context.Context, s *clickhouse.Sink, recs []*kgo.Record, batches int) error {
+	h := s.Handle()
+	for range batches {
+		for _, r := range recs {
+			if err := h(ctx, r, nil); err != nil {
+				return err
+			}
+		}
+		if err := s.FlushForBench(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func parseCounts(list string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(list, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("-tasks: %q is not a positive count", f)
+		}
+		out = append(out, n)
+	}
+	return out, nil
 }
 
 func must(err error) {

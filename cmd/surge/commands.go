@@ -60,13 +60,13 @@ func cmdRun(ctx context.Context, args []string) error {
 	defer closeMirror()
 	var st clickhouse.Store
 	if strings.HasPrefix(name, "sink-") {
-		if st, err = openStore(ctx, v.GetString("clickhouse.dsn"), v.GetString("clickhouse.chdb_dir"), log); err != nil {
+		if st, err = openStore(ctx, v, log); err != nil {
 			return err
 		}
 		defer st.Close()
 		opts = append(opts, streams.MaxBatch(v.GetInt("sink.max_batch")))
 	}
-	p, err := startPipeline(ctx, log, bs, st, mirror, []string{name}, map[string][]streams.Option{name: opts})
+	p, err := startPipeline(ctx, log, bs, st, mirror, []string{name}, v.GetInt("sink.tasks"), map[string][]streams.Option{name: opts})
 	if err != nil {
 		return err
 	}

@@ -39,7 +39,7 @@ func cmdEmbedded(ctx context.Context, args []string) error {
 	if err := streams.EnsureTopics(ctx, cl, int16(v.GetInt("kafka.replication")), schemas.Topics...); err != nil {
 		return err
 	}
-	store, err := openStore(ctx, v.GetString("clickhouse.dsn"), v.GetString("clickhouse.chdb_dir"), log)
+	store, err := openStore(ctx, v, log)
 	if err != nil {
 		return err
 	}
@@ -71,7 +71,7 @@ func cmdEmbedded(ctx context.Context, args []string) error {
 	}
 	runCtx, stopPipeline := context.WithCancel(ctx)
 	defer stopPipeline()
-	p, err := startPipeline(runCtx, log, bs, store, mirror, nil, opts)
+	p, err := startPipeline(runCtx, log, bs, store, mirror, nil, v.GetInt("sink.tasks"), opts)
 	if err != nil {
 		return err
 	}

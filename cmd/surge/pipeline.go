@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/spf13/viper"
 
 	"surge/processors/presence"
 	"surge/schemas"
@@ -37,7 +38,8 @@ var defaultComponents = []string{"presence", "sink-dead-letters", "sink-presence
 
 // start runs the named components (all when names is empty) until ctx ends.
 // store may be nil when no sink is named.
-func startPipeline(ctx context.Context, log *slog.Logger, brokers []string, store clickhouse.Store, mirror *presence.RedisMirror, names []string, opts map[string][]streams.Option) (*pipeline, error) {
+// Each sink runs sinkTasks tasks.
+func startPipeline(ctx context.Context, log *slog.Logger, brokers []string, store clickhouse.Store, mirror *presence.RedisMirror, names []string, sinkTasks int, opts map[string][]streams.Option) (*pipeline, error) {
 	if len(names) == 0 {
 		names = defaultComponents
 	}
@@ -66,7 +68,7 @@ func startPipeline(ctx context.Context, log *slog.Logger, brokers []string, stor
 				return nil, fmt.Errorf("%s needs ClickHouse", name)
 			}
 			s.Bind(store)
-			run = func(ctx context.Context) error { return s.Run(ctx, brokers, o...) }
+			run = func(ctx context.Context) error { return s.RunTasks(ctx, brokers, sinkTasks, o...) }
 		}
 		p.wg.Add(1)
 		go func() {
@@ -103,7 +105,9 @@ func openMirror(ctx context.Context, addr, prefix string, log *slog.Logger) (*pr
 	return presence.NewRedisMirror(rdb, prefix, nil, log), func() { _ = rdb.Close() }, nil
 }
 
-func openStore(ctx context.Context, dsn, chdbDir string, log *slog.Logger) (clickhouse.Store, error) {
+// openStore connects the ClickHouse server at clickhouse.dsn, or opens chDB.
+func openStore(ctx context.Context, v *viper.Viper, log *slog.Logger) (clickhouse.Store, error) {
+	dsn, chdbDir := v.GetString("clickhouse.dsn"), v.GetString("clickhouse.chdb_dir")
 	var (
 		st  clickhouse.Store
 		err error
@@ -111,7 +115,11 @@ func openStore(ctx context.Context, dsn, chdbDir string, log *slog.Logger) (clic
 	if dsn != "" {
 		st, err = clickhouse.OpenServer(ctx, dsn)
 	} else {
-		st, err = clickhouse.OpenChDB(chdbDir)
+		var opts []clickhouse.ChDBOption
+		if n := v.GetInt("clickhouse.chdb_connections"); n > 0 {
+			opts = append(opts, clickhouse.ChDBConnections(n))
+		}
+		st, err = clickhouse.OpenChDB(chdbDir, opts...)
 	}
 	if err != nil {
 		return nil, err

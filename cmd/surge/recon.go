@@ -31,7 +31,7 @@ func cmdRecon(ctx context.Context, args []string) error {
 		return fmt.Errorf("recon takes one of: report, run, serve")
 	}
 	log := newLogger(v)
-	st, err := openStore(ctx, v.GetString("clickhouse.dsn"), v.GetString("clickhouse.chdb_dir"), log)
+	st, err := openStore(ctx, v, log)
 	if err != nil {
 		return err
 	}

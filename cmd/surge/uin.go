@@ -146,7 +146,7 @@ func uinClassify(ctx context.Context, v *viper.Viper, log *slog.Logger) error {
 		return err
 	}
 	defer cl.Close()
-	st, err := openStore(ctx, v.GetString("clickhouse.dsn"), v.GetString("clickhouse.chdb_dir"), log)
+	st, err := openStore(ctx, v, log)
 	if err != nil {
 		return err
 	}
@@ -291,7 +291,7 @@ func uinDemo(ctx context.Context, v *viper.Viper, log *slog.Logger) error {
 	defer stop()
 	rdb := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 32})
 	defer rdb.Close()
-	st, err := openStore(ctx, v.GetString("clickhouse.dsn"), v.GetString("clickhouse.chdb_dir"), log)
+	st, err := openStore(ctx, v, log)
 	if err != nil {
 		return err
 	}

@@ -7,48 +7,85 @@ import (
 	"encoding/csv"
 	"fmt"
 	"os"
+	"runtime"
 	"strings"
-	"sync"
 
-	"github.com/chdb-io/chdb-go/chdb"
+	chdbpurego "github.com/chdb-io/chdb-go/chdb-purego"
 )
 
 // ChDB is the embedded driver: the ClickHouse engine loaded from libchdb.so
-// (scripts/chdb.sh installs it; CHDB_LIB_PATH points at it). chDB allows one
-// session per process, so calls are serialised.
+// (scripts/chdb.sh installs it; CHDB_LIB_PATH points at it).
+//
+// It holds a small pool of connections to one data directory. A
+// connection runs one query at a time, and one insert keeps chDB's
+// insert pipeline on about one core, so sinks inserting at once (several
+// sinks in one process, or several tasks of one sink) each take their own
+// connection and run in parallel (bench/sinks-notes.md).
 type ChDB struct {
-	mu    sync.Mutex
-	s     *chdb.Session
-	spool string // where inserts stage their RowBinary file
+	conns   chan chdbpurego.ChdbConn
+	all     []chdbpurego.ChdbConn
+	dir     string
+	tempDir bool   // dir was created by OpenChDB and goes with Close
+	spool   string // where inserts stage their RowBinary file
 }
 
-// OpenChDB opens (or creates) a chDB database in dir; "" is a temporary one.
-func OpenChDB(dir string) (*ChDB, error) {
-	var (
-		s   *chdb.Session
-		err error
-	)
+// ChDBOption configures OpenChDB.
+type ChDBOption func(*ChDB, *int)
+
+// ChDBConnections sets how many queries may run at once (default: the
+// number of CPUs, at most 8).
+func ChDBConnections(n int) ChDBOption {
+	return func(_ *ChDB, conns *int) { *conns = max(n, 1) }
+}
+
+// OpenChDB opens (or creates) a chDB database in dir; "" is a temporary one,
+// removed by Close. chDB serves one data directory per process.
+func OpenChDB(dir string, opts ...ChDBOption) (*ChDB, error) {
+	c := &ChDB{dir: dir, spool: os.TempDir()}
+	n := min(runtime.GOMAXPROCS(0), 8)
+	for _, o := range opts {
+		o(c, &n)
+	}
 	if dir == "" {
-		s, err = chdb.NewSession()
-	} else {
-		s, err = chdb.NewSession(dir)
+		d, err := os.MkdirTemp("", "chdb_")
+		if err != nil {
+			return nil, fmt.Errorf("chdb: %w", err)
+		}
+		c.dir, c.tempDir = d, true
 	}
-	if err != nil {
-		return nil, fmt.Errorf("chdb: %w", err)
-	}
-	spool := os.TempDir()
 	if st, err := os.Stat("/dev/shm"); err == nil && st.IsDir() {
-		spool = "/dev/shm" // memory: the file lives only for one insert
+		c.spool = "/dev/shm" // memory: the file lives only for one insert
 	}
-	return &ChDB{s: s, spool: spool}, nil
+	c.conns = make(chan chdbpurego.ChdbConn, n)
+	for range n {
+		conn, err := chdbpurego.NewConnectionFromConnString(c.dir)
+		if err != nil {
+			_ = c.Close()
+			return nil, fmt.Errorf("chdb: %w", err)
+		}
+		c.all = append(c.all, conn)
+		c.conns <- conn
+	}
+	return c, nil
 }
 
-func (c *ChDB) query(sql, format string) (string, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	res, err := c.s.Query(sql, format)
+// Connections is the size of the pool: how many queries run at once.
+func (c *ChDB) Connections() int { return len(c.all) }
+
+func (c *ChDB) query(ctx context.Context, sql, format string) (string, error) {
+	var conn chdbpurego.ChdbConn
+	select {
+	case conn = <-c.conns:
+	case <-ctx.Done():
+		return "", ctx.Err()
+	}
+	defer func() { c.conns <- conn }()
+	res, err := conn.Query(sql, format)
 	if err != nil {
 		return "", err
+	}
+	if res == nil {
+		return "", nil
 	}
 	defer res.Free()
 	if err := res.Error(); err != nil {
@@ -58,14 +95,14 @@ func (c *ChDB) query(sql, format string) (string, error) {
 }
 
 // Exec implements Store.
-func (c *ChDB) Exec(_ context.Context, sql string) error {
-	_, err := c.query(sql, "CSV")
+func (c *ChDB) Exec(ctx context.Context, sql string) error {
+	_, err := c.query(ctx, sql, "CSV")
 	return err
 }
 
 // Insert implements Store: chDB has no way to pass data beside a query
 // string, so the rows go through a file it reads with FROM INFILE.
-func (c *ChDB) Insert(_ context.Context, table string, cols []Column, w *RowWriter) error {
+func (c *ChDB) Insert(ctx context.Context, table string, cols []Column, w *RowWriter) error {
 	if w.Rows() == 0 {
 		return nil
 	}
@@ -81,14 +118,14 @@ func (c *ChDB) Insert(_ context.Context, table string, cols []Column, w *RowWrit
 	if err != nil {
 		return fmt.Errorf("chdb: insert spool: %w", err)
 	}
-	_, err = c.query(fmt.Sprintf("INSERT INTO %s (%s) FROM INFILE %s SETTINGS %s FORMAT RowBinary",
+	_, err = c.query(ctx, fmt.Sprintf("INSERT INTO %s (%s) FROM INFILE %s SETTINGS %s FORMAT RowBinary",
 		table, names(cols), Quote(f.Name()), settingsClause(insertSettings)), "CSV")
 	return err
 }
 
 // QueryStrings implements Store.
-func (c *ChDB) QueryStrings(_ context.Context, sql string) ([][]string, error) {
-	out, err := c.query(sql, "CSV")
+func (c *ChDB) QueryStrings(ctx context.Context, sql string) ([][]string, error) {
+	out, err := c.query(ctx, sql, "CSV")
 	if err != nil {
 		return nil, err
 	}
@@ -97,10 +134,19 @@ func (c *ChDB) QueryStrings(_ context.Context, sql string) ([][]string, error) {
 	return r.ReadAll()
 }
 
-// Close implements Store. chDB keeps one session per process; Close ends it.
+// Close implements Store: it waits for queries in flight, closes every
+// connection (the last one stops the engine) and removes a temporary
+// directory.
 func (c *ChDB) Close() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.s.Close()
+	for range c.all {
+		<-c.conns
+	}
+	for _, conn := range c.all {
+		conn.Close()
+	}
+	c.all = nil
+	if c.tempDir {
+		return os.RemoveAll(c.dir)
+	}
 	return nil
 }

@@ -12,7 +12,7 @@ import (
 type ChDB struct{}
 
 // OpenChDB always fails in a nochdb build.
-func OpenChDB(string) (*ChDB, error) {
+func OpenChDB(string, ...ChDBOption) (*ChDB, error) {
 	return nil, errors.New("built with -tags nochdb: set clickhouse.dsn to a ClickHouse server")
 }
 
@@ -24,3 +24,9 @@ func (*ChDB) Insert(context.Context, string, []Column, *RowWriter) error {
 	return errors.ErrUnsupported
 }
 func (*ChDB) Close() error { return nil }
+
+// ChDBOption configures OpenChDB.
+type ChDBOption func(*ChDB, *int)
+
+// ChDBConnections is accepted and ignored in a nochdb build.
+func ChDBConnections(int) ChDBOption { return func(*ChDB, *int) {} }

@@ -87,9 +87,43 @@ func (s *Sink) Options() []streams.Option {
 
 // Run consumes the sink's topic into its table until ctx ends.
 func (s *Sink) Run(ctx context.Context, brokers []string, opts ...streams.Option) error {
+	return s.RunTasks(ctx, brokers, 1, opts...)
+}
+
+// RunTasks consumes the sink's topic with n tasks, as Kafka Connect's
+// tasks.max does: n members of the sink's group in this process, each with
+// its own share of the partitions and its own row buffer. A store that runs
+// inserts at once (ChDB's connection pool, a server) then inserts n batches
+// in parallel; one insert alone leaves a core idle. The first task to fail
+// stops the others.
+func (s *Sink) RunTasks(ctx context.Context, brokers []string, n int, opts ...streams.Option) error {
 	if s.store == nil {
 		return fmt.Errorf("sink %s: no store bound", s.Name)
 	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errs := make(chan error, max(n, 1))
+	for range max(n, 1) {
+		task := *s
+		task.rows = nil
+		go func() {
+			err := task.run(ctx, brokers, opts)
+			if err != nil {
+				cancel()
+			}
+			errs <- err
+		}()
+	}
+	var first error
+	for range max(n, 1) {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+func (s *Sink) run(ctx context.Context, brokers []string, opts []streams.Option) error {
 	opts = append(append([]streams.Option{streams.Brokers(brokers...)}, s.Options()...), opts...)
 	r, err := streams.New(s.Name, s.Handle(), opts...)
 	if err != nil {

@@ -29,7 +29,7 @@ func TestMain(m *testing.M) {
 	if err != nil {
 		panic(err)
 	}
-	store, err = clickhouse.OpenChDB(dir)
+	store, err = clickhouse.OpenChDB(dir, clickhouse.ChDBConnections(3))
 	if err != nil {
 		panic(err)
 	}
@@ -75,7 +75,8 @@ func (f *flaky) Insert(ctx context.Context, table string, cols []clickhouse.Colu
 }
 
 // Every presence change lands in the table exactly once, although the
-// first writes fail and the whole topic is delivered a second time.
+// first writes fail, three tasks insert at once and the whole topic is
+// delivered a second time.
 func TestSinkLosesNoRowAndRedeliveryDoesNotDouble(t *testing.T) {
 	streamstest.Each(t, func(t *testing.T, b streamstest.Backend) {
 		ctx := context.Background()
@@ -96,14 +97,14 @@ func TestSinkLosesNoRowAndRedeliveryDoesNotDouble(t *testing.T) {
 		}
 		streamstest.ProduceSync(t, cl, recs...)
 
-		run := func(group string, st clickhouse.Store) {
+		run := func(group string, st clickhouse.Store, tasks int) {
 			s := clickhouse.Presence().Bind(st)
 			s.Topic = topic
 			var in atomic.Int64
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan error)
 			go func() {
-				done <- s.Run(ctx, b.Brokers, streams.Group(group), streams.Metrics(metrics.NewRegistry()),
+				done <- s.RunTasks(ctx, b.Brokers, tasks, streams.Group(group), streams.Metrics(metrics.NewRegistry()),
 					streams.Backoff(5*time.Millisecond, 20*time.Millisecond), streams.MaxBatch(1000),
 					streams.Logger(slog.New(slog.NewTextHandler(io.Discard, nil))),
 					streams.OnCommit(func(i, _ int) { in.Add(int64(i)) }))
@@ -120,8 +121,8 @@ func TestSinkLosesNoRowAndRedeliveryDoesNotDouble(t *testing.T) {
 		}
 		f := &flaky{Store: store}
 		f.fails.Store(3)
-		run(streamstest.Unique("g1"), f)
-		run(streamstest.Unique("g2"), store) // a second group: every row delivered again
+		run(streamstest.Unique("g1"), f, 3)     // three tasks, inserting at once
+		run(streamstest.Unique("g2"), store, 1) // a second group: every row delivered again
 
 		rows, err := store.QueryStrings(ctx, "SELECT count(), uniqExact(uin), sum(online) FROM presence_changes FINAL")
 		if err != nil {
@@ -204,5 +205,78 @@ func TestDeadLetterRow(t *testing.T) {
 	want := []string{"wallet.grants", "7", "123456789012", "grant", "malformed order number: 'x'", "ab", "3", strconv.FormatInt(at.UnixMilli(), 10)}
 	if len(rows) != 1 || !slices.Equal(rows[0], want) {
 		t.Fatalf("dead_letters: %v, want %v", rows, want)
+	}
+}
+
+// The connections of the pool run queries at once: while one runs a slow
+// query, another sees it in system.processes. Rows inserted from many
+// goroutines at once all land.
+func TestChDBRunsQueriesAtOnce(t *testing.T) {
+	ctx := context.Background()
+	if store.Connections() < 2 {
+		t.Skipf("pool of %d connections", store.Connections())
+	}
+	slow := make(chan error, 1)
+	go func() { slow <- store.Exec(ctx, "SELECT sleep(2) AS surge_slow_probe") }()
+	seen := false
+	for !seen {
+		rows, err := store.QueryStrings(ctx, "SELECT count() FROM system.processes WHERE query LIKE '%sleep(2) AS surge_slow_probe%' AND query NOT LIKE '%system.processes%'")
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen = rows[0][0] != "0"
+		select {
+		case err := <-slow:
+			if !seen {
+				t.Fatalf("the slow query ended (%v) and no other query ran while it did", err)
+			}
+			slow <- err
+		default:
+		}
+	}
+	if err := <-slow; err != nil {
+		t.Fatal(err)
+	}
+
+	if _, err := clickhouse.Migrate(ctx, store); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Exec(ctx, "TRUNCATE TABLE presence_changes"); err != nil {
+		t.Fatal(err)
+	}
+	const writers, inserts, rows = 4, 5, 2000
+	errs := make(chan error, writers)
+	for g := range writers {
+		go func() {
+			cols := clickhouse.Columns("uin UInt32, online UInt8, at_ms Int64")
+			w := clickhouse.NewRowWriter(cols)
+			for i := range inserts {
+				w.Reset()
+				for r := range rows {
+					w.U32(uint32((g*inserts+i)*rows + r))
+					w.Bool(true)
+					w.I64(1)
+					w.EndRow()
+				}
+				if err := store.Insert(ctx, "presence_changes", cols, w); err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range writers {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := store.QueryStrings(ctx, "SELECT count(), uniqExact(uin) FROM presence_changes")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := strconv.Itoa(writers * inserts * rows)
+	if got[0][0] != want || got[0][1] != want {
+		t.Fatalf("count, distinct = %v, want %s", got[0], want)
 	}
 }

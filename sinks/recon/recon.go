@@ -177,25 +177,33 @@ func walletOrders(w Window) string {
   FROM wallet_orders FINAL WHERE %s)`, w.between("minute_ms"))
 }
 
-// walletChecks runs granted_vs_booked and tokens_vs_ledger in one pass:
-// per user, rolled up per activity and scene; the users who disagree ride
-// along (at most 100 per scene).
+// walletChecks runs granted_vs_booked and tokens_vs_ledger in one pass
+// over the window, rolled up per activity and scene. A user's granted and
+// booked sums can only differ if one of the user's orders does (its
+// bookings did not pay what it granted), so the pass counts those orders
+// ("off") instead of grouping millions of users; only when some exist does
+// usersOff name the users who disagree (at most 100 per scene).
 func (r *Reconciler) walletChecks(ctx context.Context, w Window) ([]*pb.ReconResult, error) {
 	rows, err := r.Store.QueryStrings(ctx, fmt.Sprintf(`
-SELECT activity_id, scene_id, sum(grants), sum(granted), sum(booked), sum(lost), sum(doubled),
-       sum(tokens), sum(token_amount), sum(token_booked), sum(unbooked), sum(orphans),
-       arrayStringConcat(arraySlice(groupArrayIf(concat(act_id, ':', toString(granted), ':', toString(booked)), granted != booked), 1, 100), ' ')
-FROM (
-  SELECT activity_id, scene_id, act_id,
-         countIf(has_grant = 1) AS grants, sum(order_granted) AS granted, sum(order_booked) AS booked,
-         countIf(has_grant = 1 AND nb = 0) AS lost, countIf(nb > 1) AS doubled,
-         countIf(has_token = 1) AS tokens, sum(order_token) AS token_amount, sumIf(order_booked, has_token = 1) AS token_booked,
-         countIf(has_token = 1 AND nb = 0) AS unbooked, countIf(nb > 0 AND has_token = 0) AS orphans
-  FROM %s
-  GROUP BY activity_id, scene_id, act_id)
+SELECT activity_id, scene_id,
+       countIf(has_grant = 1), sum(order_granted), sum(order_booked),
+       countIf(has_grant = 1 AND nb = 0), countIf(nb > 1),
+       countIf(has_token = 1), sum(order_token), sumIf(order_booked, has_token = 1),
+       countIf(has_token = 1 AND nb = 0), countIf(nb > 0 AND has_token = 0),
+       countIf(order_booked != order_granted)
+FROM %s
 GROUP BY activity_id, scene_id ORDER BY activity_id, scene_id`, walletOrders(w)))
 	if err != nil {
 		return nil, fmt.Errorf("recon %s, %s: %w", GrantedVsBooked, TokensVsLedger, err)
+	}
+	var users map[[2]string]string
+	for _, row := range rows {
+		if atoi(row[12]) > 0 {
+			if users, err = r.usersOff(ctx, w); err != nil {
+				return nil, err
+			}
+			break
+		}
 	}
 	var granted, tokens []*pb.ReconResult
 	for _, row := range rows {
@@ -205,7 +213,7 @@ GROUP BY activity_id, scene_id ORDER BY activity_id, scene_id`, walletOrders(w))
 			granted = append(granted, &pb.ReconResult{Check: GrantedVsBooked, Expected: g, Actual: booked,
 				Scope:    fmt.Sprintf("%s grants=%s lost=%d doubled=%d", scope, row[2], lost, doubled),
 				Mismatch: g != booked || lost > 0 || doubled > 0})
-			for _, u := range strings.Fields(row[12]) {
+			for _, u := range strings.Fields(users[[2]string{row[0], row[1]}]) {
 				f := strings.Split(u, ":")
 				if len(f) == 3 {
 					granted = append(granted, &pb.ReconResult{Check: GrantedVsBooked, Scope: "user=" + f[0], Expected: atoi(f[1]), Actual: atoi(f[2]), Mismatch: true})
@@ -224,6 +232,30 @@ GROUP BY activity_id, scene_id ORDER BY activity_id, scene_id`, walletOrders(w))
 		}
 	}
 	return append(granted, tokens...), nil
+}
+
+// usersOff lists, per activity and scene, the users whose granted and
+// booked sums differ in w, as "user:granted:booked" (at most 100 each). It
+// groups only the users with an order that did not book what it granted.
+func (r *Reconciler) usersOff(ctx context.Context, w Window) (map[[2]string]string, error) {
+	orders := walletOrders(w)
+	rows, err := r.Store.QueryStrings(ctx, fmt.Sprintf(`
+SELECT activity_id, scene_id,
+       arrayStringConcat(arraySlice(groupArrayIf(concat(act_id, ':', toString(granted), ':', toString(booked)), granted != booked), 1, 100), ' ')
+FROM (
+  SELECT activity_id, scene_id, act_id, sum(order_granted) AS granted, sum(order_booked) AS booked
+  FROM %s
+  WHERE act_id IN (SELECT act_id FROM %s WHERE order_booked != order_granted)
+  GROUP BY activity_id, scene_id, act_id)
+GROUP BY activity_id, scene_id`, orders, orders))
+	if err != nil {
+		return nil, fmt.Errorf("recon %s, users: %w", GrantedVsBooked, err)
+	}
+	out := make(map[[2]string]string, len(rows))
+	for _, row := range rows {
+		out[[2]string{row[0], row[1]}] = row[2]
+	}
+	return out, nil
 }
 
 func (r *Reconciler) targetsVsDeliveries(ctx context.Context, w Window) ([]*pb.ReconResult, error) {

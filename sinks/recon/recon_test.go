@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -43,7 +44,8 @@ func exec(t *testing.T, sql string) {
 // each fault is found with its scope.
 func TestFindsLostDoubleAndUndelivered(t *testing.T) {
 	base := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
-	for _, h := range []time.Time{base, base.Add(time.Hour)} {
+	offsetting := base.Add(2 * time.Hour)
+	for _, h := range []time.Time{base, base.Add(time.Hour), offsetting} {
 		at := h.UnixMilli() + 1000
 		var grants, tokens, ledger []string
 		for i := range 100 {
@@ -58,6 +60,13 @@ func TestFindsLostDoubleAndUndelivered(t *testing.T) {
 			exec(t, "INSERT INTO ledger (order_no, act_id, kind, amount, activity_id, scene_id, balance_after, booked_at_ms, granted_at_ms) VALUES "+strings.Join(ledger, ","))
 			// The sink redelivered a batch: identical rows must not count twice.
 			exec(t, "INSERT INTO ledger (order_no, act_id, kind, amount, activity_id, scene_id, balance_after, booked_at_ms, granted_at_ms) VALUES "+strings.Join(ledger[:10], ","))
+		} else if h == offsetting {
+			// Two bookings that paid the wrong amounts, 5 too much to u2
+			// and 5 too little to u3: the scene's sums agree, the users'
+			// do not.
+			ledger[2] = strings.Replace(ledger[2], "'GRANT', 12,", "'GRANT', 17,", 1)
+			ledger[3] = strings.Replace(ledger[3], "'GRANT', 13,", "'GRANT', 8,", 1)
+			exec(t, "INSERT INTO ledger (order_no, act_id, kind, amount, activity_id, scene_id, balance_after, booked_at_ms, granted_at_ms) VALUES "+strings.Join(ledger, ","))
 		} else {
 			// Lost booking: the first order of the hour never booked.
 			// Double booking: the second booked again a second later.
@@ -72,7 +81,7 @@ func TestFindsLostDoubleAndUndelivered(t *testing.T) {
 			('%s', 'FILTERING', 'QUEUED', '', '', 0, 50, %d), ('%s', 'SENDING', 'COMPLETED', '', '', 1, 50, %d)`, job, at, job, at+100))
 		var del []string
 		n := 50
-		if h != base {
+		if h == base.Add(time.Hour) {
 			n = 49 // one target never delivered nor queued
 		}
 		for u := range n {
@@ -125,9 +134,23 @@ func TestFindsLostDoubleAndUndelivered(t *testing.T) {
 	if bad != len(found) || bad < 7 {
 		t.Fatalf("%d mismatches", bad)
 	}
+	res, badOffsetting, err := r.Run(ctx, recon.Hour(offsetting, recon.AttemptH1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	found = found[:0]
+	for _, x := range res {
+		if x.Mismatch {
+			found = append(found, fmt.Sprintf("%s: %s %d/%d", x.Check, x.Scope, x.Expected, x.Actual))
+		}
+	}
+	if want := []string{"granted_vs_booked: user=u2 %d/%d", "granted_vs_booked: user=u3 %d/%d"}; len(found) != 2 ||
+		!slices.Contains(found, fmt.Sprintf(want[0], 570, 575)) || !slices.Contains(found, fmt.Sprintf(want[1], 580, 575)) {
+		t.Fatalf("offsetting bookings: mismatches %q, want users u2 (570 granted, 575 booked) and u3 (580, 575)", found)
+	}
 	// Results are in the table, for the report.
 	rows, err := store.QueryStrings(ctx, "SELECT count(), sum(mismatch) FROM recon_results FINAL")
-	if err != nil || rows[0][1] != fmt.Sprint(bad) {
+	if err != nil || rows[0][1] != fmt.Sprint(bad+badOffsetting) {
 		t.Fatalf("recon_results: %v %v", rows, err)
 	}
 }
