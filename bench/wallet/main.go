@@ -165,6 +165,12 @@ func main() {
 	// that the ledger has not booked (written to Redis only, as when
 	// booking is far behind the grant peak).
 	backlogUsers := *backlog / 10 // ten unbooked tokens per user
+	if *reads < 1 || backlogUsers < 1 {
+		fmt.Println("balance reads: skipped (-reads below 1 or -backlog below 10)")
+		stop()
+		<-done
+		return
+	}
 	// Signed as intake signs: batches of token.BatchSize, each token of
 	// another user.
 	pipe := rdb.Pipeline()

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/protobuf/proto"
@@ -12,6 +13,7 @@ import (
 	"surge/schemas"
 	"surge/schemas/surgev1"
 	"surge/streams"
+	"surge/streams/metrics"
 )
 
 // Sink batches a topic's records into one table. Rows are inserted before
@@ -32,9 +34,34 @@ type Sink struct {
 	// then FieldRows).
 	Message proto.Message
 	Fields  []string
+	// Registry receives the sink's insert metrics (default metrics.Default).
+	Registry *metrics.Registry
 
 	store Store
 	rows  *RowWriter
+	m     *sinkMetrics
+}
+
+// sinkMetrics tell an operator how fast each sink inserts and how much of
+// its time the inserts take (rate of seconds over rate of rows).
+type sinkMetrics struct {
+	rows, inserts, failed, seconds metrics.Counter
+}
+
+func (s *Sink) metrics() *sinkMetrics {
+	if s.m == nil {
+		reg := s.Registry
+		if reg == nil {
+			reg = metrics.Default
+		}
+		s.m = &sinkMetrics{
+			rows:    reg.NewCounterVec("surge_sink_rows_total", "rows inserted into ClickHouse", "sink").With(s.Name),
+			inserts: reg.NewCounterVec("surge_sink_inserts_total", "inserts by outcome", "sink", "outcome").With(s.Name, "ok"),
+			failed:  reg.NewCounterVec("surge_sink_inserts_total", "inserts by outcome", "sink", "outcome").With(s.Name, "failed"),
+			seconds: reg.NewCounterVec("surge_sink_insert_seconds_total", "time spent in inserts, failed ones included", "sink").With(s.Name),
+		}
+	}
+	return s.m
 }
 
 // fieldSink is a sink whose rows are the fields of msg: columns names the
@@ -72,7 +99,20 @@ func (s *Sink) Handle() streams.Handler {
 
 // flush inserts the batch's rows in one insert, before the commit.
 func (s *Sink) flush(ctx context.Context) error {
-	return s.store.Insert(ctx, s.Table, s.Columns, s.writer())
+	w, m := s.writer(), s.metrics()
+	if w.Rows() == 0 {
+		return nil
+	}
+	start := time.Now()
+	err := s.store.Insert(ctx, s.Table, s.Columns, w)
+	m.seconds.Add(time.Since(start).Seconds())
+	if err != nil {
+		m.failed.Inc()
+		return err
+	}
+	m.inserts.Inc()
+	m.rows.Add(float64(w.Rows()))
+	return nil
 }
 
 // Options are the runtime options a sink needs.
@@ -105,7 +145,7 @@ func (s *Sink) RunTasks(ctx context.Context, brokers []string, n int, opts ...st
 	errs := make(chan error, max(n, 1))
 	for range max(n, 1) {
 		task := *s
-		task.rows = nil
+		task.rows, task.m = nil, nil
 		go func() {
 			err := task.run(ctx, brokers, opts)
 			if err != nil {

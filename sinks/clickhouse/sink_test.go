@@ -8,6 +8,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -97,9 +98,11 @@ func TestSinkLosesNoRowAndRedeliveryDoesNotDouble(t *testing.T) {
 		}
 		streamstest.ProduceSync(t, cl, recs...)
 
+		reg := metrics.NewRegistry()
 		run := func(group string, st clickhouse.Store, tasks int) {
 			s := clickhouse.Presence().Bind(st)
 			s.Topic = topic
+			s.Registry = reg
 			var in atomic.Int64
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan error)
@@ -132,6 +135,18 @@ func TestSinkLosesNoRowAndRedeliveryDoesNotDouble(t *testing.T) {
 		for i := range want {
 			if rows[0][i] != want[i] {
 				t.Fatalf("table has count, distinct, online = %v, want %v", rows[0], want)
+			}
+		}
+		// Each group inserted every row once; the three failed inserts
+		// are counted apart.
+		var text strings.Builder
+		_ = reg.WriteText(&text)
+		for _, want := range []string{
+			`surge_sink_rows_total{sink="sink-presence"} 10000`,
+			`surge_sink_inserts_total{sink="sink-presence",outcome="failed"} 3`,
+		} {
+			if !strings.Contains(text.String(), want) {
+				t.Errorf("metrics lack %s:\n%s", want, text.String())
 			}
 		}
 		raw, _ := store.QueryStrings(ctx, "SELECT count() FROM presence_changes")
