@@ -39,17 +39,23 @@ type Report struct {
 	Totals Totals       `json:"totals"`
 }
 
-// Totals over the whole tables.
+// Totals over the reconciled hours of the report, as their latest runs
+// counted them: read from recon_results, so a report costs the same on a
+// billion delivery rows as on a thousand.
 type Totals struct {
+	Grants       int64 `json:"cash_grants"`
 	GrantedCash  int64 `json:"granted_cash"`
 	Booked       int64 `json:"booked"`
-	Grants       int64 `json:"grants"`
-	Bookings     int64 `json:"bookings"`
-	Deliveries   int64 `json:"deliveries"`
+	Lost         int64 `json:"lost_bookings"`
+	Doubled      int64 `json:"double_bookings"`
+	Unbooked     int64 `json:"unbooked_tokens"`
 	JobsComplete int64 `json:"jobs_completed"`
+	Targets      int64 `json:"targets"`
+	Reached      int64 `json:"reached"`
 }
 
-// BuildReport reads recon_results (and the fact tables for totals).
+// BuildReport reads recon_results: the hours since since, the mismatches
+// still open, and the totals of those hours.
 func BuildReport(ctx context.Context, st clickhouse.Store, since time.Time) (*Report, error) {
 	rep := &Report{Since: since}
 	rows, err := st.QueryStrings(ctx, fmt.Sprintf(`
@@ -73,18 +79,23 @@ WHERE mismatch = 1 AND hour_start_ms >= %d ORDER BY hour_start_ms, check_name, s
 		rep.Open = append(rep.Open, Mismatch{Hour: time.UnixMilli(atoi(r[0])).UTC(), Check: r[1], Scope: r[2],
 			Expected: atoi(r[3]), Actual: atoi(r[4]), Attempt: r[5]})
 	}
-	tot, err := st.QueryStrings(ctx, `SELECT
-  (SELECT sumIf(amount, award_type = 'CASH') FROM grants FINAL),
-  (SELECT count() FROM grants FINAL),
-  (SELECT sumIf(amount, kind = 'GRANT') FROM ledger FINAL),
-  (SELECT count() FROM ledger FINAL),
-  (SELECT count() FROM deliveries FINAL),
-  (SELECT uniqExactIf(job_id, to_state = 'COMPLETED') FROM job_states FINAL)`)
+	scene := fmt.Sprintf("check_name = '%s' AND startsWith(scope, 'activity=')", GrantedVsBooked)
+	tokens := fmt.Sprintf("check_name = '%s' AND startsWith(scope, 'activity=')", TokensVsLedger)
+	jobs := fmt.Sprintf("check_name = '%s'", TargetsVsDeliveries)
+	count := func(field, where string) string {
+		return fmt.Sprintf(`sumIf(toInt64OrZero(extract(scope, ' %s=(\\d+)')), %s)`, field, where)
+	}
+	tot, err := st.QueryStrings(ctx, fmt.Sprintf(`
+SELECT %s, sumIf(expected, %s), sumIf(actual, %s), %s, %s, %s, countIf(%s), sumIf(expected, %s), sumIf(actual, %s)
+FROM recon_results FINAL WHERE hour_start_ms >= %d AND attempt != '%s'`,
+		count("grants", scene), scene, scene, count("lost", scene), count("doubled", scene), count("unbooked", tokens),
+		jobs, jobs, jobs, since.UnixMilli(), AttemptRealTime))
 	if err != nil {
 		return nil, err
 	}
 	t := tot[0]
-	rep.Totals = Totals{GrantedCash: atoi(t[0]), Grants: atoi(t[1]), Booked: atoi(t[2]), Bookings: atoi(t[3]), Deliveries: atoi(t[4]), JobsComplete: atoi(t[5])}
+	rep.Totals = Totals{Grants: atoi(t[0]), GrantedCash: atoi(t[1]), Booked: atoi(t[2]), Lost: atoi(t[3]), Doubled: atoi(t[4]),
+		Unbooked: atoi(t[5]), JobsComplete: atoi(t[6]), Targets: atoi(t[7]), Reached: atoi(t[8])}
 	return rep, nil
 }
 
@@ -118,7 +129,7 @@ func (r *Report) WriteText(w io.Writer) error {
 	}
 	tw.Flush()
 	t := r.Totals
-	fmt.Fprintf(w, "\ntotals: %d grants, %d cents granted in cash, %d bookings, %d cents booked; %d delivery rows, %d jobs completed\n",
-		t.Grants, t.GrantedCash, t.Bookings, t.Booked, t.Deliveries, t.JobsComplete)
+	fmt.Fprintf(w, "\ntotals of these hours: %d cash grants, %d cents granted, %d cents booked (%d lost, %d doubled, %d tokens unbooked); %d push jobs completed, %d targets, %d reached\n",
+		t.Grants, t.GrantedCash, t.Booked, t.Lost, t.Doubled, t.Unbooked, t.JobsComplete, t.Targets, t.Reached)
 	return nil
 }
