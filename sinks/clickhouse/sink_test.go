@@ -295,3 +295,22 @@ func TestChDBRunsQueriesAtOnce(t *testing.T) {
 		t.Fatalf("count, distinct = %v, want %s", got[0], want)
 	}
 }
+
+// Tasks that cannot start end RunTasks with their error; it does not wait
+// for a context that nobody cancels.
+func TestRunTasksReturnsWhenTasksFail(t *testing.T) {
+	s := clickhouse.Presence().Bind(store)
+	done := make(chan error, 1)
+	go func() { done <- s.RunTasks(context.Background(), []string{"127.0.0.1:1"}, 3, streams.MaxBatch(0)) }()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "max batch") {
+			t.Fatalf("RunTasks: %v, want the tasks' configuration error", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("RunTasks did not return although every task failed")
+	}
+	if err := clickhouse.Presence().RunTasks(context.Background(), nil, 2); err == nil {
+		t.Fatal("a sink with no store ran")
+	}
+}
