@@ -13,6 +13,9 @@ out=bench/sinks.txt
   echo "# ClickHouse (chDB): sink throughput, hourly reconciliation"
   echo "# made by: scripts/bench-sinks.sh (ROWS=$rows GRANTS=$grants) on $(date -u +%F), $(nproc) cores, $(go version | cut -d' ' -f3)"
   echo
+  echo "\$ go test -run xxx -bench BenchmarkGrantRows ./sinks/clickhouse/   # the Go side of a sink, per row"
+  go test -run xxx -bench BenchmarkGrantRows ./sinks/clickhouse/ | grep -E '^Benchmark'
+  echo
   echo "\$ go run ./bench/sinks -rows $rows -grants $grants -runs 3"
   go run ./bench/sinks -rows "$rows" -grants "$grants" -runs 3 2>&1 | grep -v 'level=DEBUG'
 } | tee "$out"

@@ -226,6 +226,9 @@ func Presence() *Sink {
 	}
 }
 
+// ResetForBench drops the buffered rows, as a batch's end would.
+func (s *Sink) ResetForBench() { s.writer().Reset() }
+
 // FlushForBench inserts and clears the buffered rows, as a batch commit
 // would; benchmarks drive the sink without a broker through it.
 func (s *Sink) FlushForBench(ctx context.Context) error {

@@ -191,3 +191,26 @@ func TestFieldRowsRefusesWhatItCannotRead(t *testing.T) {
 		}()
 	}
 }
+
+// The Go side of a wallet sink, per row: the handler (schema check, the
+// walk into RowBinary) over a batch of grant records; no insert.
+func BenchmarkGrantRows(b *testing.B) {
+	s := clickhouse.Grants()
+	h := s.Handle()
+	recs := make([]*kgo.Record, 1000)
+	for i := range recs {
+		recs[i], _ = streams.NewRecord("wallet.grants", nil, &surgev1.RewardGrant{OrderNo: "u" + strconv.Itoa(i) + "_rain_r" + strconv.Itoa(i) + "_1_1",
+			ActId: "u" + strconv.Itoa(i), ActivityId: "spring-live", ParentActivityId: "spring", SceneId: "rain",
+			AwardType: surgev1.AwardType_CASH, Stage: 1, Amount: int64(1 + i%100), AtMs: 1764770000000})
+	}
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		if i%len(recs) == 0 {
+			s.ResetForBench()
+		}
+		if err := h(b.Context(), recs[i%len(recs)], nil); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "rows/s")
+}
