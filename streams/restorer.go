@@ -301,8 +301,6 @@ func ReadPartitions(ctx context.Context, brokers []string, topics []string, part
 	return readPartitions(ctx, brokers, topics, partitions, nil, fn)
 }
 
-// readPartitions is ReadPartitions with, for the topics in upTo, a lower
-// end per partition.
 // settleWait bounds how long a rebuild waits for transactions open on its
 // partitions to end: the previous owner's last one ends within its
 // transaction timeout (streams.TransactionTimeout, 20 s by default).
@@ -354,6 +352,8 @@ func settledOffsets(ctx context.Context, adm *kadm.Client, topics []string, want
 	}
 }
 
+// readPartitions is ReadPartitions with, for the topics in upTo, a lower
+// end per partition.
 func readPartitions(ctx context.Context, brokers []string, topics []string, partitions []int32, upTo map[string]map[int32]int64, fn func(*kgo.Record) error) error {
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
 	if err != nil {

@@ -8,16 +8,26 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
+// topic is the changelog the Restorer tests rebuild from.
+const topic = "changelog"
+
+// changelogCluster is a kfake broker holding topic in partitions
+// partitions, closed when the test ends.
+func changelogCluster(t *testing.T, partitions int32) *kfake.Cluster {
+	t.Helper()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, topic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
 // A partition assigned again while its rebuild runs stays stale: the
 // rebuild may have read the changelog before the other owner's last
 // writes, so the next Ensure rebuilds it once more.
 func TestRestorerReassignedDuringRebuild(t *testing.T) {
-	const topic = "changelog"
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(2, topic))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := changelogCluster(t, 2)
 	clears := 0
 	var r *Restorer
 	r = NewRestorer(c.ListenAddrs(), func(map[int32]bool) error {
@@ -42,12 +52,7 @@ func TestRestorerReassignedDuringRebuild(t *testing.T) {
 // After Baseline, a partition whose changelog has not grown is not
 // rebuilt when assigned; one that has grown is.
 func TestRestorerSkipsUnchangedSinceBaseline(t *testing.T) {
-	const topic = "changelog"
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(2, topic))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := changelogCluster(t, 2)
 	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
 	if err != nil {
 		t.Fatal(err)
@@ -90,12 +95,7 @@ func TestRestorerSkipsUnchangedSinceBaseline(t *testing.T) {
 // revoked partition is no longer current and is not rebuilt until it is
 // assigned again.
 func TestRestorerEnsureAllAndRevocation(t *testing.T) {
-	const topic = "changelog"
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(3, topic))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := changelogCluster(t, 3)
 	var rebuilt []map[int32]bool
 	r := NewRestorer(c.ListenAddrs(), func(ps map[int32]bool) error {
 		rebuilt = append(rebuilt, ps)

@@ -86,6 +86,7 @@ func main() {
 			recs[i], err = streams.NewRecord(c.sink().Topic, []byte("k"), c.rec(i))
 			must(err)
 		}
+		batches := *rows / *batch
 		for _, n := range taskCounts {
 			var rates []float64
 			for range *runs {
@@ -93,7 +94,8 @@ func main() {
 				errs := make(chan error, n)
 				for t := range n {
 					s := c.sink().Bind(st)
-					go func() { errs <- sinkRows(ctx, s, recs, (*rows/(*batch))*(t+1)/n-(*rows/(*batch))*t/n) }()
+					mine := batches*(t+1)/n - batches*t/n // the task's share of the batches
+					go func() { errs <- sinkRows(ctx, s, recs, mine) }()
 				}
 				for range n {
 					must(<-errs)

@@ -30,22 +30,24 @@ type ChDB struct {
 }
 
 // ChDBOption configures OpenChDB.
-type ChDBOption func(*ChDB, *int)
+type ChDBOption func(*chdbConfig)
+
+type chdbConfig struct{ conns int }
 
 // ChDBConnections sets how many queries may run at once (default: the
 // number of CPUs, at most 8).
 func ChDBConnections(n int) ChDBOption {
-	return func(_ *ChDB, conns *int) { *conns = max(n, 1) }
+	return func(c *chdbConfig) { c.conns = max(n, 1) }
 }
 
 // OpenChDB opens (or creates) a chDB database in dir; "" is a temporary one,
 // removed by Close. chDB serves one data directory per process.
 func OpenChDB(dir string, opts ...ChDBOption) (*ChDB, error) {
-	c := &ChDB{dir: dir, spool: os.TempDir()}
-	n := min(runtime.GOMAXPROCS(0), 8)
+	cfg := chdbConfig{conns: min(runtime.GOMAXPROCS(0), 8)}
 	for _, o := range opts {
-		o(c, &n)
+		o(&cfg)
 	}
+	c := &ChDB{dir: dir, spool: os.TempDir()}
 	if dir == "" {
 		d, err := os.MkdirTemp("", "chdb_")
 		if err != nil {
@@ -56,8 +58,8 @@ func OpenChDB(dir string, opts ...ChDBOption) (*ChDB, error) {
 	if st, err := os.Stat("/dev/shm"); err == nil && st.IsDir() {
 		c.spool = "/dev/shm" // memory: the file lives only for one insert
 	}
-	c.conns = make(chan chdbpurego.ChdbConn, n)
-	for range n {
+	c.conns = make(chan chdbpurego.ChdbConn, cfg.conns)
+	for range cfg.conns {
 		conn, err := chdbpurego.NewConnectionFromConnString(c.dir)
 		if err != nil {
 			_ = c.Close()

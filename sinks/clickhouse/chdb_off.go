@@ -26,7 +26,12 @@ func (*ChDB) Insert(context.Context, string, []Column, *RowWriter) error {
 func (*ChDB) Close() error { return nil }
 
 // ChDBOption configures OpenChDB.
-type ChDBOption func(*ChDB, *int)
+type ChDBOption func(*chdbConfig)
+
+type chdbConfig struct{}
 
 // ChDBConnections is accepted and ignored in a nochdb build.
-func ChDBConnections(int) ChDBOption { return func(*ChDB, *int) {} }
+func ChDBConnections(int) ChDBOption { return func(*chdbConfig) {} }
+
+// Connections is 0: there is no pool in a nochdb build.
+func (*ChDB) Connections() int { return 0 }

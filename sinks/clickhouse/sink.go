@@ -140,10 +140,11 @@ func (s *Sink) RunTasks(ctx context.Context, brokers []string, n int, opts ...st
 	if s.store == nil {
 		return fmt.Errorf("sink %s: no store bound", s.Name)
 	}
+	n = max(n, 1)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	errs := make(chan error, max(n, 1))
-	for range max(n, 1) {
+	errs := make(chan error, n)
+	for range n {
 		task := *s
 		task.rows, task.m = nil, nil
 		go func() {
@@ -155,7 +156,7 @@ func (s *Sink) RunTasks(ctx context.Context, brokers []string, n int, opts ...st
 		}()
 	}
 	var first error
-	for range max(n, 1) {
+	for range n {
 		if err := <-errs; err != nil && first == nil {
 			first = err
 		}
