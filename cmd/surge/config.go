@@ -57,7 +57,7 @@ var options = []struct {
 	{"wallet.key_seed", "", "`wallet`: base64 32-byte Ed25519 seed of the signing key; empty generates one (tokens then die with the process)"},
 	{"wallet.dir", "", "`wallet`: ledger Pebble directory; empty is a temporary one"},
 	{"wallet.ledger_keys", 8 << 20, "`wallet`: keys (two per booking) the ledger's in-memory filter is sized for (10 bits each); past it, lookups of new orders fall back to Pebble more often"},
-	{"wallet.batch_size", 256, "`wallet`: concurrent grant requests coalesced into one batch (one signature per 64 tokens, one Redis round trip, one produce)"},
+	{"wallet.batch_size", 256, "`wallet`: concurrent grant requests coalesced into one batch (one signature per 256 tokens, one Redis round trip, one produce)"},
 	{"wallet.batch_linger", time.Millisecond, "`wallet`: how long a grant request waits for its batch to fill"},
 	{"wallet.batchers", 16, "`wallet`: grant batches in flight"},
 	{"wallet.backup_redis", "", "`wallet`: backup Redis of the live total (dual write); empty: none"},

@@ -331,7 +331,7 @@ type Token struct {
 	Status     TokenStatus            `protobuf:"varint,9,opt,name=status,proto3,enum=surge.v1.TokenStatus" json:"status,omitempty"`
 	KeyId      string                 `protobuf:"bytes,10,opt,name=key_id,json=keyId,proto3" json:"key_id,omitempty"` // which signing key
 	// Ed25519. Without batch_proof: over the fields above (status excluded).
-	// With it: over the root of a Merkle tree of up to 64 tokens signed
+	// With it: over the root of a Merkle tree of up to 256 tokens signed
 	// together, this token a leaf (processors/wallet/token).
 	Signature     []byte `protobuf:"bytes,11,opt,name=signature,proto3" json:"signature,omitempty"`
 	BatchIndex    uint32 `protobuf:"varint,12,opt,name=batch_index,json=batchIndex,proto3" json:"batch_index,omitempty"` // this token's leaf in the batch tree

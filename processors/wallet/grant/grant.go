@@ -129,7 +129,10 @@ type pending struct {
 	l      *lane
 	phase  config.Child
 	scene  config.Scene
-	idem   string
+	idem   string    // the order number's claim key; "" when the token is the claim
+	tok    *pb.Token // cash grants: the signed token
+	tokRec *kgo.Record
+	rec    *kgo.Record // the grant's record
 	out    *Outcome
 	spent  bool // budget taken (refund on failure)
 	cached bool // token written to Redis (removed on failure)
@@ -137,15 +140,23 @@ type pending struct {
 }
 
 // GrantBatch accepts many grants with one Redis round trip per stage and
-// one produce: the idempotency check for all, the budget once per phase,
-// the tokens' cache, then grants and tokens published together. Every
-// grant gets its own outcome; a refusal of one never affects another.
+// one produce. Every grant gets its own outcome; a refusal of one never
+// affects another.
+//
+// A cash grant's order number is claimed by writing its signed token into
+// the user's token hash with HSETNX: the claim and the token's cache are
+// one command. A separate claim key (SET NX) cost a third of the intake's
+// Redis time and held intake at about 75k grants/s on two cores
+// (bench/wallet-notes.md). So a cash grant is budgeted and signed before
+// its claim, and a duplicate gives its budget back. Other grants (coupon,
+// pendant, and cash while token Redis is switched off) claim a key first,
+// then spend budget and stock.
 func (in *Intake) GrantBatch(ctx context.Context, gs []*pb.RewardGrant) []Outcome {
 	outs := make([]Outcome, len(gs))
 	tree := in.d.Config.Tree()
 	in.local.SetRate(tree.RateLimits.GrantsPerInstance)
 	now := in.d.Now()
-	var ps []*pending
+	var keyed, tokened []*pending
 	for i, g := range gs {
 		p, err := in.validate(ctx, tree, g, now)
 		if err != nil {
@@ -153,26 +164,33 @@ func (in *Intake) GrantBatch(ctx context.Context, gs []*pb.RewardGrant) []Outcom
 			continue
 		}
 		p.out = &outs[i]
-		ps = append(ps, p)
-	}
-	if len(ps) == 0 {
-		return outs
-	}
-	if err := in.claim(ctx, tree, ps); err != nil {
-		for _, p := range ps {
-			*p.out = Outcome{Err: err}
+		if g.AwardType == pb.AwardType_CASH && !tree.Degraded(guard.TokenRedis) {
+			tokened = append(tokened, p)
+		} else {
+			p.idem = p.l.keys + "wgrant:" + g.OrderNo
+			keyed = append(keyed, p)
 		}
-		return outs
 	}
-	var fresh []*pending
-	for _, p := range ps {
+	if len(keyed) > 0 {
+		if err := in.claim(ctx, tree, keyed); err != nil {
+			for _, p := range keyed {
+				*p.out = Outcome{Err: err}
+			}
+			keyed = nil
+		}
+	}
+	fresh := tokened
+	for _, p := range keyed {
 		if p.fresh {
 			fresh = append(fresh, p)
 		}
 	}
 	fresh = in.spendBudget(ctx, fresh)
+	in.answerKnown(ctx, tokened)
 	fresh = in.takeStock(ctx, tree, fresh)
-	in.publish(ctx, tree, fresh, now)
+	fresh = in.sign(ctx, fresh, now)
+	fresh = in.claimTokens(ctx, fresh)
+	in.publish(ctx, tree, fresh)
 	return outs
 }
 
@@ -218,13 +236,13 @@ func (in *Intake) validate(ctx context.Context, tree *config.Tree, g *pb.RewardG
 		return bad("over_cap", fmt.Errorf("%w: %d > %d", ErrOverCap, g.Amount, scene.MaxAmount))
 	}
 	g.ParentActivityId, g.ActivityId, g.TemplateId = parent, phase.ID, scene.Template
-	return &pending{g: g, l: l, phase: phase, scene: scene, idem: l.keys + "wgrant:" + g.OrderNo}, nil
+	return &pending{g: g, l: l, phase: phase, scene: scene}, nil
 }
 
-// claim is the idempotency check: SETNX of every order number in one
-// pipeline. A replayed order number gets the original token and spends
-// no budget or stock. Two grants of one order number in the same batch:
-// the second is the duplicate.
+// claim is the idempotency check of grants without a cached token: SETNX
+// of every order number in one pipeline. A replayed order number spends no
+// budget or stock. Two grants of one order number in the same batch: the
+// second is the duplicate.
 func (in *Intake) claim(ctx context.Context, tree *config.Tree, ps []*pending) error {
 	pipe := in.d.Redis.Pipeline()
 	cmds := make([]*redis.BoolCmd, len(ps))
@@ -267,7 +285,7 @@ func (in *Intake) undo(ctx context.Context, ps []*pending) {
 			pipe.DecrBy(ctx, p.l.keys+"wbudget:"+p.phase.ID, p.g.Amount)
 		}
 		if p.cached { // or the user would see a token that never books
-			pipe.HDel(ctx, p.l.tokens.key(p.g.ActId), p.g.OrderNo)
+			p.l.tokens.release(ctx, pipe, p.tok, p.tokRec.Value)
 		}
 	}
 	_, _ = pipe.Exec(ctx)
@@ -360,67 +378,111 @@ func (in *Intake) takeStock(ctx context.Context, tree *config.Tree, ps []*pendin
 	return in.keep(ctx, ps, failed)
 }
 
-// publish signs the cash tokens (token.SignBatch), caches them and
-// publishes grants and tokens in one produce.
-func (in *Intake) publish(ctx context.Context, tree *config.Tree, ps []*pending, now time.Time) {
-	if len(ps) == 0 {
-		return
+// answerKnown answers as duplicates the cash grants refused over budget
+// whose order number was accepted before: a retry must get its original
+// token, not a refusal, whatever budget is left.
+func (in *Intake) answerKnown(ctx context.Context, tokened []*pending) {
+	var refused []*pending
+	for _, p := range tokened {
+		if errors.Is(p.out.Err, ErrOverBudget) {
+			refused = append(refused, p)
+		}
 	}
-	// One signature covers up to token.BatchSize tokens (a Merkle batch).
-	toks := make([]*pb.Token, len(ps))
+	for _, p := range refused {
+		if tok, err := p.l.tokens.Get(ctx, p.g.ActId, p.g.OrderNo); err == nil && tok != nil {
+			in.mResult.With("duplicate").Inc()
+			*p.out = Outcome{Result: &Result{Duplicate: true, Activity: p.phase.ID, Token: tok}}
+		}
+	}
+}
+
+// sign makes and signs the cash grants' tokens (token.SignBatch: one
+// signature per token.BatchSize tokens, a Merkle batch) and encodes the
+// grants' and tokens' records.
+func (in *Intake) sign(ctx context.Context, ps []*pending, now time.Time) []*pending {
 	var batch []*pb.Token
-	for i, p := range ps {
+	for _, p := range ps {
 		if g := p.g; g.AwardType == pb.AwardType_CASH {
-			toks[i] = &pb.Token{AppId: g.AppId, ActId: g.ActId, ActivityId: p.phase.ID, SceneId: g.SceneId, Amount: g.Amount,
+			p.tok = &pb.Token{AppId: g.AppId, ActId: g.ActId, ActivityId: p.phase.ID, SceneId: g.SceneId, Amount: g.Amount,
 				OutTradeNo: g.OrderNo, OpenTime: now.UnixMilli(), RainId: g.RainId, Status: pb.TokenStatus_PROCESSING}
-			batch = append(batch, toks[i])
+			batch = append(batch, p.tok)
 		}
 	}
 	in.d.Keys.SignBatch(batch)
-	recs := make([]*kgo.Record, 0, 2*len(ps))
-	pipe := in.d.Redis.Pipeline()
-	cached := 0
-	for i, p := range ps {
-		g := p.g
-		res := &Result{Activity: p.phase.ID}
-		gr, err := streams.NewRecord(p.l.ns+schemas.TopicGrants, []byte(g.ActId), g)
+	failed := map[*pending]bool{}
+	for _, p := range ps {
+		var err error
+		if p.rec, err = streams.NewRecord(p.l.ns+schemas.TopicGrants, []byte(p.g.ActId), p.g); err == nil && p.tok != nil {
+			p.tokRec, err = streams.NewRecord(p.l.ns+schemas.TopicTokens, []byte(p.g.ActId), p.tok)
+		}
 		if err != nil {
 			*p.out = Outcome{Err: err}
-			continue
+			failed[p] = true
 		}
-		recs = append(recs, gr)
-		if tok := toks[i]; tok != nil {
-			res.Token = tok
-			tr, err := streams.NewRecord(p.l.ns+schemas.TopicTokens, []byte(g.ActId), tok)
-			if err != nil {
-				*p.out = Outcome{Err: err}
-				continue
-			}
-			recs = append(recs, tr)
-			if !tree.Degraded(guard.TokenRedis) {
-				p.l.tokens.put(ctx, pipe, tok, tr.Value)
+	}
+	return in.keep(ctx, ps, failed)
+}
+
+// claimTokens claims the order numbers of the cash grants whose token is
+// the claim: HSETNX of each token into its user's hash, one pipeline. A
+// grant whose order number is taken is a duplicate: it gets the token
+// already there and its budget back.
+func (in *Intake) claimTokens(ctx context.Context, ps []*pending) []*pending {
+	pipe := in.d.Redis.Pipeline()
+	cmds := map[*pending]*redis.BoolCmd{}
+	for _, p := range ps {
+		if p.idem == "" && p.tokRec != nil {
+			cmds[p] = p.l.tokens.claim(ctx, pipe, p.tok, p.tokRec.Value)
+		}
+	}
+	if len(cmds) == 0 {
+		return ps
+	}
+	failed := map[*pending]bool{}
+	if _, err := pipe.Exec(ctx); err != nil {
+		// Some claims may have landed: release only what is ours.
+		for p := range cmds {
+			p.cached = true
+			*p.out = Outcome{Err: fmt.Errorf("grant: idempotency check: %w", err)}
+			failed[p] = true
+		}
+		return in.keep(ctx, ps, failed)
+	}
+	var dups []*pending
+	for _, p := range ps {
+		if cmd, ok := cmds[p]; ok {
+			if cmd.Val() {
 				p.cached = true
-				cached++
+			} else {
+				dups = append(dups, p)
+				failed[p] = true
 			}
 		}
+	}
+	for _, p := range dups {
+		in.mResult.With("duplicate").Inc()
+		res := &Result{Duplicate: true, Activity: p.phase.ID}
+		res.Token, _ = p.l.tokens.Get(ctx, p.g.ActId, p.g.OrderNo)
 		*p.out = Outcome{Result: res}
 	}
-	// The tokens' cache and the produce are two round trips to different
-	// servers: made at once. A token the ledger books before its cache
-	// write lands is still read as booked (reads ask the ledger).
-	cachedDone := make(chan struct{})
-	go func() {
-		defer close(cachedDone)
-		if cached == 0 {
-			return
+	return in.keep(ctx, ps, failed)
+}
+
+// publish produces the grants and their tokens in one produce. The tokens
+// are already in Redis (claimTokens); a failed produce takes them out again.
+func (in *Intake) publish(ctx context.Context, tree *config.Tree, ps []*pending) {
+	if len(ps) == 0 {
+		return
+	}
+	recs := make([]*kgo.Record, 0, 2*len(ps))
+	for _, p := range ps {
+		recs = append(recs, p.rec)
+		if p.tokRec != nil {
+			recs = append(recs, p.tokRec)
 		}
-		if _, err := pipe.Exec(ctx); err != nil {
-			in.d.Log.Warn("grant: tokens not cached in Redis; reads show them once booked", "tokens", cached, "err", err)
-		}
-	}()
-	err := in.d.Producer.ProduceSync(ctx, recs...).FirstErr()
-	<-cachedDone
-	if err != nil {
+		*p.out = Outcome{Result: &Result{Activity: p.phase.ID, Token: p.tok}}
+	}
+	if err := in.d.Producer.ProduceSync(ctx, recs...).FirstErr(); err != nil {
 		in.undo(ctx, ps) // not published: the caller may retry the same order numbers
 		for _, p := range ps {
 			*p.out = Outcome{Err: fmt.Errorf("grant: publish: %w", err)}
@@ -428,9 +490,6 @@ func (in *Intake) publish(ctx context.Context, tree *config.Tree, ps []*pending,
 		return
 	}
 	for _, p := range ps {
-		if p.out.Err != nil {
-			continue
-		}
 		if in.d.Counter != nil && p.g.AwardType == pb.AwardType_CASH && !tree.Degraded(guard.Counter) && !p.g.Shadow {
 			in.d.Counter.Add(p.g.Amount)
 		}

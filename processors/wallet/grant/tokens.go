@@ -41,12 +41,26 @@ func (t *Tokens) Put(ctx context.Context, tok *pb.Token) error {
 	return err
 }
 
-// put adds a token (already marshalled) to a pipeline.
-func (t *Tokens) put(ctx context.Context, pipe redis.Pipeliner, tok *pb.Token, b []byte) {
-	pipe.HSet(ctx, t.key(tok.ActId), tok.OutTradeNo, b)
+// claim adds to a pipeline the write of a token (b, already marshalled)
+// unless its order number has one: the command's value says whether it
+// was written. The user's hash is the order numbers' idempotency record.
+func (t *Tokens) claim(ctx context.Context, pipe redis.Pipeliner, tok *pb.Token, b []byte) *redis.BoolCmd {
+	cmd := pipe.HSetNX(ctx, t.key(tok.ActId), tok.OutTradeNo, b)
 	if t.ttl > 0 {
 		pipe.Expire(ctx, t.key(tok.ActId), t.ttl)
 	}
+	return cmd
+}
+
+// releaseScript deletes a hash field only if it still holds the given
+// value: a token written by this grant, not one a concurrent grant of the
+// same order number wrote.
+var releaseScript = redis.NewScript(`if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then return redis.call('HDEL', KEYS[1], ARGV[1]) end return 0`)
+
+// release adds to a pipeline the removal of tok (encoded as b), if the
+// user's hash still holds exactly it.
+func (t *Tokens) release(ctx context.Context, pipe redis.Pipeliner, tok *pb.Token, b []byte) {
+	releaseScript.Eval(ctx, pipe, []string{t.key(tok.ActId)}, tok.OutTradeNo, b)
 }
 
 // All returns the user's tokens; undecodable ones are returned as nil

@@ -116,9 +116,13 @@ func (k *Keyring) Sign(t *pb.Token) {
 	t.Signature = ed25519.Sign(k.signer, signed(t))
 }
 
-// BatchSize is the most tokens one batch signature covers: a tree of 64
-// leaves, so a token carries 6 sibling hashes (192 bytes).
-const BatchSize = 64
+// BatchSize is the most tokens one batch signature covers: a tree of 256
+// leaves, so a token carries 8 sibling hashes (256 bytes). It matches the
+// intake's default batch (wallet.batch_size), so a batch is one signature
+// and the ledger pays one Ed25519 check per intake batch. At 64 the checks
+// were 11% of booking's CPU; the two extra hashes per token cost about a
+// tenth of what that saved (bench/wallet-notes.md).
+const BatchSize = 256
 
 const hashSize = sha256.Size
 

@@ -4,6 +4,7 @@ import (
 	"crypto/ed25519"
 	"errors"
 	"fmt"
+	"math/bits"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -89,7 +90,7 @@ func batchOf(n int) []*pb.Token {
 // one Ed25519 signature per BatchSize tokens.
 func TestSignBatchVerifies(t *testing.T) {
 	k, _ := Generate("k1")
-	for _, n := range []int{1, 2, 3, 7, 64, 65, 130} {
+	for _, n := range []int{1, 2, 3, 7, 64, 65, BatchSize, BatchSize + 1, 2*BatchSize + 7} {
 		toks := batchOf(n)
 		k.SignBatch(toks)
 		sigs := map[string]bool{}
@@ -97,7 +98,7 @@ func TestSignBatchVerifies(t *testing.T) {
 			if err := k.Verify(tok); err != nil {
 				t.Fatalf("batch of %d, token %d: %v", n, i, err)
 			}
-			if len(tok.BatchProof) == 0 || len(tok.BatchProof) > 6*hashSize {
+			if len(tok.BatchProof) == 0 || len(tok.BatchProof) > bits.Len(BatchSize-1)*hashSize {
 				t.Fatalf("batch of %d: proof of %d bytes", n, len(tok.BatchProof))
 			}
 			sigs[string(tok.Signature)] = true
