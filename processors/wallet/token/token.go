@@ -39,7 +39,12 @@ type Keyring struct {
 	signID string
 	signer ed25519.PrivateKey
 	public map[string]ed25519.PublicKey
-	roots  *checkedSet // batch roots verified
+	roots  *checkedSet    // batch roots verified
+	proven *provenBatches // their proven tree nodes, for the batches met lately
+}
+
+func newKeyring(signID string, signer ed25519.PrivateKey, public map[string]ed25519.PublicKey) *Keyring {
+	return &Keyring{signID: signID, signer: signer, public: public, roots: newCheckedSet(maxRoots), proven: newProvenBatches(maxProvenBatches)}
 }
 
 // Generate returns a keyring with a fresh signing key named id.
@@ -48,7 +53,7 @@ func Generate(id string) (*Keyring, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Keyring{signID: id, signer: priv, public: map[string]ed25519.PublicKey{id: pub}, roots: newCheckedSet(maxRoots)}, nil
+	return newKeyring(id, priv, map[string]ed25519.PublicKey{id: pub}), nil
 }
 
 // FromSeed builds a keyring from a base64 32-byte seed (configuration).
@@ -58,7 +63,7 @@ func FromSeed(id, seedB64 string) (*Keyring, error) {
 		return nil, fmt.Errorf("token: key %s: want a base64 %d-byte seed", id, ed25519.SeedSize)
 	}
 	priv := ed25519.NewKeyFromSeed(seed)
-	return &Keyring{signID: id, signer: priv, public: map[string]ed25519.PublicKey{id: priv.Public().(ed25519.PublicKey)}, roots: newCheckedSet(maxRoots)}, nil
+	return newKeyring(id, priv, map[string]ed25519.PublicKey{id: priv.Public().(ed25519.PublicKey)}), nil
 }
 
 // Trust adds a public key (an older or another instance's key).
@@ -178,21 +183,10 @@ func (k *Keyring) SignBatch(toks []*pb.Token) {
 	}
 }
 
-// root climbs from t's leaf to its batch root.
-func root(t *pb.Token) ([hashSize]byte, bool) {
-	if len(t.BatchProof)%hashSize != 0 || len(t.BatchProof) > 32*hashSize || t.BatchIndex>>(len(t.BatchProof)/hashSize) != 0 {
-		return [hashSize]byte{}, false
-	}
-	h := leafHash(t)
-	at := t.BatchIndex
-	for p := t.BatchProof; len(p) > 0; p, at = p[hashSize:], at/2 {
-		if at%2 == 0 {
-			h = nodeHash(h[:], p[:hashSize])
-		} else {
-			h = nodeHash(p[:hashSize], h[:])
-		}
-	}
-	return h, true
+// proofShapeOK reports whether t's proof is whole hashes, at most 32
+// levels, and its index fits the tree they describe.
+func proofShapeOK(t *pb.Token) bool {
+	return len(t.BatchProof)%hashSize == 0 && len(t.BatchProof) <= 32*hashSize && t.BatchIndex>>(len(t.BatchProof)/hashSize) == 0
 }
 
 // checkedSet remembers keys of checks that passed. Bounded; it simply
@@ -311,14 +305,26 @@ func (k *Keyring) Verify(t *pb.Token) error {
 		}
 		return nil
 	}
-	r, ok := root(t)
-	if !ok {
+	if !proofShapeOK(t) || len(t.Signature) != ed25519.SignatureSize {
 		return fmt.Errorf("%w: malformed batch proof", ErrForged)
 	}
+	var id batchID
+	copy(id.pub[:], pub)
+	copy(id.sig[:], t.Signature)
+	leaf := leafHash(t)
+	if b := k.proven.get(id); b != nil {
+		if !b.check(leaf, t.BatchIndex, t.BatchProof) {
+			return ErrForged
+		}
+		return nil
+	}
+	var buf [32]step
+	r, climbed := climb(leaf, t.BatchIndex, t.BatchProof, buf[:0])
 	key := string(pub) + string(r[:]) + string(t.Signature) // the key itself: a re-trusted id is checked again
 	if !k.roots.check(key, func() bool { return ed25519.Verify(pub, rootMessage(r), t.Signature) }) {
 		return ErrForged
 	}
+	k.proven.add(id, len(climbed), climbed, r)
 	return nil
 }
 

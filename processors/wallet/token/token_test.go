@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/bits"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -109,7 +110,7 @@ func TestSignBatchVerifies(t *testing.T) {
 		// A fresh keyring with the same public key (a reader elsewhere)
 		// verifies them too, from nothing cached.
 		id, pub := k.Public()
-		reader := &Keyring{public: map[string]ed25519.PublicKey{id: pub}, roots: newCheckedSet(maxRoots)}
+		reader := newKeyring("", nil, map[string]ed25519.PublicKey{id: pub})
 		for _, tok := range toks {
 			if err := reader.Verify(tok); err != nil {
 				t.Fatalf("reader: %v", err)
@@ -138,6 +139,7 @@ func TestBatchTamper(t *testing.T) {
 		"index":        func(t *pb.Token) { t.BatchIndex ^= 1 },
 		"index range":  func(t *pb.Token) { t.BatchIndex = 1 << 20 },
 		"proof":        func(t *pb.Token) { t.BatchProof[3] ^= 1 },
+		"top of proof": func(t *pb.Token) { t.BatchProof[len(t.BatchProof)-1] ^= 1 },
 		"short proof":  func(t *pb.Token) { t.BatchProof = t.BatchProof[:hashSize] },
 		"ragged proof": func(t *pb.Token) { t.BatchProof = t.BatchProof[:len(t.BatchProof)-1] },
 		"signature":    func(t *pb.Token) { t.Signature[0] ^= 1 },
@@ -164,6 +166,44 @@ func TestBatchTamper(t *testing.T) {
 	single.BatchProof, single.BatchIndex = nil, 0
 	if err := k.Verify(single); !errors.Is(err, ErrForged) {
 		t.Fatalf("a batch signature verified as a single token's: %v", err)
+	}
+}
+
+// A reader keeps the tree nodes it proved and checks later tokens of the
+// batch against them. In any order of arrival every token of a batch
+// verifies, and a token whose index or any proof hash was changed is
+// refused, whichever proven nodes its climb meets.
+func TestProvenNodesInAnyOrder(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	k, _ := Generate("k1")
+	id, pub := k.Public()
+	for _, n := range []int{2, 5, 64, 100, BatchSize} {
+		toks := batchOf(n)
+		k.SignBatch(toks)
+		for round := range 3 {
+			reader := newKeyring("", nil, map[string]ed25519.PublicKey{id: pub})
+			for _, i := range rng.Perm(n) {
+				tok := toks[i]
+				// Before the genuine token, a tampered copy of it.
+				c := proto.Clone(tok).(*pb.Token)
+				what := ""
+				if rng.IntN(3) == 0 {
+					bit := rng.IntN(bits.Len(uint(n - 1)))
+					c.BatchIndex ^= 1 << bit
+					what = fmt.Sprintf("index bit %d", bit)
+				} else {
+					level := rng.IntN(len(c.BatchProof) / hashSize)
+					c.BatchProof[level*hashSize+rng.IntN(hashSize)] ^= 1 << rng.IntN(8)
+					what = fmt.Sprintf("proof hash %d", level)
+				}
+				if err := reader.Verify(c); !errors.Is(err, ErrForged) {
+					t.Fatalf("batch of %d, round %d, token %d with its %s changed: %v", n, round, i, what, err)
+				}
+				if err := reader.Verify(tok); err != nil {
+					t.Fatalf("batch of %d, round %d, token %d: %v", n, round, i, err)
+				}
+			}
+		}
 	}
 }
 
@@ -222,10 +262,10 @@ func BenchmarkVerifyBatch(b *testing.B) {
 	}
 	id, pub := k.Public()
 	i := 0
-	reader := &Keyring{public: map[string]ed25519.PublicKey{id: pub}, roots: newCheckedSet(maxRoots)}
+	reader := newKeyring("", nil, map[string]ed25519.PublicKey{id: pub})
 	for b.Loop() {
 		if i == len(toks) {
-			i, reader = 0, &Keyring{public: map[string]ed25519.PublicKey{id: pub}, roots: newCheckedSet(maxRoots)}
+			i, reader = 0, newKeyring("", nil, map[string]ed25519.PublicKey{id: pub})
 		}
 		if reader.Verify(toks[i]) != nil {
 			b.Fatal("verify")
