@@ -13,20 +13,26 @@ import (
 
 // NewRecord encodes msg as a record for topic, with the schema headers.
 func NewRecord(topic string, key []byte, msg proto.Message) (*kgo.Record, error) {
-	s := schemas.Of(msg)
 	v, err := proto.Marshal(msg)
 	if err != nil {
-		return nil, fmt.Errorf("streams: encode %s: %w", s.Name, err)
+		return nil, fmt.Errorf("streams: encode %s: %w", schemas.Of(msg).Name, err)
 	}
+	return NewEncodedRecord(topic, key, msg, v), nil
+}
+
+// NewEncodedRecord is NewRecord for a message already encoded as value (by
+// a hand-written encoder, such as token.Marshal); msg names the schema.
+func NewEncodedRecord(topic string, key []byte, msg proto.Message, value []byte) *kgo.Record {
+	s := schemas.Of(msg)
 	return &kgo.Record{
 		Topic: topic,
 		Key:   key,
-		Value: v,
+		Value: value,
 		Headers: []kgo.RecordHeader{
 			{Key: schemas.HeaderSchema, Value: s.NameHeader()},
 			{Key: schemas.HeaderVersion, Value: s.VersionHeader()},
 		},
-	}, nil
+	}
 }
 
 // Header returns the value of the first header named key.

@@ -413,7 +413,7 @@ func (in *Intake) sign(ctx context.Context, ps []*pending, now time.Time) []*pen
 	for _, p := range ps {
 		var err error
 		if p.rec, err = streams.NewRecord(p.l.ns+schemas.TopicGrants, []byte(p.g.ActId), p.g); err == nil && p.tok != nil {
-			p.tokRec, err = streams.NewRecord(p.l.ns+schemas.TopicTokens, []byte(p.g.ActId), p.tok)
+			p.tokRec = streams.NewEncodedRecord(p.l.ns+schemas.TopicTokens, []byte(p.g.ActId), p.tok, token.Marshal(p.tok))
 		}
 		if err != nil {
 			*p.out = Outcome{Err: err}

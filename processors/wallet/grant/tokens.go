@@ -7,6 +7,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/protobuf/proto"
 
+	"surge/processors/wallet/token"
 	pb "surge/schemas/surgev1"
 )
 
@@ -103,8 +104,7 @@ func (t *Tokens) MarkBooked(ctx context.Context, toks []*pb.Token) error {
 	pipe := t.rdb.Pipeline()
 	for _, tok := range toks {
 		tok.Status = pb.TokenStatus_SUCCESS
-		b, _ := proto.Marshal(tok)
-		pipe.HSet(ctx, t.key(tok.ActId), tok.OutTradeNo, b)
+		pipe.HSet(ctx, t.key(tok.ActId), tok.OutTradeNo, token.Marshal(tok))
 	}
 	_, err := pipe.Exec(ctx)
 	return err
