@@ -179,7 +179,7 @@ func (in *Intake) GrantBatch(ctx context.Context, gs []*pb.RewardGrant) []Outcom
 			keyed = nil
 		}
 	}
-	fresh := tokened
+	fresh := append([]*pending(nil), tokened...) // a cash grant's claim comes after its budget
 	for _, p := range keyed {
 		if p.fresh {
 			fresh = append(fresh, p)

@@ -144,9 +144,17 @@ func (p *provenBatches) get(id batchID) *provenBatch {
 	return p.batches[id]
 }
 
+// maxProvenDepth bounds the trees whose nodes are kept (a batch of 256 is
+// 8 levels deep): a deeper tree, which no intake signs, is checked by
+// climbing to its root every time rather than sized in memory.
+const maxProvenDepth = 10
+
 // add records a batch whose root signature verified, with the climb that
 // reached the root; a batch recorded meanwhile keeps its nodes.
 func (p *provenBatches) add(id batchID, depth int, climbed []step, root [hashSize]byte) {
+	if depth > maxProvenDepth {
+		return
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	b, ok := p.batches[id]

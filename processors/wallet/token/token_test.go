@@ -380,3 +380,38 @@ func TestRootCheckedOnceAtATime(t *testing.T) {
 		}
 	}
 }
+
+// Intake's batches are shallow enough for their nodes to be kept; a deeper
+// tree (which no intake signs) still verifies, by climbing to its root
+// each time, and is not sized in memory.
+func TestDeepTreeVerifiesWithoutKeepingNodes(t *testing.T) {
+	if d := bits.Len(BatchSize - 1); d > maxProvenDepth {
+		t.Fatalf("a batch of %d is %d levels deep; nodes are kept only up to %d", BatchSize, d, maxProvenDepth)
+	}
+	k, _ := Generate("k1")
+	tok := batchOf(1)[0]
+	tok.KeyId = "k1"
+	depth := maxProvenDepth + 1
+	proof := make([]byte, depth*hashSize)
+	for i := range proof {
+		proof[i] = byte(i * 7)
+	}
+	tok.BatchIndex, tok.BatchProof = 5, proof
+	root, _ := climb(leafHash(tok), tok.BatchIndex, proof, nil)
+	tok.Signature = ed25519.Sign(k.signer, rootMessage(root))
+	for range 2 {
+		if err := k.Verify(tok); err != nil {
+			t.Fatalf("a token of a %d-level tree: %v", depth, err)
+		}
+	}
+	var id batchID
+	copy(id.pub[:], k.public["k1"])
+	copy(id.sig[:], tok.Signature)
+	if k.proven.get(id) != nil {
+		t.Fatal("the nodes of a tree deeper than maxProvenDepth were kept")
+	}
+	tok.BatchProof[len(proof)-1] ^= 1
+	if err := k.Verify(tok); !errors.Is(err, ErrForged) {
+		t.Fatalf("changed proof of a deep tree: %v", err)
+	}
+}
