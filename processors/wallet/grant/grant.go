@@ -7,6 +7,8 @@ package grant
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -172,7 +174,7 @@ func (in *Intake) GrantBatch(ctx context.Context, gs []*pb.RewardGrant) []Outcom
 		}
 	}
 	if len(keyed) > 0 {
-		if err := in.claim(ctx, tree, keyed); err != nil {
+		if err := in.claim(ctx, keyed); err != nil {
 			for _, p := range keyed {
 				*p.out = Outcome{Err: err}
 			}
@@ -242,14 +244,23 @@ func (in *Intake) validate(ctx context.Context, tree *config.Tree, g *pb.RewardG
 // claim is the idempotency check of grants without a cached token: SETNX
 // of every order number in one pipeline. A replayed order number spends no
 // budget or stock. Two grants of one order number in the same batch: the
-// second is the duplicate.
-func (in *Intake) claim(ctx context.Context, tree *config.Tree, ps []*pending) error {
+// second is the duplicate. Each claim holds the phase and a mark of this
+// batch: if the pipeline fails, some claims may have landed, and only the
+// ones this batch set are released, or the caller's retry would be taken
+// for a duplicate of a grant that was never published.
+func (in *Intake) claim(ctx context.Context, ps []*pending) error {
+	mark := ps[0].phase.ID + " " + batchMark()
 	pipe := in.d.Redis.Pipeline()
 	cmds := make([]*redis.BoolCmd, len(ps))
 	for i, p := range ps {
-		cmds[i] = pipe.SetNX(ctx, p.idem, p.phase.ID, 30*24*time.Hour)
+		cmds[i] = pipe.SetNX(ctx, p.idem, mark, 30*24*time.Hour)
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		release := in.d.Redis.Pipeline()
+		for _, p := range ps {
+			releaseClaimScript.Eval(context.WithoutCancel(ctx), release, []string{p.idem}, mark)
+		}
+		_, _ = release.Exec(context.WithoutCancel(ctx))
 		return fmt.Errorf("grant: idempotency check: %w", err)
 	}
 	var dups []*pending
@@ -259,15 +270,22 @@ func (in *Intake) claim(ctx context.Context, tree *config.Tree, ps []*pending) e
 			dups = append(dups, p)
 		}
 	}
-	for _, p := range dups {
+	for _, p := range dups { // no token: a cash grant claims by key only while token Redis is off
 		in.mResult.With("duplicate").Inc()
-		res := &Result{Duplicate: true, Activity: p.phase.ID}
-		if p.g.AwardType == pb.AwardType_CASH && !tree.Degraded(guard.TokenRedis) {
-			res.Token, _ = p.l.tokens.Get(ctx, p.g.ActId, p.g.OrderNo)
-		}
-		*p.out = Outcome{Result: res}
+		*p.out = Outcome{Result: &Result{Duplicate: true, Activity: p.phase.ID}}
 	}
 	return nil
+}
+
+// releaseClaimScript deletes a claim key only if it still holds the given
+// mark.
+var releaseClaimScript = redis.NewScript(`if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0`)
+
+// batchMark is unique to one batch of this process.
+func batchMark() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }
 
 // undo releases what a grant claimed, so the caller may retry it.

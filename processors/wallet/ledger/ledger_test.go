@@ -481,6 +481,56 @@ func TestFailedPublishLeavesNothing(t *testing.T) {
 	})
 }
 
+// lostReplies is a Redis client hook: every pipeline runs, then the
+// client reports an error, as when the connection drops before the
+// replies arrive.
+type lostReplies struct{}
+
+func (lostReplies) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (lostReplies) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (lostReplies) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if err := next(ctx, cmds); err != nil {
+			return err
+		}
+		return errors.New("connection lost before the replies")
+	}
+}
+
+// TestClaimThatLandedButFailedIsReleased: when the idempotency claim
+// reached Redis but its reply was lost, the grant is refused and its claim
+// released, so the caller's retry is accepted as new and published, not
+// answered as a duplicate of a grant that never was. For a cash grant the
+// claim is its token; for a pendant, its claim key.
+func TestClaimThatLandedButFailedIsReleased(t *testing.T) {
+	streamstest.EachStack(t, func(t *testing.T, b streamstest.Backend, rdb *redis.Client) {
+		w := newWallet(t, b, rdb, tree(0), false)
+		ctx := context.Background()
+		lossy := redis.NewClient(rdb.Options())
+		lossy.AddHook(lostReplies{})
+		t.Cleanup(func() { lossy.Close() })
+		broken := grant.New(grant.Deps{Config: w.src, Keys: w.keys, Redis: lossy, Producer: w.cl, Log: quiet, Namespace: w.ns})
+		pendant := cash("u7", "p1", 1)
+		pendant.SceneId, pendant.AwardType = "badge", pb.AwardType_PENDANT
+		pendant.OrderNo = order.Number{ActID: "u7", SceneID: "badge", RainID: "p1", AwardType: pb.AwardType_PENDANT, Stage: 1}.String()
+		for _, g := range []*pb.RewardGrant{cash("u7", "r1", 40), pendant} {
+			if _, err := broken.Grant(ctx, proto.Clone(g).(*pb.RewardGrant)); err == nil {
+				t.Fatalf("%s: accepted though its claim's reply was lost", g.OrderNo)
+			}
+			res, err := w.intake.Grant(ctx, proto.Clone(g).(*pb.RewardGrant))
+			if err != nil || res.Duplicate {
+				t.Fatalf("%s: retry after a lost reply: %+v %v; want a fresh grant", g.OrderNo, res, err)
+			}
+		}
+		if n := len(streamstest.ReadN(t, b.Brokers, w.ns+schemas.TopicGrants, true, 3, 5*time.Second, time.Second)); n != 2 {
+			t.Fatalf("%d grants published, want the 2 retries", n)
+		}
+		if spent, _ := rdb.Get(ctx, w.ns+"wbudget:spring-live").Int64(); spent != 41 {
+			t.Fatalf("budget spent %d, want 41: the refused grants' budget comes back", spent)
+		}
+	})
+}
+
 // Tokens re-delivered ten times over, shuffled, into a ledger killed three
 // times mid-way: every order is booked exactly once, the sums agree, and a
 // tampered token is dead-lettered and never booked.
