@@ -16,6 +16,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"google.golang.org/protobuf/proto"
 
 	"surge/processors/wallet/config"
 	"surge/processors/wallet/counter"
@@ -406,11 +407,25 @@ func (in *Intake) answerKnown(ctx context.Context, tokened []*pending) {
 			refused = append(refused, p)
 		}
 	}
-	for _, p := range refused {
-		if tok, err := p.l.tokens.Get(ctx, p.g.ActId, p.g.OrderNo); err == nil && tok != nil {
-			in.mResult.With("duplicate").Inc()
-			*p.out = Outcome{Result: &Result{Duplicate: true, Activity: p.phase.ID, Token: tok}}
+	if len(refused) == 0 {
+		return
+	}
+	// One round trip: once the budget is gone, every grant of a batch is
+	// refused and looked up.
+	pipe := in.d.Redis.Pipeline()
+	cmds := make([]*redis.StringCmd, len(refused))
+	for i, p := range refused {
+		cmds[i] = pipe.HGet(ctx, p.l.tokens.key(p.g.ActId), p.g.OrderNo)
+	}
+	_, _ = pipe.Exec(ctx) // redis.Nil for the new ones; other errors leave the refusal
+	for i, p := range refused {
+		b, err := cmds[i].Bytes()
+		tok := new(pb.Token)
+		if err != nil || proto.Unmarshal(b, tok) != nil {
+			continue
 		}
+		in.mResult.With("duplicate").Inc()
+		*p.out = Outcome{Result: &Result{Duplicate: true, Activity: p.phase.ID, Token: tok}}
 	}
 }
 
