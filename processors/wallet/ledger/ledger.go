@@ -447,10 +447,7 @@ func (l *Ledger) book(ctx context.Context, tok *pb.Token, verify bool, verdict e
 // bookEntry stages e in the open batch and emits it to wallet.ledger,
 // encoded once for both.
 func (l *Ledger) bookEntry(e *pb.LedgerEntry, out *streams.Output) error {
-	r, err := streams.NewRecord(l.ledgerTopic, []byte(e.ActId), e)
-	if err != nil {
-		return err
-	}
+	r := streams.NewEncodedRecord(l.ledgerTopic, []byte(e.ActId), e, marshalEntry(e))
 	if err := l.apply(l.staged, l.accts, e, r.Value); err != nil {
 		return err
 	}
