@@ -4,9 +4,9 @@ import (
 	"testing"
 
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/reflect/protoreflect"
 
 	pb "surge/schemas/surgev1"
+	"surge/schemas/wire"
 )
 
 // TestMarshalEntryIsTheProtobufEncoding: the hand-written encoding is byte
@@ -21,21 +21,12 @@ func TestMarshalEntryIsTheProtobufEncoding(t *testing.T) {
 		{OrderNo: "w:x", ActId: "只有中文", Amount: -500, Kind: pb.LedgerKind_WITHDRAW, BalanceAfter: -1, GrantedAtMs: -7},
 		{Kind: pb.LedgerKind(-3), Amount: 1 << 62},
 	}
-	fields := (&pb.LedgerEntry{}).ProtoReflect().Descriptor().Fields()
-	for i := 0; i < fields.Len(); i++ {
-		e := &pb.LedgerEntry{}
-		f := fields.Get(i)
-		switch f.Kind() {
-		case protoreflect.StringKind:
-			e.ProtoReflect().Set(f, protoreflect.ValueOfString("x"))
-		case protoreflect.Int64Kind:
-			e.ProtoReflect().Set(f, protoreflect.ValueOfInt64(1))
-		case protoreflect.EnumKind:
-			e.ProtoReflect().Set(f, protoreflect.ValueOfEnum(1))
-		default:
-			t.Fatalf("field %s of kind %s: extend this test", f.Name(), f.Kind())
-		}
-		entries = append(entries, e)
+	alone, err := wire.EachFieldAlone(&pb.LedgerEntry{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range alone {
+		entries = append(entries, f.Msg.(*pb.LedgerEntry))
 	}
 	for i, e := range entries {
 		want, err := proto.MarshalOptions{Deterministic: true}.Marshal(e)

@@ -25,9 +25,8 @@ import (
 	"strconv"
 	"sync"
 
-	"google.golang.org/protobuf/encoding/protowire"
-
 	pb "surge/schemas/surgev1"
+	"surge/schemas/wire"
 )
 
 // ErrForged is a token whose signature does not verify.
@@ -101,42 +100,24 @@ func Marshal(t *pb.Token) []byte {
 }
 
 // appendFields writes the signed fields, or with all every field. Field
-// numbers are wallet.proto's; zero values are omitted, as proto3 does.
+// numbers are wallet.proto's.
 func appendFields(b []byte, t *pb.Token, all bool) []byte {
-	str := func(b []byte, num protowire.Number, v string) []byte {
-		if v == "" {
-			return b
-		}
-		return protowire.AppendString(protowire.AppendTag(b, num, protowire.BytesType), v)
-	}
-	byt := func(b []byte, num protowire.Number, v []byte) []byte {
-		if len(v) == 0 {
-			return b
-		}
-		return protowire.AppendBytes(protowire.AppendTag(b, num, protowire.BytesType), v)
-	}
-	varint := func(b []byte, num protowire.Number, v uint64) []byte {
-		if v == 0 {
-			return b
-		}
-		return protowire.AppendVarint(protowire.AppendTag(b, num, protowire.VarintType), v)
-	}
-	b = str(b, 1, t.AppId)
-	b = str(b, 2, t.ActId)
-	b = str(b, 3, t.ActivityId)
-	b = str(b, 4, t.SceneId)
-	b = varint(b, 5, uint64(t.Amount))
-	b = str(b, 6, t.OutTradeNo)
-	b = varint(b, 7, uint64(t.OpenTime))
-	b = str(b, 8, t.RainId)
+	b = wire.String(b, 1, t.AppId)
+	b = wire.String(b, 2, t.ActId)
+	b = wire.String(b, 3, t.ActivityId)
+	b = wire.String(b, 4, t.SceneId)
+	b = wire.Varint(b, 5, uint64(t.Amount))
+	b = wire.String(b, 6, t.OutTradeNo)
+	b = wire.Varint(b, 7, uint64(t.OpenTime))
+	b = wire.String(b, 8, t.RainId)
 	if all {
-		b = varint(b, 9, uint64(int64(t.Status))) // an enum is an int32 varint, sign-extended
+		b = wire.Varint(b, 9, uint64(int64(t.Status)))
 	}
-	b = str(b, 10, t.KeyId)
+	b = wire.String(b, 10, t.KeyId)
 	if all {
-		b = byt(b, 11, t.Signature)
-		b = varint(b, 12, uint64(t.BatchIndex))
-		b = byt(b, 13, t.BatchProof)
+		b = wire.Bytes(b, 11, t.Signature)
+		b = wire.Varint(b, 12, uint64(t.BatchIndex))
+		b = wire.Bytes(b, 13, t.BatchProof)
 	}
 	return b
 }

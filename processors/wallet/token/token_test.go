@@ -12,9 +12,9 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/reflect/protoreflect"
 
 	pb "surge/schemas/surgev1"
+	"surge/schemas/wire"
 )
 
 func TestSignVerifyTamper(t *testing.T) {
@@ -212,28 +212,14 @@ func TestProvenNodesInAnyOrder(t *testing.T) {
 func TestSignedCoversEveryField(t *testing.T) {
 	unsigned := map[string]bool{"status": true, "signature": true, "batch_index": true, "batch_proof": true}
 	base := &pb.Token{}
-	fields := base.ProtoReflect().Descriptor().Fields()
-	for i := 0; i < fields.Len(); i++ {
-		f := fields.Get(i)
-		c := &pb.Token{}
-		m := c.ProtoReflect()
-		switch f.Kind() {
-		case protoreflect.StringKind:
-			m.Set(f, protoreflect.ValueOfString("x"))
-		case protoreflect.BytesKind:
-			m.Set(f, protoreflect.ValueOfBytes([]byte{1}))
-		case protoreflect.Int64Kind:
-			m.Set(f, protoreflect.ValueOfInt64(1))
-		case protoreflect.Uint32Kind:
-			m.Set(f, protoreflect.ValueOfUint32(1))
-		case protoreflect.EnumKind:
-			m.Set(f, protoreflect.ValueOfEnum(1))
-		default:
-			t.Fatalf("field %s of kind %s: extend this test", f.Name(), f.Kind())
-		}
-		changed := string(signed(c)) != string(signed(base))
-		if changed == unsigned[string(f.Name())] {
-			t.Errorf("field %s: signed=%v, want %v", f.Name(), changed, !unsigned[string(f.Name())])
+	alone, err := wire.EachFieldAlone(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range alone {
+		changed := string(signed(f.Msg.(*pb.Token))) != string(signed(base))
+		if changed == unsigned[string(f.Name)] {
+			t.Errorf("field %s: signed=%v, want %v", f.Name, changed, !unsigned[string(f.Name)])
 		}
 	}
 }
@@ -312,25 +298,12 @@ func TestMarshalIsTheProtobufEncoding(t *testing.T) {
 		{ActId: "只有中文", Amount: -5, OpenTime: -1, Status: pb.TokenStatus_SUCCESS, Signature: []byte{1}, BatchIndex: 3, BatchProof: []byte{2}},
 		{AppId: string(make([]byte, 300)), Amount: 1 << 62, KeyId: "k", Status: pb.TokenStatus(-1), BatchIndex: 1 << 31},
 	}
-	fields := (&pb.Token{}).ProtoReflect().Descriptor().Fields()
-	for i := 0; i < fields.Len(); i++ {
-		c := &pb.Token{}
-		f := fields.Get(i)
-		switch f.Kind() {
-		case protoreflect.StringKind:
-			c.ProtoReflect().Set(f, protoreflect.ValueOfString("x"))
-		case protoreflect.BytesKind:
-			c.ProtoReflect().Set(f, protoreflect.ValueOfBytes([]byte{1}))
-		case protoreflect.Int64Kind:
-			c.ProtoReflect().Set(f, protoreflect.ValueOfInt64(1))
-		case protoreflect.Uint32Kind:
-			c.ProtoReflect().Set(f, protoreflect.ValueOfUint32(1))
-		case protoreflect.EnumKind:
-			c.ProtoReflect().Set(f, protoreflect.ValueOfEnum(1))
-		default:
-			t.Fatalf("field %s of kind %s: extend this test", f.Name(), f.Kind())
-		}
-		toks = append(toks, c)
+	alone, err := wire.EachFieldAlone(&pb.Token{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range alone {
+		toks = append(toks, f.Msg.(*pb.Token))
 	}
 	for i, tok := range toks {
 		want, err := proto.MarshalOptions{Deterministic: true}.Marshal(tok)
