@@ -16,7 +16,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"google.golang.org/protobuf/proto"
 
 	"surge/processors/wallet/config"
 	"surge/processors/wallet/counter"
@@ -407,26 +406,33 @@ func (in *Intake) answerKnown(ctx context.Context, tokened []*pending) {
 			refused = append(refused, p)
 		}
 	}
-	if len(refused) == 0 {
-		return
-	}
-	// One round trip: once the budget is gone, every grant of a batch is
-	// refused and looked up.
-	pipe := in.d.Redis.Pipeline()
-	cmds := make([]*redis.StringCmd, len(refused))
-	for i, p := range refused {
-		cmds[i] = pipe.HGet(ctx, p.l.tokens.key(p.g.ActId), p.g.OrderNo)
-	}
-	_, _ = pipe.Exec(ctx) // redis.Nil for the new ones; other errors leave the refusal
-	for i, p := range refused {
-		b, err := cmds[i].Bytes()
-		tok := new(pb.Token)
-		if err != nil || proto.Unmarshal(b, tok) != nil {
-			continue
+	for i, tok := range in.knownTokens(ctx, refused) {
+		if tok != nil {
+			p := refused[i]
+			in.mResult.With("duplicate").Inc()
+			*p.out = Outcome{Result: &Result{Duplicate: true, Activity: p.phase.ID, Token: tok}}
 		}
-		in.mResult.With("duplicate").Inc()
-		*p.out = Outcome{Result: &Result{Duplicate: true, Activity: p.phase.ID, Token: tok}}
 	}
+}
+
+// knownTokens reads the tokens already held for ps's order numbers (nil
+// where none is, or the read failed) in one round trip: once the budget
+// is gone every grant of a batch is looked up.
+func (in *Intake) knownTokens(ctx context.Context, ps []*pending) []*pb.Token {
+	if len(ps) == 0 {
+		return nil
+	}
+	pipe := in.d.Redis.Pipeline()
+	cmds := make([]*redis.StringCmd, len(ps))
+	for i, p := range ps {
+		cmds[i] = p.l.tokens.get(ctx, pipe, p.g.ActId, p.g.OrderNo)
+	}
+	_, _ = pipe.Exec(ctx) // redis.Nil for the absent ones; each command keeps its own answer
+	toks := make([]*pb.Token, len(ps))
+	for i, cmd := range cmds {
+		toks[i], _ = tokenOf(cmd)
+	}
+	return toks
 }
 
 // sign makes and signs the cash grants' tokens (token.SignBatch: one
@@ -492,11 +498,10 @@ func (in *Intake) claimTokens(ctx context.Context, ps []*pending) []*pending {
 			}
 		}
 	}
-	for _, p := range dups {
+	for i, tok := range in.knownTokens(ctx, dups) {
+		p := dups[i]
 		in.mResult.With("duplicate").Inc()
-		res := &Result{Duplicate: true, Activity: p.phase.ID}
-		res.Token, _ = p.l.tokens.Get(ctx, p.g.ActId, p.g.OrderNo)
-		*p.out = Outcome{Result: res}
+		*p.out = Outcome{Result: &Result{Duplicate: true, Activity: p.phase.ID, Token: tok}}
 	}
 	return in.keep(ctx, ps, failed)
 }

@@ -84,7 +84,17 @@ func (t *Tokens) All(ctx context.Context, actID string) (toks []*pb.Token, bad i
 
 // Get returns one token (nil if absent).
 func (t *Tokens) Get(ctx context.Context, actID, orderNo string) (*pb.Token, error) {
-	v, err := t.rdb.HGet(ctx, t.key(actID), orderNo).Bytes()
+	return tokenOf(t.rdb.HGet(ctx, t.key(actID), orderNo))
+}
+
+// get adds the read of one token to a pipeline; tokenOf decodes it.
+func (t *Tokens) get(ctx context.Context, pipe redis.Pipeliner, actID, orderNo string) *redis.StringCmd {
+	return pipe.HGet(ctx, t.key(actID), orderNo)
+}
+
+// tokenOf decodes the answer to a token read: nil if absent.
+func tokenOf(cmd *redis.StringCmd) (*pb.Token, error) {
+	v, err := cmd.Bytes()
 	if err == redis.Nil {
 		return nil, nil
 	}
