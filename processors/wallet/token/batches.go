@@ -96,10 +96,8 @@ func (b *provenBatch) check(leaf [hashSize]byte, index uint32, proof []byte) boo
 		if level == depth {
 			return false // the root is always proven: this one differs
 		}
-		s := step{at: at, h: h}
-		copy(s.other[:], proof[level*hashSize:])
-		climbed[level] = s
-		h, at = parent(h, s.other, at), at/2
+		climbed[level], h = up(h, at, proof[level*hashSize:])
+		at /= 2
 	}
 }
 
@@ -109,6 +107,14 @@ func (b *provenBatch) keep(climbed []step) {
 		b.set(level, s.at, s.h)
 		b.set(level, s.at^1, s.other)
 	}
+}
+
+// up is one step of a climb: node h at index at meets its sibling, the
+// proof's next hash; it returns the step and their parent.
+func up(h [hashSize]byte, at uint32, proof []byte) (step, [hashSize]byte) {
+	s := step{at: at, h: h}
+	copy(s.other[:], proof[:hashSize])
+	return s, parent(h, s.other, at)
 }
 
 // parent combines a node at index at with its sibling.
@@ -150,8 +156,10 @@ func (p *provenBatches) get(id batchID) *provenBatch {
 const maxProvenDepth = 10
 
 // add records a batch whose root signature verified, with the climb that
-// reached the root; a batch recorded meanwhile keeps its nodes.
-func (p *provenBatches) add(id batchID, depth int, climbed []step, root [hashSize]byte) {
+// reached the root (one step per level); a batch recorded meanwhile keeps
+// its nodes.
+func (p *provenBatches) add(id batchID, climbed []step, root [hashSize]byte) {
+	depth := len(climbed)
 	if depth > maxProvenDepth {
 		return
 	}
@@ -178,10 +186,9 @@ func (p *provenBatches) add(id batchID, depth int, climbed []step, root [hashSiz
 func climb(leaf [hashSize]byte, index uint32, proof []byte, steps []step) ([hashSize]byte, []step) {
 	h, at := leaf, index
 	for p := proof; len(p) > 0; p, at = p[hashSize:], at/2 {
-		s := step{at: at, h: h}
-		copy(s.other[:], p[:hashSize])
+		var s step
+		s, h = up(h, at, p)
 		steps = append(steps, s)
-		h = parent(h, s.other, at)
 	}
 	return h, steps
 }

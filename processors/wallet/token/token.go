@@ -333,7 +333,7 @@ func (k *Keyring) Verify(t *pb.Token) error {
 	if !k.roots.check(key, func() bool { return ed25519.Verify(pub, rootMessage(r), t.Signature) }) {
 		return ErrForged
 	}
-	k.proven.add(id, len(climbed), climbed, r)
+	k.proven.add(id, climbed, r)
 	return nil
 }
 
