@@ -72,3 +72,31 @@ func EachFieldAlone(m proto.Message) ([]FieldAlone, error) {
 	}
 	return out, nil
 }
+
+// Mismatches holds a hand-written encoder to proto.Marshal's deterministic
+// encoding: it encodes the samples, and one message per field of their
+// type (EachFieldAlone), both ways, and describes each difference. At
+// least one sample is needed (it names the type).
+func Mismatches[M proto.Message](encode func(M) []byte, samples ...M) ([]string, error) {
+	if len(samples) == 0 {
+		return nil, fmt.Errorf("wire: Mismatches needs a sample")
+	}
+	alone, err := EachFieldAlone(samples[0])
+	if err != nil {
+		return nil, err
+	}
+	for _, f := range alone {
+		samples = append(samples, f.Msg.(M))
+	}
+	var out []string
+	for i, m := range samples {
+		want, err := proto.MarshalOptions{Deterministic: true}.Marshal(m)
+		if err != nil {
+			return nil, err
+		}
+		if got := encode(m); string(got) != string(want) {
+			out = append(out, fmt.Sprintf("message %d: hand-written\n%x\nwant the protobuf encoding\n%x", i, got, want))
+		}
+	}
+	return out, nil
+}
