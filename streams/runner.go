@@ -6,9 +6,12 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"surge/streams/metrics"
@@ -24,7 +27,10 @@ type Runner struct {
 	out      Output
 
 	mIn, mOut, mDLQ, mCommitted, mAborted, mRetries, mRestarts metrics.Counter
-	mLag                                                       metrics.GaugeVec
+	// Waits of an offsets-only commit for the previous transaction's end
+	// (txnCommitter.awaitPreviousEnd).
+	mSettled metrics.Counter
+	mLag     metrics.GaugeVec
 }
 
 type recordID struct {
@@ -66,6 +72,7 @@ func New(name string, h Handler, opts ...Option) (*Runner, error) {
 		mAborted:   reg.NewCounterVec("surge_batches_total", "batches by outcome", "processor", "outcome").With(name, "aborted"),
 		mRetries:   reg.NewCounterVec("surge_errors_total", "errors by kind", "processor", "kind").With(name, "handler_retry"),
 		mRestarts:  reg.NewCounterVec("surge_errors_total", "errors by kind", "processor", "kind").With(name, "session_restart"),
+		mSettled:   reg.NewCounterVec("surge_txn_settle_waits_total", "waits of an offsets-only commit for the previous transaction to finish", "processor").With(name),
 		mLag:       reg.NewGaugeVec("surge_consumer_lag", "records behind the high watermark", "processor", "topic", "partition"),
 	}
 	return r, nil
@@ -115,7 +122,7 @@ func (r *Runner) clientOpts() []kgo.Opt {
 			// Per group and instance: two processors of one name in
 			// separate groups (executors, namespaces) must not fence
 			// each other.
-			kgo.TransactionalID(r.cfg.group+"-"+r.cfg.instanceID),
+			kgo.TransactionalID(r.txnID()),
 			kgo.TransactionTimeout(r.cfg.txnTimeout),
 		)
 	} else {
@@ -135,7 +142,7 @@ func (r *Runner) session(ctx context.Context) error {
 		if err := r.waitForBroker(ctx, sess.Client()); err != nil {
 			return err
 		}
-		return r.loop(ctx, sess.Client(), &txnCommitter{sess})
+		return r.loop(ctx, sess.Client(), &txnCommitter{s: sess, txnID: r.txnID(), settled: r.mSettled})
 	}
 	cl, err := kgo.NewClient(r.clientOpts()...)
 	if err != nil {
@@ -270,7 +277,7 @@ func (r *Runner) runBatch(work, ctx context.Context, c committer, recs []*kgo.Re
 	}
 	if !ok {
 		r.mAborted.Inc()
-		r.log.Info("batch aborted by a rebalance; it will be consumed again", "records", len(recs))
+		r.log.Info("batch aborted (a rebalance, or the broker refused its offsets); it will be consumed again", "records", len(recs))
 		return false, nil
 	}
 	r.mCommitted.Inc()
@@ -373,14 +380,79 @@ func produceAll(ctx context.Context, produce func(context.Context, *kgo.Record, 
 	return first
 }
 
-type txnCommitter struct{ s *kgo.GroupTransactSession }
+type txnCommitter struct {
+	s     *kgo.GroupTransactSession
+	txnID string
+	// produced is whether the open transaction has records; lastEnd is
+	// when the previous one ended.
+	produced bool
+	lastEnd  time.Time
+	// noDescribe is set once the broker refuses DescribeTransactions
+	// (an old broker, or no DESCRIBE on the transactional id).
+	noDescribe bool
+	settled    metrics.Counter
+}
 
 func (t *txnCommitter) poll(ctx context.Context, n int) kgo.Fetches { return t.s.PollRecords(ctx, n) }
 func (t *txnCommitter) begin() error                                { return t.s.Begin() }
 func (t *txnCommitter) produce(ctx context.Context, recs []*kgo.Record) error {
+	t.produced = t.produced || len(recs) > 0
 	return produceAll(ctx, t.s.Produce, recs)
 }
-func (t *txnCommitter) commit(ctx context.Context) (bool, error) { return t.s.End(ctx, kgo.TryCommit) }
+
+func (t *txnCommitter) commit(ctx context.Context) (bool, error) {
+	if !t.produced {
+		t.awaitPreviousEnd(ctx)
+	}
+	ok, err := t.s.End(ctx, kgo.TryCommit)
+	t.produced, t.lastEnd = false, time.Now()
+	return ok, err
+}
+
+// settleWindow bounds how long after a transaction's end the next
+// offsets-only commit checks that the end has finished.
+const settleWindow = 2 * time.Second
+
+// awaitPreviousEnd waits until the broker has finished the previous
+// transaction (written its markers) before a transaction that carries
+// offsets and no records is ended.
+//
+// Why: with transactions v2 (KIP-890, the default from Kafka 4.0) such a
+// transaction's first request is its TxnOffsetCommit, which the broker
+// refuses with CONCURRENT_TRANSACTIONS while the previous end is still
+// being written. franz-go retries that error for produced records, but
+// treats it as abortable on TxnOffsetCommit: the batch was aborted and
+// consumed again, and a processor that keeps memory (the push planner)
+// rebuilt it from its topics each time. A planner fed executor heartbeats
+// (batches with nothing to send) aborted dozens of times a minute on a
+// real broker, a second each. Asking for the transaction's state costs one
+// round trip, and only right after an end.
+func (t *txnCommitter) awaitPreviousEnd(ctx context.Context) {
+	if t.noDescribe || t.lastEnd.IsZero() || time.Since(t.lastEnd) > settleWindow {
+		return
+	}
+	adm := kadm.NewClient(t.s.Client())
+	deadline := t.lastEnd.Add(settleWindow)
+	for {
+		described, err := adm.DescribeTransactions(ctx, t.txnID)
+		d := described[t.txnID]
+		if err == nil {
+			err = d.Err
+		}
+		if err != nil {
+			// End anyway: at worst the batch is aborted and consumed again.
+			t.noDescribe = errors.Is(err, kerr.UnsupportedVersion) || errors.Is(err, kerr.TransactionalIDAuthorizationFailed)
+			return
+		}
+		if !strings.HasPrefix(d.State, "Prepare") { // PrepareCommit, PrepareAbort, PrepareEpochFence
+			return
+		}
+		t.settled.Inc()
+		if time.Now().After(deadline) || !sleep(ctx, 5*time.Millisecond) {
+			return
+		}
+	}
+}
 func (t *txnCommitter) abort(ctx context.Context) error {
 	_, err := t.s.End(ctx, kgo.TryAbort)
 	return err
@@ -426,6 +498,8 @@ func sleep(ctx context.Context, d time.Duration) bool {
 		return true
 	}
 }
+
+func (r *Runner) txnID() string { return r.cfg.group + "-" + r.cfg.instanceID }
 
 // kgoLogger forwards franz-go's warnings and errors to slog.
 type kgoLogger struct{ l *slog.Logger }

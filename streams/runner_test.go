@@ -568,3 +568,63 @@ func TestOnIdleRunsWithoutTraffic(t *testing.T) {
 		}
 	})
 }
+
+// A batch that produces nothing commits only its offsets. Right after a
+// commit, a real broker with transactions v2 refuses that with
+// CONCURRENT_TRANSACTIONS until the previous transaction's markers are
+// written, and franz-go then aborts the batch: every such batch was
+// consumed twice, and a processor that rebuilds its memory on an abort
+// (the push planner) spent a second on each. The runner waits for the
+// previous end first; no batch is aborted.
+func TestBatchesWithoutOutputAreNotAborted(t *testing.T) {
+	streamstest.Each(t, func(t *testing.T, b streamstest.Backend) {
+		in, out, dlq := streamstest.Unique("in"), streamstest.Unique("out"), streamstest.Unique("dlq")
+		streamstest.CreateTopics(t, b.Brokers, 1, in, out, dlq)
+		const n = 300
+		// Even uins are echoed, odd ones produce nothing: batches of one
+		// record, all waiting, alternate between the two kinds.
+		echoEven := echo(out)
+		h := func(ctx context.Context, r *kgo.Record, o *streams.Output) error {
+			if r.Offset%2 == 1 {
+				return nil
+			}
+			return echoEven(ctx, r, o)
+		}
+		var aborted, committedIn atomic.Int64
+		r, err := streams.New(streamstest.Unique("eos"), h, streams.Brokers(b.Brokers...), streams.Inputs(in),
+			streams.WithGuarantee(streams.ExactlyOnce), streams.DeadLetterTopic(dlq), streams.MaxBatch(1),
+			streams.Metrics(metrics.NewRegistry()), streams.Logger(quiet),
+			streams.OnBatchEnd(func(ok bool) {
+				if !ok {
+					aborted.Add(1)
+				}
+			}),
+			streams.OnCommit(func(in, _ int) { committedIn.Add(int64(in)) }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		recs := make([]*kgo.Record, n)
+		for i := range recs {
+			recs[i] = loginRecord(t, in, uint64(i))
+		}
+		streamstest.ProduceSync(t, streamstest.Client(t, b.Brokers), recs...)
+		runInBackground(t, r)
+		got := streamstest.ReadN(t, b.Brokers, out, true, n/2, 60*time.Second, time.Second)
+		deadline := time.Now().Add(30 * time.Second)
+		for committedIn.Load() < n && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+		}
+		if c := committedIn.Load(); c != n {
+			t.Fatalf("%d of %d inputs committed", c, n)
+		}
+		seen := countUins(t, got)
+		for u := range uint64(n) {
+			if want := int(1 - u%2); seen[u] != want {
+				t.Fatalf("uin %d echoed %d times, want %d", u, seen[u], want)
+			}
+		}
+		if a := aborted.Load(); a != 0 {
+			t.Fatalf("%d batches aborted", a)
+		}
+	})
+}

@@ -130,7 +130,11 @@ func (e *env) waitState(id string, want ...pb.JobState) pb.JobState {
 			e.t.Fatal(err)
 		}
 		if time.Now().After(deadline) {
-			e.t.Fatalf("job %s is %s, want %v", id, st, want)
+			var moves []string
+			for _, tr := range e.transitions(id) {
+				moves = append(moves, fmt.Sprintf("%s@%d[%s pos %d]", tr.To, tr.AtMs, tr.Executor, tr.Position))
+			}
+			e.t.Fatalf("job %s is %s, want %v\n%s\ntransitions: %v", id, st, want, e.stack.Planner.Describe(id), moves)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

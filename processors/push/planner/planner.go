@@ -668,3 +668,34 @@ func (p *Planner) Queued() int {
 	defer p.mu.Unlock()
 	return len(p.queue)
 }
+
+// Describe is a one-line view of a queued job's dispatch progress and the
+// executors' in-flight units, for logs and failing tests.
+func (p *Planner) Describe(jobID string) string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var b strings.Builder
+	if q := p.queue[jobID]; q != nil {
+		fmt.Fprintf(&b, "%s: state %s, next %d of %d units, %d done;", jobID, q.state, q.next, q.units, len(q.done))
+	} else {
+		fmt.Fprintf(&b, "%s: not queued (%s);", jobID, p.machine.State(jobID))
+	}
+	now := p.cfg.Now()
+	for name, ev := range p.executors {
+		var seen time.Duration
+		if ev.load != nil {
+			seen = now.Sub(ev.seen)
+		}
+		fmt.Fprintf(&b, " executor %s: %d in flight %v, free %d, seen %s ago;", name, len(ev.inflight), keys(ev.inflight), p.free(ev, now), seen.Round(time.Millisecond))
+	}
+	return b.String()
+}
+
+func keys(m map[string]bool) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}
