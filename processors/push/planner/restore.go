@@ -3,6 +3,7 @@ package planner
 import (
 	"context"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -20,7 +21,8 @@ func proto_clone(j *pb.SendJob) *pb.SendJob { return proto.Clone(j).(*pb.SendJob
 // push.job-transitions; the queue (with each job's dispatch position) from
 // the jobs not yet finished; the CRC and quota state by re-reading the
 // filtered package of every job queued (quota only for today's); unit
-// completions from push.executors.
+// completions from push.executors, from when the oldest job still queued
+// was queued.
 func (p *Planner) Restore(ctx context.Context, brokers []string) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -35,6 +37,7 @@ func (p *Planner) restore(ctx context.Context, brokers []string) error {
 		job      *pb.SendJob
 		position uint32
 		execs    string
+		queuedAt int64 // ms, planner's clock
 	}
 	jobs := map[string]*progress{}
 	illegal := 0
@@ -61,6 +64,7 @@ func (p *Planner) restore(ctx context.Context, brokers []string) error {
 			if err != nil {
 				return fmt.Errorf("planner: restore %s: filtered package: %w", t.JobId, err)
 			}
+			pr.queuedAt = t.AtMs
 			p.sent.Record(t.Job.ContentCrc, kept)
 			if time.UnixMilli(t.AtMs).In(now.Location()).Format("2006-01-02") == today && !t.Job.Realtime {
 				p.ledger.Charge(now, kept)
@@ -79,6 +83,7 @@ func (p *Planner) restore(ctx context.Context, brokers []string) error {
 	if illegal > 0 {
 		p.log.Warn("planner: restore skipped transitions that do not fit the machine", "count", illegal)
 	}
+	oldest := int64(math.MaxInt64) // when the oldest job still queued was queued
 	for id, pr := range jobs {
 		st := p.machine.State(id)
 		switch st {
@@ -93,8 +98,16 @@ func (p *Planner) restore(ctx context.Context, brokers []string) error {
 		}
 		q := p.enqueue(pr.job, kept, st)
 		q.next = pr.position
+		oldest = min(oldest, pr.queuedAt)
 	}
-	return streams.ReadToEnd(ctx, brokers, p.topic(schemas.TopicExecutors), func(r *kgo.Record) error {
+	if len(p.queue) == 0 {
+		return nil
+	}
+	// Completions of the queued jobs' units are on push.executors after
+	// the oldest was queued; the heartbeats before (a day of them, several
+	// a second per executor) are not read again on every restore.
+	from := streams.ReplayFrom{Time: time.UnixMilli(oldest).Add(-executorClockSkew)}
+	return streams.Replay(ctx, brokers, p.topic(schemas.TopicExecutors), from, func(r *kgo.Record) error {
 		var l pb.ExecutorLoad
 		if err := streams.Decode(r, &l); err == nil && l.DoneJobId != "" {
 			if q := p.queue[l.DoneJobId]; q != nil {
@@ -104,6 +117,10 @@ func (p *Planner) restore(ctx context.Context, brokers []string) error {
 		return nil
 	})
 }
+
+// executorClockSkew is how far an executor's clock (its records'
+// timestamps) may run behind the planner's (the transitions' times).
+const executorClockSkew = 10 * time.Minute
 
 // Run restores the planner and the fan-list mirror, then plans until ctx
 // ends. An aborted batch rebuilds the memory before the batch is retried.
