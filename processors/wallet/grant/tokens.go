@@ -73,7 +73,7 @@ func (t *Tokens) All(ctx context.Context, actID string) (toks []*pb.Token, bad i
 	}
 	for _, v := range m {
 		tok := new(pb.Token)
-		if proto.Unmarshal([]byte(v), tok) != nil {
+		if token.Unmarshal([]byte(v), tok) != nil {
 			bad++
 			continue
 		}
@@ -102,7 +102,7 @@ func tokenOf(cmd *redis.StringCmd) (*pb.Token, error) {
 		return nil, err
 	}
 	tok := new(pb.Token)
-	return tok, proto.Unmarshal(v, tok)
+	return tok, token.Unmarshal(v, tok)
 }
 
 // MarkBooked sets the status of booked tokens to SUCCESS, in toks and in

@@ -7,6 +7,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"surge/processors/wallet/token"
+	"surge/schemas"
 	pb "surge/schemas/surgev1"
 	"surge/streams"
 )
@@ -57,7 +59,7 @@ func (l *Ledger) checkBatch(recs []*kgo.Record) *batchCheck {
 						continue
 					}
 					tok := new(pb.Token)
-					if streams.Decode(recs[i], tok) == nil && tok.Status == pb.TokenStatus_PROCESSING {
+					if decodeToken(recs[i], tok) == nil && tok.Status == pb.TokenStatus_PROCESSING {
 						c.toks[i] = checkedToken{tok, l.cfg.Keys.Verify(tok)}
 					}
 				}
@@ -66,6 +68,18 @@ func (l *Ledger) checkBatch(recs []*kgo.Record) *batchCheck {
 		}()
 	}
 	return c
+}
+
+var tokenSchema = schemas.Of(&pb.Token{})
+
+// decodeToken is streams.Decode for tokens, through token.Unmarshal. A
+// record it refuses is left to the handler, which decodes it again and
+// dead-letters it with streams.Decode's reason.
+func decodeToken(r *kgo.Record, tok *pb.Token) error {
+	if err := streams.CheckSchema(r, tokenSchema); err != nil {
+		return err
+	}
+	return token.Unmarshal(r.Value, tok)
 }
 
 // token returns r's token once it is checked; false for a record that is
