@@ -123,6 +123,10 @@ func (r *Runner) clientOpts() []kgo.Opt {
 			// separate groups (executors, namespaces) must not fence
 			// each other.
 			kgo.TransactionalID(r.txnID()),
+			// A produce franz-go retries after a metadata refresh (a
+			// moved leader; CONCURRENT_TRANSACTIONS that got through
+			// awaitPreviousEnd) waits 250 ms for it, not the default 5 s.
+			kgo.MetadataMinAge(250*time.Millisecond),
 			kgo.TransactionTimeout(r.cfg.txnTimeout),
 		)
 	} else {
@@ -396,7 +400,11 @@ type txnCommitter struct {
 func (t *txnCommitter) poll(ctx context.Context, n int) kgo.Fetches { return t.s.PollRecords(ctx, n) }
 func (t *txnCommitter) begin() error                                { return t.s.Begin() }
 func (t *txnCommitter) produce(ctx context.Context, recs []*kgo.Record) error {
-	t.produced = t.produced || len(recs) > 0
+	if len(recs) == 0 {
+		return nil
+	}
+	t.awaitPreviousEnd(ctx)
+	t.produced = true
 	return produceAll(ctx, t.s.Produce, recs)
 }
 
@@ -409,24 +417,30 @@ func (t *txnCommitter) commit(ctx context.Context) (bool, error) {
 	return ok, err
 }
 
-// settleWindow bounds how long after a transaction's end the next
-// offsets-only commit checks that the end has finished.
+// settleWindow bounds how long after a transaction's end the next one
+// checks that the end has finished.
 const settleWindow = 2 * time.Second
 
 // awaitPreviousEnd waits until the broker has finished the previous
-// transaction (written its markers) before a transaction that carries
-// offsets and no records is ended.
+// transaction (written its markers) before the next one sends its first
+// request: its first produce, or, when it produced nothing, the commit of
+// its offsets.
 //
-// Why: with transactions v2 (KIP-890, the default from Kafka 4.0) such a
-// transaction's first request is its TxnOffsetCommit, which the broker
-// refuses with CONCURRENT_TRANSACTIONS while the previous end is still
-// being written. franz-go retries that error for produced records, but
-// treats it as abortable on TxnOffsetCommit: the batch was aborted and
-// consumed again, and a processor that keeps memory (the push planner)
-// rebuilt it from its topics each time. A planner fed executor heartbeats
-// (batches with nothing to send) aborted dozens of times a minute on a
-// real broker, a second each. Asking for the transaction's state costs one
-// round trip, and only right after an end.
+// Why: with transactions v2 (KIP-890, the default from Kafka 4.0) that
+// first request also adds its partitions to the transaction, and the
+// broker refuses it with CONCURRENT_TRANSACTIONS while the previous end is
+// still being written. franz-go then
+//   - on a TxnOffsetCommit, aborts the batch: it was consumed again, and a
+//     processor that keeps memory (the push planner) rebuilt it from its
+//     topics each time; a planner fed executor heartbeats (batches with
+//     nothing to send) aborted dozens of times a minute, a second each;
+//   - on a produce, retries after a metadata refresh, which waits out the
+//     client's metadata minimum age (5 s by default): the ledger stalled
+//     4-5 s in 3 of 4 runs of the wallet benchmark on a real broker, in
+//     none of 12 with this wait (bench/wallet-notes.md).
+//
+// Asking for the transaction's state costs one round trip, and only right
+// after an end.
 func (t *txnCommitter) awaitPreviousEnd(ctx context.Context) {
 	if t.noDescribe || t.lastEnd.IsZero() || time.Since(t.lastEnd) > settleWindow {
 		return
