@@ -27,8 +27,8 @@ type Runner struct {
 	out      Output
 
 	mIn, mOut, mDLQ, mCommitted, mAborted, mRetries, mRestarts metrics.Counter
-	// Waits of an offsets-only commit for the previous transaction's end
-	// (txnCommitter.awaitPreviousEnd).
+	// Waits of a transaction's first request for the previous
+	// transaction's end (txnCommitter.awaitPreviousEnd).
 	mSettled metrics.Counter
 	mLag     metrics.GaugeVec
 }
@@ -72,7 +72,7 @@ func New(name string, h Handler, opts ...Option) (*Runner, error) {
 		mAborted:   reg.NewCounterVec("surge_batches_total", "batches by outcome", "processor", "outcome").With(name, "aborted"),
 		mRetries:   reg.NewCounterVec("surge_errors_total", "errors by kind", "processor", "kind").With(name, "handler_retry"),
 		mRestarts:  reg.NewCounterVec("surge_errors_total", "errors by kind", "processor", "kind").With(name, "session_restart"),
-		mSettled:   reg.NewCounterVec("surge_txn_settle_waits_total", "waits of an offsets-only commit for the previous transaction to finish", "processor").With(name),
+		mSettled:   reg.NewCounterVec("surge_txn_settle_waits_total", "waits of a transaction's first request for the previous transaction to finish", "processor").With(name),
 		mLag:       reg.NewGaugeVec("surge_consumer_lag", "records behind the high watermark", "processor", "topic", "partition"),
 	}
 	return r, nil
@@ -146,7 +146,7 @@ func (r *Runner) session(ctx context.Context) error {
 		if err := r.waitForBroker(ctx, sess.Client()); err != nil {
 			return err
 		}
-		return r.loop(ctx, sess.Client(), &txnCommitter{s: sess, txnID: r.txnID(), settled: r.mSettled})
+		return r.loop(ctx, sess.Client(), &txnCommitter{s: sess, adm: kadm.NewClient(sess.Client()), txnID: r.txnID(), settled: r.mSettled})
 	}
 	cl, err := kgo.NewClient(r.clientOpts()...)
 	if err != nil {
@@ -386,6 +386,7 @@ func produceAll(ctx context.Context, produce func(context.Context, *kgo.Record, 
 
 type txnCommitter struct {
 	s     *kgo.GroupTransactSession
+	adm   *kadm.Client // the session's client, for DescribeTransactions
 	txnID string
 	// produced is whether the open transaction has records; lastEnd is
 	// when the previous one ended.
@@ -445,10 +446,9 @@ func (t *txnCommitter) awaitPreviousEnd(ctx context.Context) {
 	if t.noDescribe || t.lastEnd.IsZero() || time.Since(t.lastEnd) > settleWindow {
 		return
 	}
-	adm := kadm.NewClient(t.s.Client())
 	deadline := t.lastEnd.Add(settleWindow)
 	for {
-		described, err := adm.DescribeTransactions(ctx, t.txnID)
+		described, err := t.adm.DescribeTransactions(ctx, t.txnID)
 		d := described[t.txnID]
 		if err == nil {
 			err = d.Err

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math"
 	"slices"
 	"sort"
@@ -686,16 +687,7 @@ func (p *Planner) Describe(jobID string) string {
 		if ev.load != nil {
 			seen = now.Sub(ev.seen)
 		}
-		fmt.Fprintf(&b, " executor %s: %d in flight %v, free %d, seen %s ago;", name, len(ev.inflight), keys(ev.inflight), p.free(ev, now), seen.Round(time.Millisecond))
+		fmt.Fprintf(&b, " executor %s: %d in flight %v, free %d, seen %s ago;", name, len(ev.inflight), slices.Sorted(maps.Keys(ev.inflight)), p.free(ev, now), seen.Round(time.Millisecond))
 	}
 	return b.String()
-}
-
-func keys(m map[string]bool) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	slices.Sort(out)
-	return out
 }
