@@ -36,7 +36,7 @@ var options = []struct {
 	{"redis.prefix", "online:", "key prefix of the online bitmap shards (use shadow.online: for load tests)"},
 	{"sink.max_batch", 100000, "rows per sink insert: ClickHouse wants few large inserts (overrides processor.max_batch for sink-*)"},
 	{"sink.tasks", 2, "tasks per sink: members of its group in this process, each inserting its own batches at once (Kafka Connect's tasks.max)"},
-	{"clickhouse.dsn", "", "ClickHouse server DSN (clickhouse://host:9000/db); empty uses embedded chDB"},
+	{"clickhouse.dsn", "", "ClickHouse server DSN (clickhouse://host:9000/db, or http://host:8123/db); empty uses embedded chDB"},
 	{"clickhouse.chdb_dir", "", "chDB data directory in embedded mode; empty is a temporary one"},
 	{"clickhouse.chdb_connections", 0, "chDB queries and inserts that may run at once; 0 is the number of CPUs (at most 8)"},
 	{"metrics.addr", "127.0.0.1:9464", "address of the Prometheus /metrics endpoint; empty disables it"},

@@ -96,6 +96,13 @@ func (c *ChDB) query(ctx context.Context, sql, format string) (string, error) {
 	return res.String(), nil
 }
 
+// Query runs sql and returns its whole output in the named ClickHouse
+// format ("JSONCompactStrings", "Native", ...), for callers that need a
+// format the Store methods do not give (chdbhttp answers in Native).
+func (c *ChDB) Query(ctx context.Context, sql, format string) (string, error) {
+	return c.query(ctx, sql, format)
+}
+
 // Exec implements Store.
 func (c *ChDB) Exec(ctx context.Context, sql string) error {
 	_, err := c.query(ctx, sql, "CSV")

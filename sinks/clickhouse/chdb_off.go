@@ -17,6 +17,9 @@ func OpenChDB(string, ...ChDBOption) (*ChDB, error) {
 }
 
 func (*ChDB) Exec(context.Context, string) error { return errors.ErrUnsupported }
+func (*ChDB) Query(context.Context, string, string) (string, error) {
+	return "", errors.ErrUnsupported
+}
 func (*ChDB) QueryStrings(context.Context, string) ([][]string, error) {
 	return nil, errors.ErrUnsupported
 }

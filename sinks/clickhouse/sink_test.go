@@ -17,13 +17,18 @@ import (
 
 	"surge/schemas/surgev1"
 	"surge/sinks/clickhouse"
+	"surge/sinks/clickhouse/chdbhttp"
 	"surge/streams"
 	"surge/streams/metrics"
 	"surge/streams/streamstest"
 )
 
-// One chDB session per process (a chDB limit), shared by the tests.
-var store *clickhouse.ChDB
+// One chDB session per process (a chDB limit), shared by the tests; the
+// server driver reaches the same database over HTTP (chdbhttp).
+var (
+	store  *clickhouse.ChDB
+	server *clickhouse.Server
+)
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "surge-chdb-")
@@ -34,7 +39,16 @@ func TestMain(m *testing.M) {
 	if err != nil {
 		panic(err)
 	}
+	endpoint, err := chdbhttp.Listen(store, "127.0.0.1:0")
+	if err != nil {
+		panic(err)
+	}
+	if server, err = clickhouse.OpenServer(context.Background(), endpoint.DSN()); err != nil {
+		panic(err)
+	}
 	code := m.Run()
+	_ = server.Close()
+	_ = endpoint.Close()
 	_ = store.Close()
 	os.RemoveAll(dir)
 	os.Exit(code)
@@ -77,81 +91,87 @@ func (f *flaky) Insert(ctx context.Context, table string, cols []clickhouse.Colu
 
 // Every presence change lands in the table exactly once, although the
 // first writes fail, three tasks insert at once and the whole topic is
-// delivered a second time.
+// delivered a second time; on both drivers.
 func TestSinkLosesNoRowAndRedeliveryDoesNotDouble(t *testing.T) {
 	streamstest.Each(t, func(t *testing.T, b streamstest.Backend) {
-		ctx := context.Background()
-		if _, err := clickhouse.Migrate(ctx, store); err != nil {
-			t.Fatal(err)
+		for _, name := range []string{"chdb", "server"} {
+			t.Run(name, func(t *testing.T) { sinkLosesNoRow(t, b, drivers()[name]) })
 		}
-		if err := store.Exec(ctx, "TRUNCATE TABLE presence_changes"); err != nil {
-			t.Fatal(err)
-		}
-		topic := streamstest.Unique("presence")
-		streamstest.CreateTopics(t, b.Brokers, 3, topic)
-		cl := streamstest.Client(t, b.Brokers)
-		const n = 5000
-		var recs []*kgo.Record
-		for u := 0; u < n; u++ {
-			r, _ := streams.NewRecord(topic, nil, &surgev1.LoginEvent{Uin: uint64(u), Online: u%3 != 0, AtMs: int64(1000 + u)})
-			recs = append(recs, r)
-		}
-		streamstest.ProduceSync(t, cl, recs...)
-
-		reg := metrics.NewRegistry()
-		run := func(group string, st clickhouse.Store, tasks int) {
-			s := clickhouse.Presence().Bind(st)
-			s.Topic = topic
-			s.Registry = reg
-			var in atomic.Int64
-			ctx, cancel := context.WithCancel(context.Background())
-			done := make(chan error)
-			go func() {
-				done <- s.RunTasks(ctx, b.Brokers, tasks, streams.Group(group), streams.Metrics(metrics.NewRegistry()),
-					streams.Backoff(5*time.Millisecond, 20*time.Millisecond), streams.MaxBatch(1000),
-					streams.Logger(slog.New(slog.NewTextHandler(io.Discard, nil))),
-					streams.OnCommit(func(i, _ int) { in.Add(int64(i)) }))
-			}()
-			deadline := time.Now().Add(60 * time.Second)
-			for in.Load() < n && time.Now().Before(deadline) {
-				time.Sleep(20 * time.Millisecond)
-			}
-			cancel()
-			<-done
-			if in.Load() != n {
-				t.Fatalf("committed %d of %d", in.Load(), n)
-			}
-		}
-		f := &flaky{Store: store}
-		f.fails.Store(3)
-		run(streamstest.Unique("g1"), f, 3)     // three tasks, inserting at once
-		run(streamstest.Unique("g2"), store, 1) // a second group: every row delivered again
-
-		rows, err := store.QueryStrings(ctx, "SELECT count(), uniqExact(uin), sum(online) FROM presence_changes FINAL")
-		if err != nil {
-			t.Fatal(err)
-		}
-		want := []string{"5000", "5000", "3333"}
-		for i := range want {
-			if rows[0][i] != want[i] {
-				t.Fatalf("table has count, distinct, online = %v, want %v", rows[0], want)
-			}
-		}
-		// Each group inserted every row once; the three failed inserts
-		// are counted apart.
-		var text strings.Builder
-		_ = reg.WriteText(&text)
-		for _, want := range []string{
-			`surge_sink_rows_total{sink="sink-presence"} 10000`,
-			`surge_sink_inserts_total{sink="sink-presence",outcome="failed"} 3`,
-		} {
-			if !strings.Contains(text.String(), want) {
-				t.Errorf("metrics lack %s:\n%s", want, text.String())
-			}
-		}
-		raw, _ := store.QueryStrings(ctx, "SELECT count() FROM presence_changes")
-		t.Logf("%s raw rows before merge for %d records delivered twice", raw[0][0], n)
 	})
+}
+
+func sinkLosesNoRow(t *testing.T, b streamstest.Backend, store clickhouse.Store) {
+	ctx := context.Background()
+	if _, err := clickhouse.Migrate(ctx, store); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Exec(ctx, "TRUNCATE TABLE presence_changes"); err != nil {
+		t.Fatal(err)
+	}
+	topic := streamstest.Unique("presence")
+	streamstest.CreateTopics(t, b.Brokers, 3, topic)
+	cl := streamstest.Client(t, b.Brokers)
+	const n = 5000
+	var recs []*kgo.Record
+	for u := 0; u < n; u++ {
+		r, _ := streams.NewRecord(topic, nil, &surgev1.LoginEvent{Uin: uint64(u), Online: u%3 != 0, AtMs: int64(1000 + u)})
+		recs = append(recs, r)
+	}
+	streamstest.ProduceSync(t, cl, recs...)
+
+	reg := metrics.NewRegistry()
+	run := func(group string, st clickhouse.Store, tasks int) {
+		s := clickhouse.Presence().Bind(st)
+		s.Topic = topic
+		s.Registry = reg
+		var in atomic.Int64
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error)
+		go func() {
+			done <- s.RunTasks(ctx, b.Brokers, tasks, streams.Group(group), streams.Metrics(metrics.NewRegistry()),
+				streams.Backoff(5*time.Millisecond, 20*time.Millisecond), streams.MaxBatch(1000),
+				streams.Logger(slog.New(slog.NewTextHandler(io.Discard, nil))),
+				streams.OnCommit(func(i, _ int) { in.Add(int64(i)) }))
+		}()
+		deadline := time.Now().Add(60 * time.Second)
+		for in.Load() < n && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+		}
+		cancel()
+		<-done
+		if in.Load() != n {
+			t.Fatalf("committed %d of %d", in.Load(), n)
+		}
+	}
+	f := &flaky{Store: store}
+	f.fails.Store(3)
+	run(streamstest.Unique("g1"), f, 3)     // three tasks, inserting at once
+	run(streamstest.Unique("g2"), store, 1) // a second group: every row delivered again
+
+	rows, err := store.QueryStrings(ctx, "SELECT count(), uniqExact(uin), sum(online) FROM presence_changes FINAL")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"5000", "5000", "3333"}
+	for i := range want {
+		if rows[0][i] != want[i] {
+			t.Fatalf("table has count, distinct, online = %v, want %v", rows[0], want)
+		}
+	}
+	// Each group inserted every row once; the three failed inserts
+	// are counted apart.
+	var text strings.Builder
+	_ = reg.WriteText(&text)
+	for _, want := range []string{
+		`surge_sink_rows_total{sink="sink-presence"} 10000`,
+		`surge_sink_inserts_total{sink="sink-presence",outcome="failed"} 3`,
+	} {
+		if !strings.Contains(text.String(), want) {
+			t.Errorf("metrics lack %s:\n%s", want, text.String())
+		}
+	}
+	raw, _ := store.QueryStrings(ctx, "SELECT count() FROM presence_changes")
+	t.Logf("%s raw rows before merge for %d records delivered twice", raw[0][0], n)
 }
 
 // Every sink's columns exist in its table after migration, with a type

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"surge/sinks/clickhouse"
+	"surge/sinks/clickhouse/chdbhttp"
 	"surge/sinks/recon"
 )
 
@@ -189,4 +190,52 @@ func TestReport(t *testing.T) {
 		t.Fatalf("json: %s", js.String())
 	}
 	t.Log("\n" + text.String())
+}
+
+// The reconciliation finds the same results through the server driver
+// (clickhouse-go over HTTP, served by chdbhttp on this test's database) as
+// through chDB in-process: every check, scope and sum of the three hours.
+func TestServerDriverReconcilesAlike(t *testing.T) {
+	TestFindsLostDoubleAndUndelivered(t) // fills the tables
+	ctx := context.Background()
+	ep, err := chdbhttp.Listen(store.(*clickhouse.ChDB), "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ep.Close()
+	server, err := clickhouse.OpenServer(ctx, ep.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer server.Close()
+	base := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	now := func() time.Time { return base.Add(3 * time.Hour) }
+	results := func(st clickhouse.Store, h time.Time) []string {
+		res, _, err := (&recon.Reconciler{Store: st, Now: now}).Run(ctx, recon.Hour(h, recon.AttemptH1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, x := range res {
+			out = append(out, fmt.Sprintf("%s %s %d/%d mismatch=%v", x.Check, x.Scope, x.Expected, x.Actual, x.Mismatch))
+		}
+		slices.Sort(out)
+		return out
+	}
+	mismatches := 0
+	for h := range 3 {
+		hour := base.Add(time.Duration(h) * time.Hour)
+		embedded, viaServer := results(store, hour), results(server, hour)
+		if len(embedded) == 0 || !slices.Equal(embedded, viaServer) {
+			t.Fatalf("hour %s:\nchdb:\n%s\nserver:\n%s", hour.Format("15:04"), strings.Join(embedded, "\n"), strings.Join(viaServer, "\n"))
+		}
+		for _, r := range viaServer {
+			if strings.HasSuffix(r, "mismatch=true") {
+				mismatches++
+			}
+		}
+	}
+	if mismatches < 9 { // 7 in the faulty hour, 2 in the offsetting one
+		t.Fatalf("%d mismatches found through both drivers", mismatches)
+	}
 }

@@ -1,0 +1,136 @@
+package clickhouse_test
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"testing"
+
+	"surge/sinks/clickhouse"
+)
+
+// drivers are the two ways to reach ClickHouse, both on the one chDB
+// database of this test process: chDB in-process, and clickhouse-go v2
+// (the server driver) over HTTP through chdbhttp.
+func drivers() map[string]clickhouse.Store {
+	return map[string]clickhouse.Store{"chdb": store, "server": server}
+}
+
+// sampleRows writes n rows of cols with values that reach the edges of
+// each type: empty and non-ASCII strings, negative and extreme integers,
+// times before and after the epoch.
+func sampleRows(cols []clickhouse.Column, n int) *clickhouse.RowWriter {
+	w := clickhouse.NewRowWriter(cols)
+	for r := range n {
+		for i, c := range cols {
+			k := r*len(cols) + i
+			switch c.Type {
+			case clickhouse.String:
+				w.Str([]string{"", "a", "grant_7_rain_1", "红包 ünïcode", "quote ' and \\ and \n", strings.Repeat("x", 300)}[k%6] + fmt.Sprint(r))
+			case clickhouse.Int32:
+				w.I32([]int32{0, -1, math.MinInt32, math.MaxInt32, int32(k)}[k%5])
+			case clickhouse.Int64:
+				w.I64([]int64{0, -1, math.MinInt64, math.MaxInt64, int64(k) * 1e12}[k%5])
+			case clickhouse.UInt8:
+				w.U8([]uint8{0, 1, 255, uint8(k)}[k%4])
+			case clickhouse.UInt32:
+				w.U32([]uint32{0, 1, math.MaxUint32, uint32(k) * 7919}[k%4])
+			case clickhouse.UInt64:
+				w.U64([]uint64{0, 1, math.MaxUint64, uint64(k) << 40}[k%4])
+			case clickhouse.DateTime64ms:
+				w.Millis([]int64{0, 1, 1_764_806_400_123, -86_400_000, int64(k) * 3_600_000}[k%5])
+			}
+		}
+		w.EndRow()
+	}
+	return w
+}
+
+// The server driver writes into every sink's table exactly what the
+// embedded driver writes: the same rows, value for value. Each driver
+// inserts the same rows into its own copy of the table, and the copies
+// are compared as text.
+func TestServerDriverWritesWhatTheEmbeddedDriverWrites(t *testing.T) {
+	ctx := context.Background()
+	if _, err := clickhouse.Migrate(ctx, store); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range clickhouse.Facts() {
+		t.Run(s.Name, func(t *testing.T) {
+			const n = 40
+			var got []string
+			for _, name := range []string{"chdb", "server"} {
+				st := drivers()[name]
+				copyName := "drivers_" + name + "_" + s.Table
+				for _, ddl := range []string{
+					"DROP TABLE IF EXISTS " + copyName,
+					"CREATE TABLE " + copyName + " AS " + s.Table + " ENGINE = MergeTree ORDER BY tuple()",
+				} {
+					if err := st.Exec(ctx, ddl); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if err := st.Insert(ctx, copyName, s.Columns, sampleRows(s.Columns, n)); err != nil {
+					t.Fatalf("%s driver: %v", name, err)
+				}
+				cols := make([]string, len(s.Columns))
+				for i, c := range s.Columns {
+					cols[i] = "toString(" + c.Name + ")"
+				}
+				rows, err := st.QueryStrings(ctx, "SELECT "+strings.Join(cols, ", ")+" FROM "+copyName)
+				if err != nil {
+					t.Fatalf("%s driver: %v", name, err)
+				}
+				if len(rows) != n {
+					t.Fatalf("%s driver: %d rows in %s, want %d", name, len(rows), copyName, n)
+				}
+				text := make([]string, len(rows))
+				for i, r := range rows {
+					text[i] = strings.Join(r, "\t")
+				}
+				slices.Sort(text)
+				got = append(got, strings.Join(text, "\n"))
+				if err := st.Exec(ctx, "DROP TABLE "+copyName); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if got[0] != got[1] {
+				t.Fatalf("the drivers wrote different rows into %s:\nchdb:\n%s\nserver:\n%s", s.Table, got[0], got[1])
+			}
+		})
+	}
+}
+
+// Migrations read through either driver agree on what is applied, and a
+// statement the engine refuses comes back as the engine's error.
+func TestServerDriverMigratesAndReportsErrors(t *testing.T) {
+	ctx := context.Background()
+	if _, err := clickhouse.Migrate(ctx, store); err != nil {
+		t.Fatal(err)
+	}
+	did, err := clickhouse.Migrate(ctx, server)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(did) != 0 {
+		t.Fatalf("the server driver applied %v again", did)
+	}
+	rows, err := server.QueryStrings(ctx, "SELECT count() > 0, max(version) FROM schema_migrations")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := store.QueryStrings(ctx, "SELECT count() > 0, max(version) FROM schema_migrations")
+	if !slices.Equal(rows[0], want[0]) || rows[0][0] != "1" {
+		t.Fatalf("server driver reads %v, embedded %v", rows, want)
+	}
+	err = server.Exec(ctx, "SELECT * FROM no_such_table_here")
+	if err == nil || !strings.Contains(err.Error(), "no_such_table_here") {
+		t.Fatalf("a query of a missing table gave %v", err)
+	}
+	cols := clickhouse.Columns("uin UInt32, online UInt8, at_ms Int64")
+	if err := server.Insert(ctx, "no_such_table_here", cols, sampleRows(cols, 1)); err == nil {
+		t.Fatal("an insert into a missing table succeeded")
+	}
+}
