@@ -3,12 +3,25 @@ package clickhouse_test
 import (
 	"context"
 	"fmt"
+	"io"
+	"log/slog"
 	"math"
+	"regexp"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"surge/schemas/surgev1"
 	"surge/sinks/clickhouse"
+	"surge/sinks/clickhouse/chdbhttp"
+	"surge/streams"
+	"surge/streams/embedded"
+	"surge/streams/metrics"
+	"surge/streams/streamstest"
 )
 
 // drivers are the two ways to reach ClickHouse, both on the one chDB
@@ -133,4 +146,105 @@ func TestServerDriverMigratesAndReportsErrors(t *testing.T) {
 	if err := server.Insert(ctx, "no_such_table_here", cols, sampleRows(cols, 1)); err == nil {
 		t.Fatal("an insert into a missing table succeeded")
 	}
+}
+
+// dropping takes the endpoint down just before the second insert, and
+// brings it back on the same address a little later: a server that went
+// away for a moment, with the driver's connections really cut.
+type dropping struct {
+	clickhouse.Store
+	inserts atomic.Int32
+	drop    func()
+}
+
+func (d *dropping) Insert(ctx context.Context, table string, cols []clickhouse.Column, w *clickhouse.RowWriter) error {
+	if d.inserts.Add(1) == 2 {
+		d.drop()
+	}
+	return d.Store.Insert(ctx, table, cols, w)
+}
+
+// A sink on the server driver whose server goes away mid-run retries until
+// it is back, and every row lands once.
+func TestServerSinkRidesOutALostConnection(t *testing.T) {
+	ctx := context.Background()
+	if _, err := clickhouse.Migrate(ctx, store); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Exec(ctx, "TRUNCATE TABLE presence_changes"); err != nil {
+		t.Fatal(err)
+	}
+	ep, err := chdbhttp.Listen(store, "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := strings.TrimSuffix(strings.TrimPrefix(ep.DSN(), "http://"), "/default")
+	srv, err := clickhouse.OpenServer(ctx, ep.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	back := make(chan *chdbhttp.Endpoint, 1)
+	d := &dropping{Store: srv, drop: func() {
+		_ = ep.Close()
+		go func() {
+			time.Sleep(300 * time.Millisecond)
+			again, err := chdbhttp.Listen(store, addr)
+			if err != nil {
+				t.Error(err)
+			}
+			back <- again
+		}()
+	}}
+
+	k, err := embedded.StartKafka() // the broker is not what this test is about
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer k.Close()
+	b := streamstest.Backend{Name: "kfake", Brokers: k.Brokers()}
+	topic := streamstest.Unique("presence")
+	streamstest.CreateTopics(t, b.Brokers, 1, topic)
+	const n = 5000
+	var recs []*kgo.Record
+	for u := range n {
+		r, _ := streams.NewRecord(topic, nil, &surgev1.LoginEvent{Uin: uint64(u), Online: true, AtMs: 1})
+		recs = append(recs, r)
+	}
+	streamstest.ProduceSync(t, streamstest.Client(t, b.Brokers), recs...)
+
+	reg := metrics.NewRegistry()
+	s := clickhouse.Presence().Bind(d)
+	s.Topic, s.Registry = topic, reg
+	var in atomic.Int64
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error)
+	go func() {
+		done <- s.RunTasks(runCtx, b.Brokers, 1, streams.Group(streamstest.Unique("g")), streams.Metrics(metrics.NewRegistry()),
+			streams.Backoff(10*time.Millisecond, 50*time.Millisecond), streams.MaxBatch(1000),
+			streams.Logger(slog.New(slog.NewTextHandler(io.Discard, nil))),
+			streams.OnCommit(func(i, _ int) { in.Add(int64(i)) }))
+	}()
+	for deadline := time.Now().Add(60 * time.Second); in.Load() < n && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+	}
+	cancel()
+	<-done
+	defer func() { (<-back).Close() }()
+	if in.Load() != n {
+		t.Fatalf("committed %d of %d", in.Load(), n)
+	}
+	rows, err := store.QueryStrings(ctx, "SELECT count(), uniqExact(uin) FROM presence_changes FINAL")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rows[0][0] != "5000" || rows[0][1] != "5000" {
+		t.Fatalf("count, distinct = %v, want 5000 each", rows[0])
+	}
+	var text strings.Builder
+	_ = reg.WriteText(&text)
+	if !regexp.MustCompile(`surge_sink_inserts_total\{sink="sink-presence",outcome="failed"\} [1-9]`).MatchString(text.String()) {
+		t.Fatalf("no failed insert counted while the server was away:\n%s", text.String())
+	}
+	t.Logf("%d inserts tried, the second with the server away", d.inserts.Load())
 }
