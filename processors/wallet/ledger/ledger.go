@@ -129,7 +129,7 @@ func (l *Ledger) topic(name string) string { return l.cfg.Namespace + name }
 var withdrawalSchema = schemas.Of(&pb.Withdrawal{}).Name
 
 // Keys: 'a' actID -> balance(8) income(8); 'e' actID 0x00 orderNo ->
-// entry. The entry key is also the idempotency index ("is this order
+// the entry as the flow list shows it (storedEntry). The entry key is also the idempotency index ("is this order
 // booked?"): two keys per booking, not three. The flow list is sorted by
 // time when it is read. Every key names its user, so a partition's part
 // of the store can be found and dropped (keyActID).
@@ -175,9 +175,9 @@ func (l *Ledger) isBooked(r pebble.Reader, act, no string) (bool, error) {
 	return true, nil
 }
 
-// apply writes one ledger entry, e encoded as v, into w (the staged batch,
-// or the restore) and stages the account's new balance.
-func (l *Ledger) apply(w *pebble.Batch, accts *accounts, e *pb.LedgerEntry, v []byte) error {
+// apply writes one ledger entry into w (the staged batch, or the restore)
+// and stages the account's new balance.
+func (l *Ledger) apply(w *pebble.Batch, accts *accounts, e *pb.LedgerEntry) error {
 	acc, err := accts.get(w, e.ActId)
 	if err != nil {
 		return err
@@ -198,7 +198,8 @@ func (l *Ledger) apply(w *pebble.Batch, accts *accounts, e *pb.LedgerEntry, v []
 	if isNew {
 		l.keys.Add(ak)
 	}
-	_ = w.Set(ek, v, nil)
+	var v [3 * binary.MaxVarintLen64]byte
+	_ = w.Set(ek, appendStoredEntry(v[:0], e), nil)
 	return w.Set(ak, binary.BigEndian.AppendUint64(binary.BigEndian.AppendUint64(nil, uint64(acc.balance)), uint64(acc.income)), nil)
 }
 
@@ -322,7 +323,7 @@ func (l *Ledger) applyRestored(r *kgo.Record) error {
 	if streams.Decode(r, &e) != nil {
 		return nil
 	}
-	if err := l.apply(l.rebuild, l.rebuildAccts, &e, r.Value); err != nil {
+	if err := l.apply(l.rebuild, l.rebuildAccts, &e); err != nil {
 		return err
 	}
 	if l.rebuild.Count() > 50000 {
@@ -448,7 +449,7 @@ func (l *Ledger) book(ctx context.Context, tok *pb.Token, verify bool, verdict e
 // encoded once for both.
 func (l *Ledger) bookEntry(e *pb.LedgerEntry, out *streams.Output) error {
 	r := streams.NewEncodedRecord(l.ledgerTopic, []byte(e.ActId), e, marshalEntry(e))
-	if err := l.apply(l.staged, l.accts, e, r.Value); err != nil {
+	if err := l.apply(l.staged, l.accts, e); err != nil {
 		return err
 	}
 	out.Emit(r)
@@ -588,9 +589,8 @@ func (l *Ledger) read(ctx context.Context, actID string, flow bool) (View, []Ite
 				return err
 			}
 			for ok := it.First(); ok; ok = it.Next() {
-				var e pb.LedgerEntry
-				if proto.Unmarshal(it.Value(), &e) == nil {
-					items = append(items, Item{OrderNo: e.OrderNo, Kind: e.Kind, Amount: e.Amount, AtMs: e.BookedAtMs, Booked: true})
+				if kind, amount, at, ok := parseStoredEntry(it.Value()); ok {
+					items = append(items, Item{OrderNo: string(it.Key()[len(lo):]), Kind: kind, Amount: amount, AtMs: at, Booked: true})
 				}
 			}
 			it.Close()

@@ -174,6 +174,7 @@ func TestBacklogInvisibleAndBookedEqualsGranted(t *testing.T) {
 		ctx := context.Background()
 		var granted int64
 		per := map[string]int64{}
+		u3Orders := map[string]int64{}
 		for i := range 400 {
 			act := fmt.Sprintf("u%d", i%20)
 			g := cash(act, fmt.Sprintf("r%d", i), int64(1+i%100))
@@ -183,6 +184,9 @@ func TestBacklogInvisibleAndBookedEqualsGranted(t *testing.T) {
 			}
 			granted += g.Amount
 			per[act] += g.Amount
+			if act == "u3" {
+				u3Orders[g.OrderNo] = g.Amount
+			}
 		}
 		// Right after granting most is unbooked, yet every balance is whole.
 		v, err := w.led.Balance(ctx, "u3")
@@ -225,6 +229,17 @@ func TestBacklogInvisibleAndBookedEqualsGranted(t *testing.T) {
 			if v, _ := w.led.Balance(ctx, act); v.Balance != want || v.Unbooked != 0 {
 				t.Fatalf("%s: balance %d (unbooked %d), want %d", act, v.Balance, v.Unbooked, want)
 			}
+		}
+		// Booked, u3's flow list is each of its grants once, from the store.
+		items, _, err = w.led.Flow(ctx, "u3", 0, 1000)
+		if err != nil || len(items) != len(u3Orders) {
+			t.Fatalf("u3's flow: %d items, %v; granted %d", len(items), err, len(u3Orders))
+		}
+		for _, it := range items {
+			if amount, ok := u3Orders[it.OrderNo]; !ok || !it.Booked || it.Amount != amount || it.Kind != pb.LedgerKind_GRANT || it.AtMs == 0 {
+				t.Fatalf("u3's flow item %+v; granted %d", it, amount)
+			}
+			delete(u3Orders, it.OrderNo)
 		}
 	})
 }
