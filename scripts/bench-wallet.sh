@@ -17,6 +17,9 @@ redis="127.0.0.1:${REDIS_PORT:-16379}"
   echo "\$ GOMAXPROCS=1 go test -run xxx -bench . ./processors/wallet/token/"
   GOMAXPROCS=1 go test -run xxx -bench . ./processors/wallet/token/ | grep -E '^Benchmark'
   echo
+  echo "\$ go test -run xxx -bench BenchmarkRebuild -benchtime 3x ./processors/wallet/ledger/   # the store rebuilt from wallet.ledger on start"
+  go test -run xxx -bench BenchmarkRebuild -benchtime 3x ./processors/wallet/ledger/ | grep -E '^Benchmark'
+  echo
   echo "\$ go run ./bench/wallet -grants $grants -backlog 1000000 -redis $redis"
   go run ./bench/wallet -grants "$grants" -backlog 1000000 -redis "$redis" 2>&1 | grep -v ' INFO '
   echo

@@ -50,7 +50,8 @@ func (a *accounts) read(r pebble.Reader, act string) (account, error) {
 }
 
 // get is the balance as the open batch sees it. r is the store under the
-// batch; only the processing goroutine calls get and stage.
+// batch (the batch's own balances are the staged ones); only the
+// processing goroutine calls get and stage.
 func (a *accounts) get(r pebble.Reader, act string) (account, error) {
 	if acc, ok := a.staged[act]; ok {
 		return acc, nil
@@ -70,6 +71,19 @@ func (a *accounts) getCommitted(r pebble.Reader, act string) (account, error) {
 }
 
 func (a *accounts) stage(act string, acc account) { a.staged[act] = acc }
+
+// writeStaged writes the staged balances into w, the batch they belong to.
+func (a *accounts) writeStaged(w *pebble.Batch) error {
+	var v [16]byte
+	for act, acc := range a.staged {
+		binary.BigEndian.PutUint64(v[:8], uint64(acc.balance))
+		binary.BigEndian.PutUint64(v[8:], uint64(acc.income))
+		if err := w.Set(acctKey(act), v[:], nil); err != nil {
+			return err
+		}
+	}
+	return nil
+}
 
 // commit promotes the staged balances; call it once their batch is
 // committed to Pebble.

@@ -71,12 +71,17 @@ type Ledger struct {
 
 	mu       sync.Mutex   // guards staged and the handler
 	commitMu sync.RWMutex // a batch's commit (store and balances) against reads
-	staged   *pebble.Batch
-	checking *batchCheck      // the batch's tokens, decoded and checked beside the handler
-	seen     *token.Verified  // tokens verified on earlier reads
-	booked   []*pb.Token      // tokens booked in the open batch (marked SUCCESS after commit)
-	marks    chan []*pb.Token // committed batches' tokens on their way to markBooked
-	accts    *accounts
+	// staged is the open batch's writes. It is not indexed (keeping a
+	// skiplist of it cost more than it served): what the handler reads
+	// back from its own batch is in stagedOrders and accts' staged
+	// balances instead.
+	staged       *pebble.Batch
+	stagedOrders map[string]struct{} // entry keys written in the open batch
+	checking     *batchCheck         // the batch's tokens, decoded and checked beside the handler
+	seen         *token.Verified     // tokens verified on earlier reads
+	booked       []*pb.Token         // tokens booked in the open batch (marked SUCCESS after commit)
+	marks        chan []*pb.Token    // committed batches' tokens on their way to markBooked
+	accts        *accounts
 
 	// A partition's part of the store is rebuilt from wallet.ledger
 	// whenever the partition is assigned: another instance may have booked
@@ -175,10 +180,20 @@ func (l *Ledger) isBooked(r pebble.Reader, act, no string) (bool, error) {
 	return true, nil
 }
 
+// isBookedForBatch is isBooked as the handler sees it: the store and the
+// open batch over it.
+func (l *Ledger) isBookedForBatch(act, no string) (bool, error) {
+	if _, ok := l.stagedOrders[string(entryKey(act, no))]; ok {
+		return true, nil
+	}
+	return l.isBooked(l.db, act, no)
+}
+
 // apply writes one ledger entry into w (the staged batch, or the restore)
-// and stages the account's new balance.
+// and stages the account's new balance; the balance is written once per
+// batch, when it commits (commitBatch).
 func (l *Ledger) apply(w *pebble.Batch, accts *accounts, e *pb.LedgerEntry) error {
-	acc, err := accts.get(w, e.ActId)
+	acc, err := accts.get(l.db, e.ActId)
 	if err != nil {
 		return err
 	}
@@ -199,8 +214,21 @@ func (l *Ledger) apply(w *pebble.Batch, accts *accounts, e *pb.LedgerEntry) erro
 		l.keys.Add(ak)
 	}
 	var v [3 * binary.MaxVarintLen64]byte
-	_ = w.Set(ek, appendStoredEntry(v[:0], e), nil)
-	return w.Set(ak, binary.BigEndian.AppendUint64(binary.BigEndian.AppendUint64(nil, uint64(acc.balance)), uint64(acc.income)), nil)
+	return w.Set(ek, appendStoredEntry(v[:0], e), nil)
+}
+
+// commitBatch writes the balances staged in accts into w, commits w and
+// then promotes the balances: an account booked many times in a batch is
+// written once.
+func commitBatch(w *pebble.Batch, accts *accounts) error {
+	if err := accts.writeStaged(w); err != nil {
+		return err
+	}
+	if err := w.Commit(pebble.NoSync); err != nil {
+		return err
+	}
+	accts.commit()
+	return nil
 }
 
 // Run rebuilds the store from wallet.ledger and books until ctx ends.
@@ -241,7 +269,7 @@ func (l *Ledger) Run(ctx context.Context, opts ...streams.Option) error {
 		return fmt.Errorf("ledger: restore: %w", err)
 	}
 	l.cfg.Log.Info("ledger: store rebuilt from wallet.ledger", "entries", n, "took", time.Since(start).Round(time.Millisecond))
-	l.staged = db.NewIndexedBatch()
+	l.staged, l.stagedOrders = db.NewBatch(), map[string]struct{}{}
 	l.ready.Store(true)
 	opts = append([]streams.Option{
 		streams.Brokers(l.brokers...),
@@ -313,7 +341,7 @@ func (l *Ledger) clearPartitions(ps map[int32]bool) error {
 
 // startRebuild opens the batch and balances a rebuild applies entries to.
 func (l *Ledger) startRebuild() {
-	l.rebuild, l.rebuildAccts = l.db.NewIndexedBatch(), newAccounts(maxCachedAccounts, l.keys)
+	l.rebuild, l.rebuildAccts = l.db.NewBatch(), newAccounts(maxCachedAccounts, l.keys)
 }
 
 // applyRestored books one entry of a rebuild (of a partition, or of the
@@ -327,17 +355,16 @@ func (l *Ledger) applyRestored(r *kgo.Record) error {
 		return err
 	}
 	if l.rebuild.Count() > 50000 {
-		if err := l.rebuild.Commit(pebble.NoSync); err != nil {
+		if err := commitBatch(l.rebuild, l.rebuildAccts); err != nil {
 			return err
 		}
-		l.rebuildAccts.commit()
-		l.rebuild = l.db.NewIndexedBatch()
+		l.rebuild = l.db.NewBatch()
 	}
 	return nil
 }
 
 func (l *Ledger) finishRebuild() error {
-	err := l.rebuild.Commit(pebble.NoSync)
+	err := commitBatch(l.rebuild, l.rebuildAccts)
 	l.rebuild, l.rebuildAccts = nil, nil
 	return err
 }
@@ -352,11 +379,10 @@ func (l *Ledger) batchEnd(committed bool) {
 	l.booked = nil
 	if committed {
 		l.commitMu.Lock() // readers see the store and the balances of one commit
-		if err := l.staged.Commit(pebble.NoSync); err != nil {
+		if err := commitBatch(l.staged, l.accts); err != nil {
 			l.cfg.Log.Error("ledger: pebble commit failed; exiting so the restart rebuilds it", "err", err)
 			panic(err)
 		}
-		l.accts.commit()
 		l.commitMu.Unlock()
 		if l.cfg.Tokens != nil && len(toks) > 0 {
 			l.marks <- toks
@@ -365,7 +391,8 @@ func (l *Ledger) batchEnd(committed bool) {
 		_ = l.staged.Close()
 		l.accts.drop()
 	}
-	l.staged = l.db.NewIndexedBatch()
+	l.staged = l.db.NewBatch()
+	clear(l.stagedOrders)
 }
 
 // Handle is the handler over wallet.tokens and wallet.withdrawals.
@@ -418,7 +445,7 @@ func (l *Ledger) book(ctx context.Context, tok *pb.Token, verify bool, verdict e
 	if tok.Amount <= 0 {
 		return false, streams.Reject(fmt.Sprintf("token %s with amount %d", tok.OutTradeNo, tok.Amount), nil)
 	}
-	done, err := l.isBooked(l.staged, tok.ActId, tok.OutTradeNo)
+	done, err := l.isBookedForBatch(tok.ActId, tok.OutTradeNo)
 	if err != nil || done {
 		return false, err
 	}
@@ -426,7 +453,7 @@ func (l *Ledger) book(ctx context.Context, tok *pb.Token, verify bool, verdict e
 	if err := l.limit.Wait(ctx, 1); err != nil {
 		return false, err
 	}
-	acc, err := l.accts.get(l.staged, tok.ActId)
+	acc, err := l.accts.get(l.db, tok.ActId)
 	if err != nil {
 		return false, err
 	}
@@ -452,6 +479,7 @@ func (l *Ledger) bookEntry(e *pb.LedgerEntry, out *streams.Output) error {
 	if err := l.apply(l.staged, l.accts, e); err != nil {
 		return err
 	}
+	l.stagedOrders[string(entryKey(e.ActId, e.OrderNo))] = struct{}{}
 	out.Emit(r)
 	return nil
 }
@@ -468,10 +496,10 @@ func (l *Ledger) withdraw(ctx context.Context, w *pb.Withdrawal, out *streams.Ou
 		res.Refused, res.Reason = true, fmt.Sprintf("invalid withdrawal: id %q, user %q, amount %d", w.WithdrawId, w.ActId, w.Amount)
 		return answer(res)
 	}
-	if done, err := l.isBooked(l.staged, w.ActId, "w:"+w.WithdrawId); err != nil || done {
+	if done, err := l.isBookedForBatch(w.ActId, "w:"+w.WithdrawId); err != nil || done {
 		if done {
 			res.Reason = "already booked"
-			acc, _ := l.accts.get(l.staged, w.ActId)
+			acc, _ := l.accts.get(l.db, w.ActId)
 			res.BalanceAfter = acc.balance
 			return answer(res)
 		}
@@ -498,7 +526,7 @@ func (l *Ledger) withdraw(ctx context.Context, w *pb.Withdrawal, out *streams.Ou
 			}
 		}
 	}
-	acc, err := l.accts.get(l.staged, w.ActId)
+	acc, err := l.accts.get(l.db, w.ActId)
 	if err != nil {
 		return err
 	}

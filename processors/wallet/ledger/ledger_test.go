@@ -70,7 +70,7 @@ type wallet struct {
 	done   chan error
 }
 
-func topics(t *testing.T, b streamstest.Backend, ns string) {
+func topics(t testing.TB, b streamstest.Backend, ns string) {
 	var names []string
 	for _, n := range []string{schemas.TopicGrants, schemas.TopicTokens, schemas.TopicLedger, schemas.TopicWithdrawals,
 		schemas.TopicWithdrawResult, schemas.TopicDeadLetter} {
