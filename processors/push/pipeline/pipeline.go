@@ -1,8 +1,11 @@
 // Package pipeline wires the mass-push processors into one running stack:
 // presence, the planner, N executors, the offline queues and the timer
 // service, over one set of topics (optionally namespaced). It is what the
-// embedded mode, the load generator, the tests and the benchmarks start;
-// in production each processor runs as its own `surge run` process.
+// load generator (`surge loadgen`, on kfake or real brokers), the tests and
+// the benchmarks start. Its follower, account, tag and blacklist sources
+// are in-memory stand-ins (fanlist.MemSource, planner.MemAccounts,
+// filter.Tags, filter.Blacklists) for the platform's own services, which
+// is why the push processors are not offered as `surge run` components.
 package pipeline
 
 import (
