@@ -60,12 +60,14 @@ func TestMigrationsApplyOnceAndAreRecorded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	again, err := clickhouse.Migrate(ctx, store)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(again) != 0 {
-		t.Fatalf("second migrate applied %v", again)
+	for name, st := range drivers() { // either driver reads what is applied
+		again, err := clickhouse.Migrate(ctx, st)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(again) != 0 {
+			t.Fatalf("second migrate through the %s driver applied %v", name, again)
+		}
 	}
 	rows, err := store.QueryStrings(ctx, "SELECT count() FROM schema_migrations")
 	if err != nil {
