@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 
 	"github.com/redis/go-redis/v9"
@@ -42,6 +43,18 @@ var defaultComponents = []string{"presence", "sink-dead-letters", "sink-presence
 func startPipeline(ctx context.Context, log *slog.Logger, brokers []string, store clickhouse.Store, mirror *presence.RedisMirror, names []string, sinkTasks int, opts map[string][]streams.Option) (*pipeline, error) {
 	if len(names) == 0 {
 		names = defaultComponents
+	}
+	// Every sink's table is checked before anything starts.
+	var sinks []*clickhouse.Sink
+	for _, f := range clickhouse.Facts() {
+		if slices.Contains(names, f.Name) {
+			sinks = append(sinks, f)
+		}
+	}
+	if len(sinks) > 0 && store != nil {
+		if err := clickhouse.CheckTables(ctx, store, sinks...); err != nil {
+			return nil, err
+		}
 	}
 	p := &pipeline{}
 	for _, name := range names {

@@ -39,7 +39,7 @@ func TestRefusesWhatItDoesNotServe(t *testing.T) {
 	}
 	for _, c := range []struct {
 		name, query, body, want string
-		status               int
+		status                  int
 	}{
 		{"a setting on a query", "?max_threads=2", "SELECT 1", "settings on a query (max_threads = '2')", 501},
 		{"a query parameter", "?param_x=1", "SELECT {x:UInt8}", "query parameter param_x", 501},
