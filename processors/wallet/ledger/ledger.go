@@ -133,11 +133,12 @@ func (l *Ledger) topic(name string) string { return l.cfg.Namespace + name }
 // withdrawalSchema tells withdrawals from tokens on the ledger's inputs.
 var withdrawalSchema = schemas.Of(&pb.Withdrawal{}).Name
 
-// Keys: 'a' actID -> balance(8) income(8); 'e' actID 0x00 orderNo ->
-// the entry as the flow list shows it (storedEntry). The entry key is also the idempotency index ("is this order
-// booked?"): two keys per booking, not three. The flow list is sorted by
-// time when it is read. Every key names its user, so a partition's part
-// of the store can be found and dropped (keyActID).
+// Keys: 'a' actID -> balance(8) income(8); 'e' actID 0x00 orderNo -> the
+// entry as the flow list shows it (appendStoredEntry). The entry key is
+// also the idempotency index ("is this order booked?"): two keys per
+// booking, not three. The flow list is sorted by time when it is read.
+// Every key names its user, so a partition's part of the store can be
+// found and dropped (keyActID).
 func acctKey(act string) []byte { return append(append(make([]byte, 0, 1+len(act)), 'a'), act...) }
 
 // keyActID is the user a store key belongs to.
