@@ -129,6 +129,7 @@ func (e *Endpoint) serve(r *http.Request) ([]byte, error) {
 		case strings.HasPrefix(k, "param_"):
 			return nil, fmt.Errorf("%w: query parameter %s", errNotServed, k)
 		case droppedOnQueries[k] && params.Get("query") == "":
+			// dropped (droppedOnQueries)
 		case !notSettings[k]:
 			settings = append(settings, k+" = "+clickhouse.Quote(params.Get(k)))
 		}
