@@ -12,6 +12,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -66,11 +68,12 @@ type Intake struct {
 // lane is where a kind of traffic goes: real, or load test (shadow prefix
 // on every topic and key, with a TTL on keys).
 type lane struct {
-	ns     string
-	keys   string
-	ttl    time.Duration
-	tokens *Tokens
-	stock  *stock.Control
+	ns        string
+	keys      string
+	ttl       time.Duration
+	tokens    *Tokens
+	stock     *stock.Control
+	keyedCash *keyedCashClaims
 }
 
 // New returns an intake.
@@ -85,7 +88,8 @@ func New(d Deps) *Intake {
 		d.Now = time.Now
 	}
 	mk := func(ns, keys string, ttl time.Duration) lane {
-		return lane{ns: ns, keys: keys, ttl: ttl, tokens: NewTokens(d.Redis, keys+"wtok:", ttl), stock: stock.New(d.Redis, keys+"wstock:", 8)}
+		return lane{ns: ns, keys: keys, ttl: ttl, tokens: NewTokens(d.Redis, keys+"wtok:", ttl), stock: stock.New(d.Redis, keys+"wstock:", 8),
+			keyedCash: &keyedCashClaims{marker: keys + "wgrant-cash-keyed"}}
 	}
 	ns := d.Namespace
 	in := &Intake{d: d, live: mk(ns, ns, 0), shadow: mk(schemas.ShadowPrefix+ns, "shadow:"+ns, 24*time.Hour),
@@ -173,6 +177,7 @@ func (in *Intake) GrantBatch(ctx context.Context, gs []*pb.RewardGrant) []Outcom
 			keyed = append(keyed, p)
 		}
 	}
+	tokened = in.claimedByKey(ctx, tokened, now)
 	if len(keyed) > 0 {
 		if err := in.claim(ctx, keyed); err != nil {
 			for _, p := range keyed {
@@ -252,8 +257,14 @@ func (in *Intake) claim(ctx context.Context, ps []*pending) error {
 	mark := ps[0].phase.ID + " " + batchMark()
 	pipe := in.d.Redis.Pipeline()
 	cmds := make([]*redis.BoolCmd, len(ps))
+	marked := map[*keyedCashClaims]bool{}
 	for i, p := range ps {
-		cmds[i] = pipe.SetNX(ctx, p.idem, mark, 30*24*time.Hour)
+		cmds[i] = pipe.SetNX(ctx, p.idem, mark, claimTTL)
+		if k := p.l.keyedCash; p.g.AwardType == pb.AwardType_CASH && !marked[k] { // token Redis is switched off
+			pipe.Set(ctx, k.marker, 1, claimTTL)
+			k.seen()
+			marked[k] = true
+		}
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		release := in.d.Redis.Pipeline()
@@ -275,6 +286,77 @@ func (in *Intake) claim(ctx context.Context, ps []*pending) error {
 		*p.out = Outcome{Result: &Result{Duplicate: true, Activity: p.phase.ID}}
 	}
 	return nil
+}
+
+// claimTTL is how long a claim key holds its order number.
+const claimTTL = 30 * 24 * time.Hour
+
+// keyedCashClaims tells whether a lane may hold cash grants claimed by key:
+// while token Redis is switched off a cash grant's order number is claimed
+// by its own key, not in the user's token hash, and a retry after the
+// switch is back on must find that claim. A marker key lives as long as
+// those claims; while it does, cash grants also look up their claim key
+// (one EXISTS each), and otherwise not at all.
+type keyedCashClaims struct {
+	marker  string
+	checked atomic.Int64 // unix nanoseconds of the last look at the marker
+	present atomic.Bool
+}
+
+// markerRecheck bounds how stale the answer about the marker may be: a
+// grant claimed by key on another instance less than this before the
+// switch came back on may be accepted again when retried here.
+const markerRecheck = time.Second
+
+func (k *keyedCashClaims) seen() { k.present.Store(true); k.checked.Store(time.Now().UnixNano()) }
+
+// mayExist reports whether claim keys of cash grants may exist.
+func (k *keyedCashClaims) mayExist(ctx context.Context, rdb redis.UniversalClient, now time.Time) bool {
+	if now.UnixNano()-k.checked.Load() < int64(markerRecheck) {
+		return k.present.Load()
+	}
+	n, err := rdb.Exists(ctx, k.marker).Result()
+	if err != nil {
+		return true // unknown: look the claims up
+	}
+	k.present.Store(n > 0)
+	k.checked.Store(now.UnixNano())
+	return n > 0
+}
+
+// claimedByKey answers, among cash grants about to be claimed through
+// their token, those whose order number was already claimed by key while
+// token Redis was switched off: duplicates, without their token (it was
+// never kept in Redis). It returns the others.
+func (in *Intake) claimedByKey(ctx context.Context, tokened []*pending, now time.Time) []*pending {
+	var look []*pending
+	for _, p := range tokened {
+		if p.l.keyedCash.mayExist(ctx, in.d.Redis, now) {
+			look = append(look, p)
+		}
+	}
+	if len(look) == 0 {
+		return tokened
+	}
+	pipe := in.d.Redis.Pipeline()
+	cmds := make(map[*pending]*redis.IntCmd, len(look))
+	for _, p := range look {
+		cmds[p] = pipe.Exists(ctx, p.l.keys+"wgrant:"+p.g.OrderNo)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		for _, p := range look {
+			*p.out = Outcome{Err: fmt.Errorf("grant: idempotency check: %w", err)}
+		}
+		return slices.DeleteFunc(tokened, func(p *pending) bool { return cmds[p] != nil })
+	}
+	return slices.DeleteFunc(tokened, func(p *pending) bool {
+		if cmd := cmds[p]; cmd != nil && cmd.Val() > 0 {
+			in.mResult.With("duplicate").Inc()
+			*p.out = Outcome{Result: &Result{Duplicate: true, Activity: p.phase.ID}}
+			return true
+		}
+		return false
+	})
 }
 
 // releaseClaimScript deletes a claim key only if it still holds the given

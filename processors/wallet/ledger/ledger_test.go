@@ -755,6 +755,33 @@ func TestDegradedTokenRedis(t *testing.T) {
 	})
 }
 
+// An order accepted while token Redis was switched off (claimed by its own
+// key, not in the user's token hash) is a duplicate when it is retried
+// after the switch is back on: its budget is spent once. The two intakes
+// are the one before and the one after the switch (or two instances).
+func TestDuplicateAcrossTheTokenRedisSwitch(t *testing.T) {
+	streamstest.EachStack(t, func(t *testing.T, b streamstest.Backend, rdb *redis.Client) {
+		off := tree(0)
+		off.Degrade = map[string]bool{guard.TokenRedis: true}
+		w := newWallet(t, b, rdb, off, false)
+		on := grant.New(grant.Deps{Config: config.Static(tree(0)), Keys: w.keys, Redis: rdb, Producer: w.cl, Log: quiet, Namespace: w.ns})
+		ctx := context.Background()
+		g := cash("x", "r1", 10)
+		if res, err := w.intake.Grant(ctx, proto.Clone(g).(*pb.RewardGrant)); err != nil || res.Duplicate {
+			t.Fatalf("switched off: %+v %v", res, err)
+		}
+		if res, err := on.Grant(ctx, proto.Clone(g).(*pb.RewardGrant)); err != nil || !res.Duplicate {
+			t.Fatalf("retried after the switch came back on: %+v %v", res, err)
+		}
+		if spent, _ := rdb.Get(ctx, w.ns+"wbudget:spring-live").Int64(); spent != 10 {
+			t.Fatalf("budget spent %d, want 10", spent)
+		}
+		if res, err := on.Grant(ctx, cash("x", "r2", 5)); err != nil || res.Duplicate || res.Token == nil {
+			t.Fatalf("a new order after the switch: %+v %v", res, err)
+		}
+	})
+}
+
 // Load-test traffic goes to shadow topics and keys that expire.
 func TestShadowTraffic(t *testing.T) {
 	streamstest.EachStack(t, func(t *testing.T, b streamstest.Backend, rdb *redis.Client) {
