@@ -261,7 +261,7 @@ func (in *Intake) claim(ctx context.Context, ps []*pending) error {
 	for i, p := range ps {
 		cmds[i] = pipe.SetNX(ctx, p.idem, mark, claimTTL)
 		if k := p.l.keyedCash; p.g.AwardType == pb.AwardType_CASH && !marked[k] { // token Redis is switched off
-			pipe.Set(ctx, k.marker, 1, claimTTL)
+			pipe.Set(ctx, k.marker, 1, keyedCashWindow)
 			k.seen()
 			marked[k] = true
 		}
@@ -291,12 +291,21 @@ func (in *Intake) claim(ctx context.Context, ps []*pending) error {
 // claimTTL is how long a claim key holds its order number.
 const claimTTL = 30 * 24 * time.Hour
 
+// keyedCashWindow is how long after the last cash grant claimed by key its
+// retries are looked for: a client retries within minutes or hours, and
+// the lookups cost intake Redis work for as long as they run. A retry
+// later than this is accepted again; its budget is counted twice (the cap
+// refuses early) and the ledger books the order once.
+const keyedCashWindow = 24 * time.Hour
+
 // keyedCashClaims tells whether a lane may hold cash grants claimed by key:
 // while token Redis is switched off a cash grant's order number is claimed
 // by its own key, not in the user's token hash, and a retry after the
-// switch is back on must find that claim. A marker key lives as long as
-// those claims; while it does, cash grants also look up their claim key
-// (one EXISTS each), and otherwise not at all.
+// switch is back on must find that claim. A marker key lives for
+// keyedCashWindow after the last such claim; while it does, cash grants
+// also look up their claim key (one EXISTS each: intake ran about 12%
+// slower with the lookups on, bench/wallet-notes.md), and otherwise not
+// at all.
 type keyedCashClaims struct {
 	marker  string
 	checked atomic.Int64 // unix nanoseconds of the last look at the marker
