@@ -160,15 +160,13 @@ func entryKey(act, no string) []byte {
 	return append(k, no...)
 }
 
-// isBooked reports whether order no of user act is booked in r (the store,
-// or the open batch over it).
-func (l *Ledger) isBooked(r pebble.Reader, act, no string) (bool, error) {
-	k := entryKey(act, no)
+// isBooked reports whether the entry keyed k (entryKey) is in the store.
+func (l *Ledger) isBooked(k []byte) (bool, error) {
 	if !l.keys.MayContain(k) {
 		l.mLookupFilter.Inc()
 		return false, nil
 	}
-	_, c, err := r.Get(k)
+	_, c, err := l.db.Get(k)
 	if errors.Is(err, pebble.ErrNotFound) {
 		l.mLookupMissed.Inc()
 		return false, nil
@@ -184,19 +182,20 @@ func (l *Ledger) isBooked(r pebble.Reader, act, no string) (bool, error) {
 // isBookedForBatch is isBooked as the handler sees it: the store and the
 // open batch over it.
 func (l *Ledger) isBookedForBatch(act, no string) (bool, error) {
-	if _, ok := l.stagedOrders[string(entryKey(act, no))]; ok {
+	k := entryKey(act, no)
+	if _, ok := l.stagedOrders[string(k)]; ok {
 		return true, nil
 	}
-	return l.isBooked(l.db, act, no)
+	return l.isBooked(k)
 }
 
 // apply writes one ledger entry into w (the staged batch, or the restore)
 // and stages the account's new balance; the balance is written once per
-// batch, when it commits (commitBatch).
-func (l *Ledger) apply(w *pebble.Batch, accts *accounts, e *pb.LedgerEntry) error {
+// batch, when it commits (commitBatch). It returns the entry's key.
+func (l *Ledger) apply(w *pebble.Batch, accts *accounts, e *pb.LedgerEntry) ([]byte, error) {
 	acc, err := accts.get(l.db, e.ActId)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	// The account's key goes into the filter while the account has no
 	// income: every account with income had its key added by the entry
@@ -215,7 +214,7 @@ func (l *Ledger) apply(w *pebble.Batch, accts *accounts, e *pb.LedgerEntry) erro
 		l.keys.Add(ak)
 	}
 	var v [3 * binary.MaxVarintLen64]byte
-	return w.Set(ek, appendStoredEntry(v[:0], e), nil)
+	return ek, w.Set(ek, appendStoredEntry(v[:0], e), nil)
 }
 
 // commitBatch writes the balances staged in accts into w, commits w and
@@ -352,7 +351,7 @@ func (l *Ledger) applyRestored(r *kgo.Record) error {
 	if streams.Decode(r, &e) != nil {
 		return nil
 	}
-	if err := l.apply(l.rebuild, l.rebuildAccts, &e); err != nil {
+	if _, err := l.apply(l.rebuild, l.rebuildAccts, &e); err != nil {
 		return err
 	}
 	if l.rebuild.Count() > 50000 {
@@ -477,10 +476,11 @@ func (l *Ledger) book(ctx context.Context, tok *pb.Token, verify bool, verdict e
 // encoded once for both.
 func (l *Ledger) bookEntry(e *pb.LedgerEntry, out *streams.Output) error {
 	r := streams.NewEncodedRecord(l.ledgerTopic, []byte(e.ActId), e, marshalEntry(e))
-	if err := l.apply(l.staged, l.accts, e); err != nil {
+	ek, err := l.apply(l.staged, l.accts, e)
+	if err != nil {
 		return err
 	}
-	l.stagedOrders[string(entryKey(e.ActId, e.OrderNo))] = struct{}{}
+	l.stagedOrders[string(ek)] = struct{}{}
 	out.Emit(r)
 	return nil
 }
@@ -628,7 +628,7 @@ func (l *Ledger) read(ctx context.Context, actID string, flow bool) (View, []Ite
 			if tok.Status == pb.TokenStatus_SUCCESS {
 				continue // marked once its booking committed: in the balance
 			}
-			if ok, _ := l.isBooked(l.db, tok.ActId, tok.OutTradeNo); ok {
+			if ok, _ := l.isBooked(entryKey(tok.ActId, tok.OutTradeNo)); ok {
 				continue // booked; Redis not updated yet
 			}
 			unbooked = append(unbooked, tok)
