@@ -98,7 +98,8 @@ func (c *ChDB) query(ctx context.Context, sql, format string) (string, error) {
 
 // Query runs sql and returns its whole output in the named ClickHouse
 // format ("JSONCompactStrings", "Native", ...), for callers that need a
-// format the Store methods do not give (chdbhttp answers in Native).
+// format the Store methods do not give (chdbhttp reads results as
+// JSONCompactStrings, with their column types).
 func (c *ChDB) Query(ctx context.Context, sql, format string) (string, error) {
 	return c.query(ctx, sql, format)
 }
