@@ -47,8 +47,8 @@ func main() {
 	workers := flag.Int("workers", 2048, "concurrent callers")
 	backlog := flag.Int("backlog", 1_000_000, "unbooked tokens waiting while balances are read")
 	reads := flag.Int("reads", 20_000, "balance reads")
-	batchers := flag.Int("batchers", 16, "intake batches in flight (Batcher workers; `surge wallet` default wallet.batchers)")
-	batch := flag.Int("batch", 256, "grants per intake batch (concurrent calls coalesced)")
+	batchers := flag.Int("batchers", 8, "intake batches in flight (Batcher workers; `surge wallet` default wallet.batchers)")
+	batch := flag.Int("batch", 512, "grants per intake batch (concurrent calls coalesced; `surge wallet` default wallet.batch_size)")
 	cpuprofile := flag.String("cpuprofile", "", "CPU profile of the intake phase")
 	flag.Parse()
 
@@ -57,7 +57,8 @@ func main() {
 	defer stopKafka()
 	ctx := context.Background()
 	ns := fmt.Sprintf("wbench%d.", time.Now().UnixNano())
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ProducerLinger(2*time.Millisecond), kgo.MaxBufferedRecords(1<<20))
+	var produced produceStats
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ProducerLinger(2*time.Millisecond), kgo.MaxBufferedRecords(1<<20), kgo.WithHooks(&produced))
 	must(err)
 	defer cl.Close()
 	for _, n := range []string{schemas.TopicGrants, schemas.TopicTokens, schemas.TopicLedger, schemas.TopicWithdrawals, schemas.TopicWithdrawResult, schemas.TopicDeadLetter} {
@@ -129,6 +130,7 @@ func main() {
 	fmt.Printf("intake: %d grants in %v = %.0f grants/s with %d callers, batches of up to %d; process CPU %.2f cores = %.0f grants/s per core of this process\n",
 		*grants, el.Round(time.Millisecond), float64(*grants)/el.Seconds(), *workers, *batch, cpu.Seconds()/el.Seconds(), float64(*grants)/cpu.Seconds())
 	fmt.Println("  (redis-server and, on the real broker, the JVM take the other share of the machine)")
+	fmt.Printf("  %s\n", produced.String())
 
 	// 2. Booking: the ledger drains the tokens at full speed (no limit).
 	led := ledger.New(ledger.Config{Namespace: ns, Dir: must2(os.MkdirTemp("", "wbench-ledger-")), Source: src, Keys: keys,
@@ -237,6 +239,28 @@ func main() {
 	stop()
 	<-done
 	_ = amount.Load()
+}
+
+// produceStats counts what intake's producer sent: the broker's cost is
+// per request and per partition batch more than per record.
+type produceStats struct{ requests, batches, records, bytes atomic.Int64 }
+
+func (s *produceStats) OnBrokerWrite(_ kgo.BrokerMetadata, key int16, _ int, _, _ time.Duration, err error) {
+	if key == 0 && err == nil { // Produce
+		s.requests.Add(1)
+	}
+}
+
+func (s *produceStats) OnProduceBatchWritten(_ kgo.BrokerMetadata, _ string, _ int32, m kgo.ProduceBatchMetrics) {
+	s.batches.Add(1)
+	s.records.Add(int64(m.NumRecords))
+	s.bytes.Add(int64(m.CompressedBytes))
+}
+
+func (s *produceStats) String() string {
+	req, b, r := max(s.requests.Load(), 1), max(s.batches.Load(), 1), s.records.Load()
+	return fmt.Sprintf("producer: %d records in %d produce requests, %.1f partition batches per request, %.1f records per batch, %.0f bytes per record on the wire",
+		r, req, float64(b)/float64(req), float64(r)/float64(b), float64(s.bytes.Load())/float64(max(r, 1)))
 }
 
 func cpuTime() time.Duration {

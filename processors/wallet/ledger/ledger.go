@@ -133,10 +133,11 @@ func (l *Ledger) topic(name string) string { return l.cfg.Namespace + name }
 // withdrawalSchema tells withdrawals from tokens on the ledger's inputs.
 var withdrawalSchema = schemas.Of(&pb.Withdrawal{}).Name
 
-// Keys: 'a' actID -> balance(8) income(8); 'e' actID 0x00 orderNo -> the
+// Keys: 'a' actID -> balance(8) income(8), written when the balance
+// leaves the in-memory cache (accounts); 'e' actID 0x00 orderNo -> the
 // entry as the flow list shows it (appendStoredEntry). The entry key is
-// also the idempotency index ("is this order booked?"): two keys per
-// booking, not three. The flow list is sorted by time when it is read.
+// also the idempotency index ("is this order booked?"): one key per
+// booking, not two. The flow list is sorted by time when it is read.
 // Every key names its user, so a partition's part of the store can be
 // found and dropped (keyActID).
 func acctKey(act string) []byte { return append(append(make([]byte, 0, 1+len(act)), 'a'), act...) }
@@ -190,8 +191,8 @@ func (l *Ledger) isBookedForBatch(act, no string) (bool, error) {
 }
 
 // apply writes one ledger entry into w (the staged batch, or the restore)
-// and stages the account's new balance; the balance is written once per
-// batch, when it commits (commitBatch). It returns the entry's key.
+// and stages the account's new balance, promoted when w commits
+// (commitBatch). It returns the entry's key.
 func (l *Ledger) apply(w *pebble.Batch, accts *accounts, e *pb.LedgerEntry) ([]byte, error) {
 	acc, err := accts.get(l.db, e.ActId)
 	if err != nil {
@@ -201,7 +202,9 @@ func (l *Ledger) apply(w *pebble.Batch, accts *accounts, e *pb.LedgerEntry) ([]b
 	// income: every account with income had its key added by the entry
 	// that gave it its first income (the filter is only ever replaced by
 	// a rebuild, which applies every entry again). Adding it on every
-	// booking cost a cache miss each.
+	// booking cost a cache miss each. (The key reaches the store only
+	// when the balance is evicted from memory; until then the filter's
+	// "maybe" costs a lookup that finds nothing.)
 	isNew := acc.income == 0
 	acc.balance += e.Amount
 	if e.Amount > 0 {
@@ -217,18 +220,14 @@ func (l *Ledger) apply(w *pebble.Batch, accts *accounts, e *pb.LedgerEntry) ([]b
 	return ek, w.Set(ek, appendStoredEntry(v[:0], e), nil)
 }
 
-// commitBatch writes the balances staged in accts into w, commits w and
-// then promotes the balances: an account booked many times in a batch is
-// written once.
-func commitBatch(w *pebble.Batch, accts *accounts) error {
-	if err := accts.writeStaged(w); err != nil {
-		return err
-	}
+// commitBatch commits w and then promotes the balances staged in accts
+// beside it. The balances are not written into w: they stay in memory
+// until evicted (accounts).
+func (l *Ledger) commitBatch(w *pebble.Batch, accts *accounts) error {
 	if err := w.Commit(pebble.NoSync); err != nil {
 		return err
 	}
-	accts.commit()
-	return nil
+	return accts.commit(l.db)
 }
 
 // Run rebuilds the store from wallet.ledger and books until ctx ends.
@@ -328,13 +327,19 @@ func (l *Ledger) markBooked(done chan<- struct{}) {
 
 // clearPartitions drops the store's keys of the users in partitions ps.
 func (l *Ledger) clearPartitions(ps map[int32]bool) error {
+	// Balances live in memory until evicted: every cached balance goes to
+	// the store (and leaves the cache) before the cleared partitions'
+	// keys are deleted, so the others' survive and the cleared ones' are
+	// rebuilt.
+	if err := l.accts.flush(l.db); err != nil {
+		return err
+	}
 	if err := localstore.DeleteWhere(l.db, func(k []byte) bool {
 		act := keyActID(k)
 		return act != nil && ps[int32(streams.PartitionFor(act, l.partitions))]
 	}); err != nil {
 		return err
 	}
-	l.accts.reset() // the cleared users' balances; reads do not refill it, only commits
 	l.startRebuild()
 	return nil
 }
@@ -355,7 +360,7 @@ func (l *Ledger) applyRestored(r *kgo.Record) error {
 		return err
 	}
 	if l.rebuild.Count() > 50000 {
-		if err := commitBatch(l.rebuild, l.rebuildAccts); err != nil {
+		if err := l.commitBatch(l.rebuild, l.rebuildAccts); err != nil {
 			return err
 		}
 		l.rebuild = l.db.NewBatch()
@@ -363,8 +368,14 @@ func (l *Ledger) applyRestored(r *kgo.Record) error {
 	return nil
 }
 
+// finishRebuild commits the rebuild and hands its balances to the booking
+// side's cache (which holds none of the rebuilt users: they were flushed
+// out and dropped in clearPartitions, or the store is new).
 func (l *Ledger) finishRebuild() error {
-	err := commitBatch(l.rebuild, l.rebuildAccts)
+	err := l.commitBatch(l.rebuild, l.rebuildAccts)
+	if err == nil {
+		err = l.accts.adopt(l.db, l.rebuildAccts)
+	}
 	l.rebuild, l.rebuildAccts = nil, nil
 	return err
 }
@@ -379,7 +390,7 @@ func (l *Ledger) batchEnd(committed bool) {
 	l.booked = nil
 	if committed {
 		l.commitMu.Lock() // readers see the store and the balances of one commit
-		if err := commitBatch(l.staged, l.accts); err != nil {
+		if err := l.commitBatch(l.staged, l.accts); err != nil {
 			l.cfg.Log.Error("ledger: pebble commit failed; exiting so the restart rebuilds it", "err", err)
 			panic(err)
 		}
