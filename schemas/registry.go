@@ -61,7 +61,7 @@ func init() {
 	register(1, 1, func() proto.Message { return new(surgev1.OfflineEntry) })
 	register(1, 1, func() proto.Message { return new(surgev1.OfflineBatch) })
 	register(1, 1, func() proto.Message { return new(surgev1.RewardGrant) })
-	register(1, 1, func() proto.Message { return new(surgev1.Token) })
+	register(2, 1, func() proto.Message { return new(surgev1.Token) }) // v2: grant (field 14)
 	register(1, 1, func() proto.Message { return new(surgev1.LedgerEntry) })
 	register(1, 1, func() proto.Message { return new(surgev1.Withdrawal) })
 	register(1, 1, func() proto.Message { return new(surgev1.StockChange) })

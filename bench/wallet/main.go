@@ -15,6 +15,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/pprof"
+	"runtime/trace"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -22,6 +23,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/protobuf/proto"
 
@@ -49,7 +51,8 @@ func main() {
 	reads := flag.Int("reads", 20_000, "balance reads")
 	batchers := flag.Int("batchers", 8, "intake batches in flight (Batcher workers; `surge wallet` default wallet.batchers)")
 	batch := flag.Int("batch", 512, "grants per intake batch (concurrent calls coalesced; `surge wallet` default wallet.batch_size)")
-	cpuprofile := flag.String("cpuprofile", "", "CPU profile of the intake phase")
+	cpuprofile := flag.String("cpuprofile", "", "CPU profile of the intake phase (and of booking, with .booking added)")
+	traceOut := flag.String("trace", "", "execution trace of the booking phase (go tool trace)")
 	flag.Parse()
 
 	brokers, backend, stopKafka, err := embedded.KafkaOr(*brokersFlag)
@@ -61,11 +64,16 @@ func main() {
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ProducerLinger(2*time.Millisecond), kgo.MaxBufferedRecords(1<<20), kgo.WithHooks(&produced))
 	must(err)
 	defer cl.Close()
+	var topics []string
 	for _, n := range []string{schemas.TopicGrants, schemas.TopicTokens, schemas.TopicLedger, schemas.TopicWithdrawals, schemas.TopicWithdrawResult, schemas.TopicDeadLetter} {
 		t, _ := schemas.TopicByName(n)
 		t.Name = ns + n
 		must(streams.EnsureTopics(ctx, cl, 1, t))
+		topics = append(topics, t.Name)
 	}
+	// The run's topics go with it: a broker shared by many runs would
+	// otherwise keep 72 partitions of each.
+	defer func() { _, _ = kadm.NewClient(cl).DeleteTopics(context.Background(), topics...) }()
 	// A database of its own, emptied before and after: the million backlog
 	// tokens must not stay in the test Redis (the presence mirror's resync
 	// scans the keyspace, and its test times out on millions of keys).
@@ -144,6 +152,11 @@ func main() {
 		must(err)
 		must(pprof.StartCPUProfile(f))
 	}
+	if *traceOut != "" {
+		f, err := os.Create(*traceOut)
+		must(err)
+		must(trace.Start(f))
+	}
 	go func() { done <- led.Run(lctx, streams.MaxBatch(20000)) }()
 	// The rate is timed from the first booking: before it the ledger
 	// restores its store, joins the group and rebuilds its partitions.
@@ -159,6 +172,9 @@ func main() {
 	cpu = cpuTime() - cpu0
 	if *cpuprofile != "" {
 		pprof.StopCPUProfile()
+	}
+	if *traceOut != "" {
+		trace.Stop()
 	}
 	fmt.Printf("booking: %d tokens booked in %v = %.0f bookings/s; process CPU %.2f cores = %.0f bookings/s per core (ledger start before the first booking: %v)\n",
 		*grants, el.Round(time.Millisecond), float64(*grants)/el.Seconds(), cpu.Seconds()/el.Seconds(), float64(*grants)/cpu.Seconds(), startup.Round(time.Millisecond))

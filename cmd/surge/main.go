@@ -43,7 +43,7 @@ commands:
              (the stock pipeline end to end on synthetic accounts, embedded)
   run NAME   run one processor or sink against the configured servers
              (names: presence, sink-dead-letters, sink-presence, sink-grants,
-             sink-tokens, sink-ledger, sink-withdrawals, sink-job-states,
+             sink-cash-grants, sink-tokens, sink-ledger, sink-withdrawals, sink-job-states,
              sink-deliveries, sink-recycle-steps, sink-uin-registrations,
              sink-uin-usage, sink-recon)
   recon      reconciliation over ClickHouse: "recon report [--json]" (status

@@ -333,9 +333,14 @@ type Token struct {
 	// Ed25519. Without batch_proof: over the fields above (status excluded).
 	// With it: over the root of a Merkle tree of up to 256 tokens signed
 	// together, this token a leaf (processors/wallet/token).
-	Signature     []byte `protobuf:"bytes,11,opt,name=signature,proto3" json:"signature,omitempty"`
-	BatchIndex    uint32 `protobuf:"varint,12,opt,name=batch_index,json=batchIndex,proto3" json:"batch_index,omitempty"` // this token's leaf in the batch tree
-	BatchProof    []byte `protobuf:"bytes,13,opt,name=batch_proof,json=batchProof,proto3" json:"batch_proof,omitempty"`  // sibling hashes from the leaf to the root, 32 bytes each
+	Signature  []byte `protobuf:"bytes,11,opt,name=signature,proto3" json:"signature,omitempty"`
+	BatchIndex uint32 `protobuf:"varint,12,opt,name=batch_index,json=batchIndex,proto3" json:"batch_index,omitempty"` // this token's leaf in the batch tree
+	BatchProof []byte `protobuf:"bytes,13,opt,name=batch_proof,json=batchProof,proto3" json:"batch_proof,omitempty"`  // sibling hashes from the leaf to the root, 32 bytes each
+	// On wallet.tokens only: the grant this token was issued for. A cash
+	// grant is published once, inside its token, rather than as a second
+	// record on wallet.grants: half the records for the broker. Not signed
+	// and not kept in Redis; sink-cash-grants writes it to the grants table.
+	Grant         *RewardGrant `protobuf:"bytes,14,opt,name=grant,proto3" json:"grant,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -457,6 +462,13 @@ func (x *Token) GetBatchIndex() uint32 {
 func (x *Token) GetBatchProof() []byte {
 	if x != nil {
 		return x.BatchProof
+	}
+	return nil
+}
+
+func (x *Token) GetGrant() *RewardGrant {
+	if x != nil {
+		return x.Grant
 	}
 	return nil
 }
@@ -772,7 +784,7 @@ const file_surge_v1_wallet_proto_rawDesc = "" +
 	"\vtemplate_id\x18\v \x01(\tR\n" +
 	"templateId\x12\x16\n" +
 	"\x06shadow\x18\f \x01(\bR\x06shadow\x12,\n" +
-	"\x12parent_activity_id\x18\r \x01(\tR\x10parentActivityId\"\x87\x03\n" +
+	"\x12parent_activity_id\x18\r \x01(\tR\x10parentActivityId\"\xb4\x03\n" +
 	"\x05Token\x12\x15\n" +
 	"\x06app_id\x18\x01 \x01(\tR\x05appId\x12\x15\n" +
 	"\x06act_id\x18\x02 \x01(\tR\x05actId\x12\x1f\n" +
@@ -791,7 +803,8 @@ const file_surge_v1_wallet_proto_rawDesc = "" +
 	"\vbatch_index\x18\f \x01(\rR\n" +
 	"batchIndex\x12\x1f\n" +
 	"\vbatch_proof\x18\r \x01(\fR\n" +
-	"batchProof\"\xa8\x02\n" +
+	"batchProof\x12+\n" +
+	"\x05grant\x18\x0e \x01(\v2\x15.surge.v1.RewardGrantR\x05grant\"\xa8\x02\n" +
 	"\vLedgerEntry\x12\x19\n" +
 	"\border_no\x18\x01 \x01(\tR\aorderNo\x12\x15\n" +
 	"\x06act_id\x18\x02 \x01(\tR\x05actId\x12\x16\n" +
@@ -868,12 +881,13 @@ var file_surge_v1_wallet_proto_goTypes = []any{
 var file_surge_v1_wallet_proto_depIdxs = []int32{
 	0, // 0: surge.v1.RewardGrant.award_type:type_name -> surge.v1.AwardType
 	1, // 1: surge.v1.Token.status:type_name -> surge.v1.TokenStatus
-	2, // 2: surge.v1.LedgerEntry.kind:type_name -> surge.v1.LedgerKind
-	3, // [3:3] is the sub-list for method output_type
-	3, // [3:3] is the sub-list for method input_type
-	3, // [3:3] is the sub-list for extension type_name
-	3, // [3:3] is the sub-list for extension extendee
-	0, // [0:3] is the sub-list for field type_name
+	3, // 2: surge.v1.Token.grant:type_name -> surge.v1.RewardGrant
+	2, // 3: surge.v1.LedgerEntry.kind:type_name -> surge.v1.LedgerKind
+	4, // [4:4] is the sub-list for method output_type
+	4, // [4:4] is the sub-list for method input_type
+	4, // [4:4] is the sub-list for extension type_name
+	4, // [4:4] is the sub-list for extension extendee
+	0, // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_surge_v1_wallet_proto_init() }

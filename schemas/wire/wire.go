@@ -65,6 +65,8 @@ func EachFieldAlone(m proto.Message) ([]FieldAlone, error) {
 			c.Set(f, protoreflect.ValueOfUint32(1))
 		case protoreflect.EnumKind:
 			c.Set(f, protoreflect.ValueOfEnum(1))
+		case protoreflect.MessageKind: // present and empty
+			c.Set(f, protoreflect.ValueOfMessage(c.NewField(f).Message()))
 		default:
 			return nil, fmt.Errorf("wire: field %s of kind %s: extend EachFieldAlone", f.Name(), f.Kind())
 		}

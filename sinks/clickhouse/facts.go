@@ -5,6 +5,7 @@ import (
 
 	"github.com/RoaringBitmap/roaring/v2"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"google.golang.org/protobuf/encoding/protowire"
 
 	"surge/schemas"
 	pb "surge/schemas/surgev1"
@@ -16,6 +17,55 @@ func Grants() *Sink {
 	return fieldSink("sink-grants", schemas.TopicGrants, "grants", &pb.RewardGrant{},
 		"order_no String, act_id String, activity_id String, parent_activity_id String, scene_id String, award_type String, amount Int64, at_ms Int64",
 		"order_no", "act_id", "activity_id", "parent_activity_id", "scene_id", "award_type", "amount", "at_ms")
+}
+
+// CashGrants sinks into the grants table the cash grants, which ride
+// inside their tokens on wallet.tokens (Token.grant: one record per cash
+// grant, not two); sink-grants writes the others from wallet.grants. A
+// token without a grant (an earlier build's, whose grant went to
+// wallet.grants) gives no row.
+func CashGrants() *Sink {
+	grants := Grants()
+	grantSchema := schemas.Of(&pb.RewardGrant{})
+	headers := []kgo.RecordHeader{{Key: schemas.HeaderSchema, Value: grantSchema.NameHeader()}, {Key: schemas.HeaderVersion, Value: grantSchema.VersionHeader()}}
+	tokenSchema := schemas.Of(&pb.Token{})
+	return &Sink{Name: "sink-cash-grants", Topic: schemas.TopicTokens, Table: grants.Table, Columns: grants.Columns,
+		Write: func(r *kgo.Record, w *RowWriter) error {
+			if err := streams.CheckSchema(r, tokenSchema); err != nil {
+				return err
+			}
+			g, found, err := tokenGrant(r.Value)
+			if err != nil {
+				return streams.Reject("malformed "+tokenSchema.Name, err)
+			}
+			if !found {
+				return nil
+			}
+			return grants.Write(&kgo.Record{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Value: g, Headers: headers}, w)
+		}}
+}
+
+// tokenGrant finds the encoded grant (field 14) in an encoded token. Were
+// it there twice, protobuf would merge the two, which is decoding their
+// encodings one after the other: so they are joined.
+func tokenGrant(b []byte) (grant []byte, found bool, err error) {
+	const grantField = 14
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return nil, false, protowire.ParseError(n)
+		}
+		b = b[n:]
+		if n = protowire.ConsumeFieldValue(num, typ, b); n < 0 {
+			return nil, false, protowire.ParseError(n)
+		}
+		if num == grantField && typ == protowire.BytesType {
+			v, _ := protowire.ConsumeBytes(b)
+			grant, found = append(grant[:len(grant):len(grant)], v...), true
+		}
+		b = b[n:]
+	}
+	return grant, found, nil
 }
 
 // Tokens sinks wallet.tokens: one row per token issued (PROCESSING); a
@@ -200,5 +250,5 @@ func WriteRecon(w *RowWriter, x *pb.ReconResult) {
 
 // Facts is every fact sink, by name.
 func Facts() []*Sink {
-	return []*Sink{DeadLetters(), Presence(), Grants(), Tokens(), Ledger(), Withdrawals(), JobStates(), Deliveries(), RecycleSteps(), UinRegistrations(), UinUsage(), Recon()}
+	return []*Sink{DeadLetters(), Presence(), Grants(), CashGrants(), Tokens(), Ledger(), Withdrawals(), JobStates(), Deliveries(), RecycleSteps(), UinRegistrations(), UinUsage(), Recon()}
 }

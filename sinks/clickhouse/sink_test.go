@@ -3,6 +3,7 @@ package clickhouse_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -343,4 +344,76 @@ func TestRunTasksReturnsWhenTasksFail(t *testing.T) {
 	if err := clickhouse.Presence().RunTasks(context.Background(), nil, 2); err == nil {
 		t.Fatal("a sink with no store ran")
 	}
+}
+
+// TestCashGrantsJoinTheOtherGrants: a cash grant is published inside its
+// token on wallet.tokens, any other grant on wallet.grants; sink-grants and
+// sink-cash-grants fill the one grants table with both, every grant once,
+// and a token of an earlier build (its grant on wallet.grants) adds no row.
+func TestCashGrantsJoinTheOtherGrants(t *testing.T) {
+	streamstest.Each(t, func(t *testing.T, b streamstest.Backend) {
+		ctx := context.Background()
+		if _, err := clickhouse.Migrate(ctx, store); err != nil {
+			t.Fatal(err)
+		}
+		if err := store.Exec(ctx, "TRUNCATE TABLE grants"); err != nil {
+			t.Fatal(err)
+		}
+		grantsTopic, tokensTopic := streamstest.Unique("grants"), streamstest.Unique("tokens")
+		streamstest.CreateTopics(t, b.Brokers, 3, grantsTopic, tokensTopic)
+		cl := streamstest.Client(t, b.Brokers)
+		const cash, others, old = 300, 100, 20
+		var recs []*kgo.Record
+		var sum int64
+		for i := range cash + others + old {
+			g := &surgev1.RewardGrant{OrderNo: fmt.Sprintf("u%d_rain_r%d_1_1", i%50, i), ActId: fmt.Sprintf("u%d", i%50), ActivityId: "spring-live",
+				SceneId: "rain", AwardType: surgev1.AwardType_CASH, Amount: int64(1 + i), AtMs: 1000}
+			var r *kgo.Record
+			switch {
+			case i < cash: // this build: the grant rides in its token
+				r, _ = streams.NewRecord(tokensTopic, []byte(g.ActId), &surgev1.Token{OutTradeNo: g.OrderNo, ActId: g.ActId, Amount: g.Amount, Grant: g})
+			case i < cash+others:
+				g.AwardType, g.SceneId = surgev1.AwardType_COUPON, "coupon"
+				r, _ = streams.NewRecord(grantsTopic, []byte(g.ActId), g)
+			default: // an earlier build's token, its grant published apart
+				r, _ = streams.NewRecord(tokensTopic, []byte(g.ActId), &surgev1.Token{OutTradeNo: g.OrderNo, ActId: g.ActId, Amount: g.Amount})
+				gr, _ := streams.NewRecord(grantsTopic, []byte(g.ActId), g)
+				recs = append(recs, gr)
+			}
+			recs = append(recs, r)
+			sum += g.Amount
+		}
+		streamstest.ProduceSync(t, cl, recs...)
+		run := func(s *clickhouse.Sink, topic string, want int) {
+			s.Topic = topic
+			s.Bind(store)
+			var in atomic.Int64
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error)
+			go func() {
+				done <- s.Run(ctx, b.Brokers, streams.Group(streamstest.Unique("g")), streams.Metrics(metrics.NewRegistry()),
+					streams.Logger(slog.New(slog.NewTextHandler(io.Discard, nil))), streams.OnCommit(func(i, _ int) { in.Add(int64(i)) }))
+			}()
+			for deadline := time.Now().Add(60 * time.Second); in.Load() < int64(want) && time.Now().Before(deadline); {
+				time.Sleep(20 * time.Millisecond)
+			}
+			cancel()
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+			if in.Load() != int64(want) {
+				t.Fatalf("%s committed %d records of %d", s.Name, in.Load(), want)
+			}
+		}
+		run(clickhouse.Grants(), grantsTopic, others+old)
+		run(clickhouse.CashGrants(), tokensTopic, cash+old)
+		rows, err := store.QueryStrings(ctx, "SELECT count(), uniqExact(order_no), countIf(award_type = 'CASH'), sum(amount) FROM grants FINAL")
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := []string{strconv.Itoa(cash + others + old), strconv.Itoa(cash + others + old), strconv.Itoa(cash + old), strconv.FormatInt(sum, 10)}
+		if !slices.Equal(rows[0], want) {
+			t.Fatalf("grants table: rows, orders, cash, amount = %v, want %v", rows[0], want)
+		}
+	})
 }

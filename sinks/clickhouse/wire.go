@@ -9,6 +9,7 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/types/dynamicpb"
 
 	"surge/schemas"
 	"surge/streams"
@@ -59,16 +60,25 @@ func FieldRows(msg proto.Message, cols []Column, fields ...string) func(*kgo.Rec
 		d.setColumn(f.num, int8(i+1))
 		d.fields = append(d.fields, f)
 	}
-	// Protobuf refuses a record whose strings are not UTF-8, kept or not;
-	// nested messages and lists it checks element by element, which this
-	// walk does not do: such messages are decoded the usual way.
+	// Protobuf refuses a record whose strings are not UTF-8, kept or not,
+	// at any depth: strings the table does not keep are checked, and so
+	// are nested messages (a token's grant). Lists it checks element by
+	// element, which this walk does not do: such messages are decoded the
+	// usual way.
 	for i := 0; i < md.Fields().Len(); i++ {
 		fd := md.Fields().Get(i)
-		if fd.IsList() || fd.IsMap() || fd.Kind() == protoreflect.MessageKind || fd.Kind() == protoreflect.GroupKind {
-			panic(fmt.Sprintf("clickhouse: %s has the nested or repeated field %s; FieldRows reads flat messages", md.FullName(), fd.Name()))
+		if fd.IsList() || fd.IsMap() || fd.Kind() == protoreflect.GroupKind {
+			panic(fmt.Sprintf("clickhouse: %s has the repeated field %s; FieldRows reads messages without lists", md.FullName(), fd.Name()))
 		}
-		if fd.Kind() == protoreflect.StringKind && d.col(fd.Number()) < 0 {
+		switch {
+		case fd.Kind() == protoreflect.StringKind && d.col(fd.Number()) < 0:
 			d.setColumn(fd.Number(), checkOnly)
+		case fd.Kind() == protoreflect.MessageKind:
+			d.setColumn(fd.Number(), checkMessage)
+			if d.nested == nil {
+				d.nested = map[protowire.Number]protoreflect.MessageDescriptor{}
+			}
+			d.nested[fd.Number()] = fd.Message()
 		}
 	}
 	if len(d.fields) > maxWireFields {
@@ -106,12 +116,17 @@ func (f *wireField) wireType() protowire.Type {
 type wireRows struct {
 	schema schemas.Schema
 	fields []wireField // in column order
-	column []int8      // field number -> 1 + index in fields; checkOnly; 0 for other fields
+	column []int8      // field number -> 1 + index in fields; checkOnly; checkMessage; 0 for other fields
+	nested map[protowire.Number]protoreflect.MessageDescriptor
 }
 
 // checkOnly marks a string field the table does not keep: only its UTF-8
-// is checked.
-const checkOnly = -1
+// is checked. checkMessage marks a nested message: only its encoding is
+// checked (validMessage).
+const (
+	checkOnly    = -1
+	checkMessage = -2
+)
 
 // setColumn records what field number num is to the table.
 func (d *wireRows) setColumn(num protowire.Number, v int8) {
@@ -155,9 +170,16 @@ func (d *wireRows) write(r *kgo.Record, w *RowWriter) error {
 			if n = protowire.ConsumeFieldValue(num, typ, b); n < 0 {
 				return d.reject(fmt.Sprintf("field %d", num), protowire.ParseError(n))
 			}
-			if i < 0 && typ == protowire.BytesType && int(num) < len(d.column) && d.column[num] == checkOnly {
-				if v, _ := protowire.ConsumeBytes(b); !utf8.Valid(v) {
-					return d.reject(fmt.Sprintf("field %d is not valid UTF-8", num), nil)
+			if i < 0 && typ == protowire.BytesType && int(num) < len(d.column) {
+				switch v, _ := protowire.ConsumeBytes(b); d.column[num] {
+				case checkOnly:
+					if !utf8.Valid(v) {
+						return d.reject(fmt.Sprintf("field %d is not valid UTF-8", num), nil)
+					}
+				case checkMessage:
+					if err := validMessage(v, d.nested[num]); err != nil {
+						return d.reject(fmt.Sprintf("field %d", num), err)
+					}
 				}
 			}
 			b = b[n:]
@@ -196,6 +218,46 @@ func (d *wireRows) write(r *kgo.Record, w *RowWriter) error {
 		}
 	}
 	w.EndRow()
+	return nil
+}
+
+// validMessage refuses what proto.Unmarshal refuses in an encoded message
+// of type md: a malformed field, or a string that is not UTF-8, at any
+// depth. A message with lists or maps is decoded by protobuf itself.
+func validMessage(b []byte, md protoreflect.MessageDescriptor) error {
+	fields := md.Fields()
+	for i := 0; i < fields.Len(); i++ {
+		if fd := fields.Get(i); fd.IsList() || fd.IsMap() || fd.Kind() == protoreflect.GroupKind {
+			return proto.Unmarshal(b, dynamicpb.NewMessage(md))
+		}
+	}
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return protowire.ParseError(n)
+		}
+		if num > protowire.MaxValidNumber {
+			return fmt.Errorf("field number %d", num)
+		}
+		b = b[n:]
+		if n = protowire.ConsumeFieldValue(num, typ, b); n < 0 {
+			return protowire.ParseError(n)
+		}
+		if fd := fields.ByNumber(num); fd != nil && typ == protowire.BytesType {
+			v, _ := protowire.ConsumeBytes(b)
+			switch fd.Kind() {
+			case protoreflect.StringKind:
+				if !utf8.Valid(v) {
+					return fmt.Errorf("field %s is not valid UTF-8", fd.Name())
+				}
+			case protoreflect.MessageKind:
+				if err := validMessage(v, fd.Message()); err != nil {
+					return err
+				}
+			}
+		}
+		b = b[n:]
+	}
 	return nil
 }
 

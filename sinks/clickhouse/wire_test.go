@@ -89,6 +89,10 @@ func randomMessage(rng *rand.Rand, msg proto.Message) {
 			m.Set(fd, protoreflect.ValueOfUint32(rng.Uint32()))
 		case protoreflect.BoolKind:
 			m.Set(fd, protoreflect.ValueOfBool(rng.IntN(2) == 0))
+		case protoreflect.MessageKind: // a token's grant
+			sub := m.NewField(fd).Message()
+			randomMessage(rng, sub.Interface())
+			m.Set(fd, protoreflect.ValueOfMessage(sub))
 		}
 	}
 }
@@ -154,6 +158,16 @@ func TestFieldRowsMatchesProtobuf(t *testing.T) {
 				// A known field with a wire type it does not have.
 				r.Value = protowire.AppendFixed32(protowire.AppendTag(bytes.Clone(v), 1, protowire.Fixed32Type), 7)
 				check("wrong wire type", r)
+				// A nested message (a token's grant) whose first field,
+				// a string, is not UTF-8: protobuf refuses the record.
+				fields := msg.ProtoReflect().Descriptor().Fields()
+				for j := 0; j < fields.Len(); j++ {
+					if fd := fields.Get(j); fd.Kind() == protoreflect.MessageKind && fd.Message().Fields().ByNumber(1).Kind() == protoreflect.StringKind {
+						bad := protowire.AppendBytes(protowire.AppendTag(nil, 1, protowire.BytesType), []byte{0xff, 0xfe})
+						r.Value = protowire.AppendBytes(protowire.AppendTag(bytes.Clone(v), fd.Number(), protowire.BytesType), bad)
+						check("invalid UTF-8 in a nested message", r)
+					}
+				}
 			}
 		}
 	}
@@ -167,8 +181,8 @@ func TestFieldRowsMatchesProtobuf(t *testing.T) {
 // does not exist.
 func TestFieldRowsRefusesWhatItCannotRead(t *testing.T) {
 	cases := map[string]func(){
-		"nested message": func() {
-			clickhouse.FieldRows(&surgev1.JobTransition{}, clickhouse.Columns("job_id String"), "job_id")
+		"nested message as a column": func() {
+			clickhouse.FieldRows(&surgev1.Token{}, clickhouse.Columns("grant String"), "grant")
 		},
 		"kind mismatch": func() {
 			clickhouse.FieldRows(&surgev1.RewardGrant{}, clickhouse.Columns("amount String"), "amount")
@@ -213,4 +227,54 @@ func BenchmarkGrantRows(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "rows/s")
+}
+
+// TestCashGrantsAreTheGrantsInsideTokens: sink-cash-grants writes, for a
+// token carrying its grant, the row sink-grants writes for that grant on
+// wallet.grants; a token without a grant gives no row; a token whose grant
+// protobuf refuses is refused (dead-lettered; the ledger still books it).
+func TestCashGrantsAreTheGrantsInsideTokens(t *testing.T) {
+	seed := rand.Uint64()
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(seed, 3))
+	cash, grants := clickhouse.CashGrants(), clickhouse.Grants()
+	if cash.Table != grants.Table || len(cash.Columns) != len(grants.Columns) {
+		t.Fatalf("sink-cash-grants writes %s %v, sink-grants %s %v", cash.Table, cash.Columns, grants.Table, grants.Columns)
+	}
+	rows := func(s *clickhouse.Sink, r *kgo.Record) ([]byte, int, error) {
+		w := clickhouse.NewRowWriter(s.Columns)
+		err := s.Write(r, w)
+		return w.Bytes(), w.Rows(), err
+	}
+	for i := range 2000 {
+		g := new(surgev1.RewardGrant)
+		randomMessage(rng, g)
+		tok := &surgev1.Token{OutTradeNo: g.OrderNo, ActId: g.ActId, Amount: g.Amount, Signature: []byte{1, 2}, Grant: g}
+		tr, err := streams.NewRecord("wallet.tokens", nil, tok)
+		if err != nil {
+			t.Fatal(err)
+		}
+		gr, err := streams.NewRecord("wallet.grants", nil, g)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, n, err := rows(cash, tr)
+		want, _, wantErr := rows(grants, gr)
+		if err != nil || wantErr != nil || n != 1 || !bytes.Equal(got, want) {
+			t.Fatalf("grant %d: %d rows %x (%v); sink-grants writes %x (%v)", i, n, got, err, want, wantErr)
+		}
+		if i%100 == 0 {
+			tok.Grant = nil // an earlier build's token: its grant is on wallet.grants
+			tr, _ = streams.NewRecord("wallet.tokens", nil, tok)
+			if _, n, err := rows(cash, tr); n != 0 || err != nil {
+				t.Fatalf("token without a grant: %d rows (%v), want none", n, err)
+			}
+			// The grant's order number not UTF-8.
+			tr.Value = protowire.AppendBytes(protowire.AppendTag(tr.Value, 14, protowire.BytesType),
+				protowire.AppendBytes(protowire.AppendTag(nil, 1, protowire.BytesType), []byte{0xff}))
+			if _, n, err := rows(cash, tr); n != 0 || !streams.IsReject(err) {
+				t.Fatalf("malformed grant: %d rows (%v), want a rejection", n, err)
+			}
+		}
+	}
 }

@@ -25,6 +25,8 @@ import (
 	"strconv"
 	"sync"
 
+	"google.golang.org/protobuf/encoding/protowire"
+
 	pb "surge/schemas/surgev1"
 	"surge/schemas/wire"
 )
@@ -89,14 +91,28 @@ func signed(t *pb.Token) []byte { return appendSigned(nil, t) }
 // hashes it (TestAppendSignedIsTheProtobufEncoding keeps the two equal).
 func appendSigned(b []byte, t *pb.Token) []byte { return appendFields(b, t, false) }
 
-// Marshal is the token's deterministic protobuf encoding, written out by
-// hand: the ledger encodes every token it books again, with status
-// SUCCESS, for the users' Redis hashes, and proto.Marshal was half of
-// that work (TestMarshalIsTheProtobufEncoding keeps the two equal).
+// Marshal is the token's deterministic protobuf encoding without its
+// grant, written out by hand: the ledger encodes every token it books
+// again, with status SUCCESS, for the users' Redis hashes, and
+// proto.Marshal was half of that work (TestMarshalIsTheProtobufEncoding
+// keeps the two equal). The grant is left out: Redis keeps the token
+// alone; a record on wallet.tokens adds it (WithGrant).
 func Marshal(t *pb.Token) []byte {
 	n := 48 + len(t.AppId) + len(t.ActId) + len(t.ActivityId) + len(t.SceneId) + len(t.OutTradeNo) + len(t.RainId) +
 		len(t.KeyId) + len(t.Signature) + len(t.BatchProof)
 	return appendFields(make([]byte, 0, n), t, true)
+}
+
+// grantField is the number of Token.grant in wallet.proto.
+const grantField = 14
+
+// WithGrant is the value of a cash grant's record on wallet.tokens: the
+// encoded token (Marshal) followed by its encoded grant as field 14, which
+// is the protobuf encoding of the token with its grant set.
+func WithGrant(token, grant []byte) []byte {
+	b := make([]byte, 0, len(token)+len(grant)+6)
+	b = protowire.AppendTag(append(b, token...), grantField, protowire.BytesType)
+	return protowire.AppendBytes(b, grant) // even empty: a message field is present once written
 }
 
 // appendFields writes the signed fields, or with all every field. Field
@@ -131,9 +147,9 @@ func (k *Keyring) Sign(t *pb.Token) {
 }
 
 // BatchSize is the most tokens one batch signature covers: a tree of 256
-// leaves, so a token carries 8 sibling hashes (256 bytes). It matches the
-// intake's default batch (wallet.batch_size), so a batch is one signature
-// and the ledger pays one Ed25519 check per intake batch. At 64 the checks
+// leaves, so a token carries 8 sibling hashes (256 bytes). An intake batch
+// (wallet.batch_size, 512 by default) is one or two signatures, and the
+// ledger pays one Ed25519 check per signature. At 64 the checks
 // were 11% of booking's CPU; the two extra hashes per token cost about a
 // tenth of what that saved (bench/wallet-notes.md).
 const BatchSize = 256

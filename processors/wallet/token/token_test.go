@@ -207,10 +207,12 @@ func TestProvenNodesInAnyOrder(t *testing.T) {
 	}
 }
 
-// signed covers every Token field except status and the signature fields,
-// so a field added to the schema is signed unless deliberately left out.
+// signed covers every Token field except status, the signature fields and
+// the grant it rides with on wallet.tokens, so a field added to the schema
+// is signed unless deliberately left out.
 func TestSignedCoversEveryField(t *testing.T) {
-	unsigned := map[string]bool{"status": true, "signature": true, "batch_index": true, "batch_proof": true}
+	unsigned := map[string]bool{"status": true, "signature": true, "batch_index": true, "batch_proof": true,
+		"grant": true} // the token's own fields carry what the user is owed
 	base := &pb.Token{}
 	alone, err := wire.EachFieldAlone(base)
 	if err != nil {
@@ -285,20 +287,35 @@ func TestAppendSignedIsTheProtobufEncoding(t *testing.T) {
 }
 
 // TestMarshalIsTheProtobufEncoding: the hand-written encoding of a whole
-// token is byte for byte proto.Marshal's deterministic one, for tokens with
-// every field set and for each field set alone (a field added to the
-// schema and not to Marshal fails here).
+// token, Marshal and then WithGrant for its grant, is byte for byte
+// proto.Marshal's deterministic one, for tokens with every field set and
+// for each field set alone (a field added to the schema and not to Marshal
+// fails here).
 func TestMarshalIsTheProtobufEncoding(t *testing.T) {
 	k, _ := Generate("k1")
 	batch := batchOf(3)
 	k.SignBatch(batch)
+	withGrant := proto.Clone(batch[1]).(*pb.Token)
+	withGrant.Grant = &pb.RewardGrant{OrderNo: "a1_s_r_1_1", ActId: "a1", Amount: 88, AwardType: pb.AwardType_CASH, Shadow: true}
 	toks := []*pb.Token{
 		{},
 		batch[2],
+		withGrant,
 		{ActId: "只有中文", Amount: -5, OpenTime: -1, Status: pb.TokenStatus_SUCCESS, Signature: []byte{1}, BatchIndex: 3, BatchProof: []byte{2}},
 		{AppId: string(make([]byte, 300)), Amount: 1 << 62, KeyId: "k", Status: pb.TokenStatus(-1), BatchIndex: 1 << 31},
 	}
-	bad, err := wire.Mismatches(Marshal, toks...)
+	record := func(tok *pb.Token) []byte {
+		b := Marshal(tok)
+		if tok.Grant == nil {
+			return b
+		}
+		g, err := proto.MarshalOptions{Deterministic: true}.Marshal(tok.Grant)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return WithGrant(b, g)
+	}
+	bad, err := wire.Mismatches(record, toks...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,7 +17,10 @@ var (
 // Unmarshal decodes a token's protobuf encoding into t. It accepts and
 // refuses what proto.Unmarshal does, and gives the same fields, but drops
 // unknown fields instead of keeping them (nothing re-encodes a decoded
-// token with them: Marshal and the signed bytes write the known fields).
+// token with them: Marshal and the signed bytes write the known fields),
+// and skips the grant (field 14): its readers, the ledger and the balance
+// reads, never look at it, and sink-cash-grants decodes it with protobuf
+// (a malformed grant is dead-lettered there, its token still books).
 // The ledger decodes every token it books, and proto.Unmarshal was 7% of
 // its CPU (bench/wallet-notes.md). It makes one allocation for all the
 // string fields; the bytes fields (signature, proof) alias b.
@@ -77,6 +80,7 @@ func Unmarshal(b []byte, t *pb.Token) error {
 				t.Signature = v
 			case 13:
 				t.BatchProof = v
+			case grantField: // skipped: see above
 			}
 			if s != nil {
 				if *s = all[at : at+len(v)]; !utf8.ValidString(*s) {
