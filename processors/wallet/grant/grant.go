@@ -534,7 +534,7 @@ func (in *Intake) knownTokens(ctx context.Context, ps []*pending) []*pb.Token {
 // records. A cash grant is one record, its token on wallet.tokens with the
 // grant inside (Token.grant), not a grant on wallet.grants and a token:
 // the broker's work is per record and per partition batch more than per
-// byte, and on the real broker intake ran about a fifth faster
+// byte, and on the real broker intake ran about a sixth faster
 // (bench/wallet-notes.md). Other grants go to wallet.grants.
 func (in *Intake) sign(ctx context.Context, ps []*pending, now time.Time) []*pending {
 	var batch []*pb.Token
