@@ -62,12 +62,21 @@ func main() {
 		return &pb.RewardGrant{OrderNo: fmt.Sprintf("u%d_rain_r%d_1_1", i%100000, i), ActId: fmt.Sprintf("u%d", i%100000), ActivityId: "spring-live",
 			ParentActivityId: "spring", SceneId: "rain", AwardType: pb.AwardType_CASH, Stage: 1, Amount: int64(1 + i%100), AtMs: now}
 	}
+	proof := make([]byte, 8*32)
+	token := func(g *pb.RewardGrant) *pb.Token {
+		return &pb.Token{AppId: "app", ActId: g.ActId, ActivityId: g.ActivityId, SceneId: g.SceneId, Amount: g.Amount, OutTradeNo: g.OrderNo,
+			OpenTime: now, RainId: "r", Status: pb.TokenStatus_PROCESSING, KeyId: "k1", Signature: make([]byte, 64), BatchIndex: 7, BatchProof: proof, Grant: g}
+	}
 	for _, c := range []struct {
 		sink func() *clickhouse.Sink
 		note string
 		rec  func(i int) proto.Message
 	}{
 		{clickhouse.Grants, "folds into wallet_orders", func(i int) proto.Message { return grant(i) }},
+		// A cash grant rides in its token (Token.grant): a whole token,
+		// signature and proof included, as intake publishes it.
+		{clickhouse.CashGrants, "the grant read out of its token; folds into wallet_orders", func(i int) proto.Message { return token(grant(i)) }},
+		{clickhouse.Tokens, "the token's grant checked, not kept; folds into wallet_orders", func(i int) proto.Message { return token(grant(i)) }},
 		{clickhouse.Ledger, "folds into wallet_orders", func(i int) proto.Message {
 			g := grant(i)
 			return &pb.LedgerEntry{OrderNo: g.OrderNo, ActId: g.ActId, Amount: g.Amount, Kind: pb.LedgerKind_GRANT, BookedAtMs: now + 5000,
