@@ -26,8 +26,7 @@ func Grants() *Sink {
 // wallet.grants) gives no row.
 func CashGrants() *Sink {
 	grants := Grants()
-	grantSchema := schemas.Of(&pb.RewardGrant{})
-	headers := []kgo.RecordHeader{{Key: schemas.HeaderSchema, Value: grantSchema.NameHeader()}, {Key: schemas.HeaderVersion, Value: grantSchema.VersionHeader()}}
+	rows := newWireRows(grants.Message, grants.Columns, grants.Fields...)
 	tokenSchema := schemas.Of(&pb.Token{})
 	return &Sink{Name: "sink-cash-grants", Topic: schemas.TopicTokens, Table: grants.Table, Columns: grants.Columns,
 		Write: func(r *kgo.Record, w *RowWriter) error {
@@ -41,7 +40,7 @@ func CashGrants() *Sink {
 			if !found {
 				return nil
 			}
-			return grants.Write(&kgo.Record{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Value: g, Headers: headers}, w)
+			return rows.writeValue(g, w)
 		}}
 }
 

@@ -32,6 +32,11 @@ import (
 // UInt64: uint64, UInt8: bool); anything else panics when the sink is
 // built, a programming error the sink tests catch.
 func FieldRows(msg proto.Message, cols []Column, fields ...string) func(*kgo.Record, *RowWriter) error {
+	return newWireRows(msg, cols, fields...).write
+}
+
+// newWireRows builds FieldRows' reader.
+func newWireRows(msg proto.Message, cols []Column, fields ...string) *wireRows {
 	d := &wireRows{schema: schemas.Of(msg)}
 	md := msg.ProtoReflect().Descriptor()
 	if len(fields) != len(cols) {
@@ -84,7 +89,7 @@ func FieldRows(msg proto.Message, cols []Column, fields ...string) func(*kgo.Rec
 	if len(d.fields) > maxWireFields {
 		panic(fmt.Sprintf("clickhouse: %d fields; FieldRows takes up to %d", len(d.fields), maxWireFields))
 	}
-	return d.write
+	return d
 }
 
 const maxWireFields = 32
@@ -152,9 +157,15 @@ func (d *wireRows) write(r *kgo.Record, w *RowWriter) error {
 	if err := streams.CheckSchema(r, d.schema); err != nil {
 		return err
 	}
+	return d.writeValue(r.Value, w)
+}
+
+// writeValue writes the row of an encoded message whose schema is known
+// (a message nested in a record, such as a token's grant).
+func (d *wireRows) writeValue(v []byte, w *RowWriter) error {
 	var strs [maxWireFields][]byte
 	var nums [maxWireFields]uint64
-	for b := r.Value; len(b) > 0; {
+	for b := v; len(b) > 0; {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
 			return d.reject("bad field tag", protowire.ParseError(n))
