@@ -28,6 +28,7 @@ const maxCachedAccounts = 1 << 20
 // the store is wiped and rebuilt from wallet.ledger on every start, so no
 // balance needs to be on disk before that.
 type accounts struct {
+	db        *pebble.DB // the store under the cache; evicted balances go there
 	mu        sync.RWMutex
 	committed map[string]account // written by the processing goroutine only
 	max       int                // at least half of committed is evicted when it would pass max
@@ -35,16 +36,16 @@ type accounts struct {
 	keys      *localstore.KeyFilter // a new user's account is not looked up
 }
 
-func newAccounts(max int, keys *localstore.KeyFilter) *accounts {
-	return &accounts{committed: make(map[string]account), max: max, staged: make(map[string]account), keys: keys}
+func newAccounts(db *pebble.DB, max int, keys *localstore.KeyFilter) *accounts {
+	return &accounts{db: db, committed: make(map[string]account), max: max, staged: make(map[string]account), keys: keys}
 }
 
-func (a *accounts) read(r pebble.Reader, act string) (account, error) {
+func (a *accounts) read(act string) (account, error) {
 	k := acctKey(act)
 	if !a.keys.MayContain(k) {
 		return account{}, nil
 	}
-	v, c, err := r.Get(k)
+	v, c, err := a.db.Get(k)
 	if errors.Is(err, pebble.ErrNotFound) {
 		return account{}, nil
 	}
@@ -55,33 +56,32 @@ func (a *accounts) read(r pebble.Reader, act string) (account, error) {
 	return account{int64(binary.BigEndian.Uint64(v)), int64(binary.BigEndian.Uint64(v[8:]))}, nil
 }
 
-// get is the balance as the open batch sees it. r is the store under the
-// batch (the batch's own balances are the staged ones); only the
-// processing goroutine calls get and stage.
-func (a *accounts) get(r pebble.Reader, act string) (account, error) {
+// get is the balance as the open batch sees it (the batch's own balances
+// are the staged ones); only the processing goroutine calls get and stage.
+func (a *accounts) get(act string) (account, error) {
 	if acc, ok := a.staged[act]; ok {
 		return acc, nil
 	}
-	return a.getCommitted(r, act)
+	return a.getCommitted(act)
 }
 
 // getCommitted is the committed balance (the readers' view).
-func (a *accounts) getCommitted(r pebble.Reader, act string) (account, error) {
+func (a *accounts) getCommitted(act string) (account, error) {
 	a.mu.RLock()
 	acc, ok := a.committed[act]
 	a.mu.RUnlock()
 	if ok {
 		return acc, nil
 	}
-	return a.read(r, act)
+	return a.read(act)
 }
 
 func (a *accounts) stage(act string, acc account) { a.staged[act] = acc }
 
 // commit promotes the staged balances; call it once their batch is
 // committed to Pebble. Only the processing goroutine calls it.
-func (a *accounts) commit(db *pebble.DB) error {
-	if err := a.promote(db, a.staged); err != nil {
+func (a *accounts) commit() error {
+	if err := a.promote(a.staged); err != nil {
 		return err
 	}
 	clear(a.staged)
@@ -90,15 +90,15 @@ func (a *accounts) commit(db *pebble.DB) error {
 
 // adopt takes over the committed balances of a finished rebuild: they
 // join the cache rather than being written to the store.
-func (a *accounts) adopt(db *pebble.DB, rebuilt *accounts) error {
-	return a.promote(db, rebuilt.committed)
+func (a *accounts) adopt(rebuilt *accounts) error {
+	return a.promote(rebuilt.committed)
 }
 
 // promote adds balances to the committed ones, evicting first if they
 // would not fit.
-func (a *accounts) promote(db *pebble.DB, balances map[string]account) error {
+func (a *accounts) promote(balances map[string]account) error {
 	if over := len(a.committed) + len(balances) - a.max; over > 0 { // make room, and for a while
-		if err := a.evict(db, max(over, len(a.committed)/2)); err != nil {
+		if err := a.evict(max(over, len(a.committed)/2)); err != nil {
 			return err
 		}
 	}
@@ -116,12 +116,12 @@ const evictChunk = 50_000
 // evict writes n committed balances (the map's iteration picks them) to
 // the store, then forgets them. A reader meanwhile finds each balance in
 // memory or, once it is forgotten, in the store: it is written first.
-func (a *accounts) evict(db *pebble.DB, n int) error {
+func (a *accounts) evict(n int) error {
 	victims := make([]string, 0, min(n, evictChunk))
 	var v [16]byte
 	for n > 0 {
 		victims = victims[:0]
-		b := db.NewBatch()
+		b := a.db.NewBatch()
 		for act, acc := range a.committed { // no writer but this goroutine
 			if len(victims) == min(n, evictChunk) {
 				break
@@ -155,7 +155,7 @@ func (a *accounts) evict(db *pebble.DB, n int) error {
 // flush writes every committed balance to the store and forgets them all:
 // before a partition's keys are dropped from the store (the balances of
 // the others must survive).
-func (a *accounts) flush(db *pebble.DB) error { return a.evict(db, len(a.committed)) }
+func (a *accounts) flush() error { return a.evict(len(a.committed)) }
 
 // drop forgets the staged balances (an aborted or retried batch).
 func (a *accounts) drop() { clear(a.staged) }

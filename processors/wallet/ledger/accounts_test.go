@@ -18,12 +18,12 @@ func TestEvictedBalancesAreKept(t *testing.T) {
 	defer db.Close()
 	keys := localstore.NewKeyFilter(1 << 10)
 	const max, users = 16, 200
-	a := newAccounts(max, keys)
+	a := newAccounts(db, max, keys)
 	want := map[string]account{}
 	for round := range 5 { // every user's balance changes in every round
 		for u := range users {
 			act := fmt.Sprintf("u%d", u)
-			acc, err := a.get(db, act)
+			acc, err := a.get(act)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -38,7 +38,7 @@ func TestEvictedBalancesAreKept(t *testing.T) {
 			a.stage(act, acc)
 			want[act] = acc
 			if u%10 == 9 { // a batch of ten bookings commits
-				if err := a.commit(db); err != nil {
+				if err := a.commit(); err != nil {
 					t.Fatal(err)
 				}
 				if len(a.committed) > max {
@@ -48,19 +48,19 @@ func TestEvictedBalancesAreKept(t *testing.T) {
 		}
 	}
 	for act, acc := range want { // what a reader sees
-		if got, err := a.getCommitted(db, act); err != nil || got != acc {
+		if got, err := a.getCommitted(act); err != nil || got != acc {
 			t.Fatalf("%s: reader sees %+v (%v), want %+v", act, got, err, acc)
 		}
 	}
-	if err := a.flush(db); err != nil {
+	if err := a.flush(); err != nil {
 		t.Fatal(err)
 	}
 	if len(a.committed) != 0 {
 		t.Fatalf("%d balances cached after flush", len(a.committed))
 	}
-	fresh := newAccounts(max, keys) // nothing cached: every balance from the store
+	fresh := newAccounts(db, max, keys) // nothing cached: every balance from the store
 	for act, acc := range want {
-		if got, err := fresh.getCommitted(db, act); err != nil || got != acc {
+		if got, err := fresh.getCommitted(act); err != nil || got != acc {
 			t.Fatalf("%s: store holds %+v (%v), want %+v", act, got, err, acc)
 		}
 	}

@@ -117,15 +117,16 @@ func New(cfg Config, brokers []string) *Ledger {
 		mBooked: c.With("booked"), mForged: c.With("forged_token"), mRefused: c.With("withdrawal_refused")}
 	lk := cfg.Metrics.NewCounterVec("surge_wallet_ledger_order_lookups_total", "is-this-order-booked lookups by how they were answered", "answer")
 	l.mLookupFilter, l.mLookupFound, l.mLookupMissed = lk.With("filter_absent"), lk.With("store_found"), lk.With("store_absent")
-	l.resetStore()
 	return l
 }
 
 // resetStore forgets everything known about the store's contents: it is
-// about to be rebuilt from wallet.ledger.
+// about to be rebuilt from wallet.ledger. Run calls it once the store is
+// open; nothing reads the filter or the balances before (reads wait for
+// ready).
 func (l *Ledger) resetStore() {
 	l.keys = localstore.NewKeyFilter(l.cfg.ExpectedKeys)
-	l.accts = newAccounts(maxCachedAccounts, l.keys)
+	l.accts = newAccounts(l.db, maxCachedAccounts, l.keys)
 }
 
 func (l *Ledger) topic(name string) string { return l.cfg.Namespace + name }
@@ -194,7 +195,7 @@ func (l *Ledger) isBookedForBatch(act, no string) (bool, error) {
 // and stages the account's new balance, promoted when w commits
 // (commitBatch). It returns the entry's key.
 func (l *Ledger) apply(w *pebble.Batch, accts *accounts, e *pb.LedgerEntry) ([]byte, error) {
-	acc, err := accts.get(l.db, e.ActId)
+	acc, err := accts.get(e.ActId)
 	if err != nil {
 		return nil, err
 	}
@@ -227,7 +228,7 @@ func (l *Ledger) commitBatch(w *pebble.Batch, accts *accounts) error {
 	if err := w.Commit(pebble.NoSync); err != nil {
 		return err
 	}
-	return accts.commit(l.db)
+	return accts.commit()
 }
 
 // Run rebuilds the store from wallet.ledger and books until ctx ends.
@@ -238,7 +239,7 @@ func (l *Ledger) Run(ctx context.Context, opts ...streams.Option) error {
 	}
 	l.db = db
 	defer db.Close()
-	l.resetStore() // the store is rebuilt below; nothing known of it may survive
+	l.resetStore() // the store is rebuilt below, from nothing
 	start := time.Now()
 	n := 0
 	if l.partitions, err = streams.PartitionCount(ctx, l.brokers, l.topic(schemas.TopicTokens)); err != nil {
@@ -331,7 +332,7 @@ func (l *Ledger) clearPartitions(ps map[int32]bool) error {
 	// the store (and leaves the cache) before the cleared partitions'
 	// keys are deleted, so the others' survive and the cleared ones' are
 	// rebuilt.
-	if err := l.accts.flush(l.db); err != nil {
+	if err := l.accts.flush(); err != nil {
 		return err
 	}
 	if err := localstore.DeleteWhere(l.db, func(k []byte) bool {
@@ -346,7 +347,7 @@ func (l *Ledger) clearPartitions(ps map[int32]bool) error {
 
 // startRebuild opens the batch and balances a rebuild applies entries to.
 func (l *Ledger) startRebuild() {
-	l.rebuild, l.rebuildAccts = l.db.NewBatch(), newAccounts(maxCachedAccounts, l.keys)
+	l.rebuild, l.rebuildAccts = l.db.NewBatch(), newAccounts(l.db, maxCachedAccounts, l.keys)
 }
 
 // applyRestored books one entry of a rebuild (of a partition, or of the
@@ -374,7 +375,7 @@ func (l *Ledger) applyRestored(r *kgo.Record) error {
 func (l *Ledger) finishRebuild() error {
 	err := l.commitBatch(l.rebuild, l.rebuildAccts)
 	if err == nil {
-		err = l.accts.adopt(l.db, l.rebuildAccts)
+		err = l.accts.adopt(l.rebuildAccts)
 	}
 	l.rebuild, l.rebuildAccts = nil, nil
 	return err
@@ -464,7 +465,7 @@ func (l *Ledger) book(ctx context.Context, tok *pb.Token, verify bool, verdict e
 	if err := l.limit.Wait(ctx, 1); err != nil {
 		return false, err
 	}
-	acc, err := l.accts.get(l.db, tok.ActId)
+	acc, err := l.accts.get(tok.ActId)
 	if err != nil {
 		return false, err
 	}
@@ -511,7 +512,7 @@ func (l *Ledger) withdraw(ctx context.Context, w *pb.Withdrawal, out *streams.Ou
 	if done, err := l.isBookedForBatch(w.ActId, "w:"+w.WithdrawId); err != nil || done {
 		if done {
 			res.Reason = "already booked"
-			acc, _ := l.accts.get(l.db, w.ActId)
+			acc, _ := l.accts.get(w.ActId)
 			res.BalanceAfter = acc.balance
 			return answer(res)
 		}
@@ -538,7 +539,7 @@ func (l *Ledger) withdraw(ctx context.Context, w *pb.Withdrawal, out *streams.Ou
 			}
 		}
 	}
-	acc, err := l.accts.get(l.db, w.ActId)
+	acc, err := l.accts.get(w.ActId)
 	if err != nil {
 		return err
 	}
@@ -616,7 +617,7 @@ func (l *Ledger) read(ctx context.Context, actID string, flow bool) (View, []Ite
 	err := func() error {
 		l.commitMu.RLock()
 		defer l.commitMu.RUnlock()
-		acc, err := l.accts.getCommitted(l.db, actID)
+		acc, err := l.accts.getCommitted(actID)
 		if err != nil {
 			return err
 		}
