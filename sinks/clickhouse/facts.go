@@ -44,11 +44,13 @@ func CashGrants() *Sink {
 		}}
 }
 
-// tokenGrant finds the encoded grant (field 14) in an encoded token. Were
-// it there twice, protobuf would merge the two, which is decoding their
-// encodings one after the other: so they are joined.
+// grantField is Token.grant's field number, as wallet.proto says.
+var grantField = (&pb.Token{}).ProtoReflect().Descriptor().Fields().ByName("grant").Number()
+
+// tokenGrant finds the encoded grant (Token.grant) in an encoded token.
+// Were it there twice, protobuf would merge the two, which is decoding
+// their encodings one after the other: so they are joined.
 func tokenGrant(b []byte) (grant []byte, found bool, err error) {
-	const grantField = 14
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
