@@ -31,6 +31,10 @@ const (
 	TopicReports        = "push.reports"
 	TopicExecutors      = "push.executors"
 	TopicOffline        = "push.offline"
+	TopicAccounts       = "push.accounts"
+	TopicTags           = "push.tags"
+	TopicBlacklists     = "push.blacklists"
+	TopicPackages       = "push.packages"
 	TopicGrants         = "wallet.grants"
 	TopicTokens         = "wallet.tokens"
 	TopicLedger         = "wallet.ledger"
@@ -64,7 +68,11 @@ const (
 var Topics = []Topic{
 	{TopicLogin, "surge.v1.LoginEvent", "uin (4-byte big-endian)", 12, false, 3 * day, "login and logout events from the access layer"},
 	{TopicPresence, "surge.v1.LoginEvent", "uin (4-byte big-endian)", 12, true, 0, "online-state changes only; compacted, so it is the latest state per uin"},
-	{TopicFanDelta, "surge.v1.FanDelta", "account_id", 12, false, 30 * day, "follow/unfollow changes to follower lists"},
+	{TopicFanDelta, "surge.v1.FanDelta", "account_id/uin (decimal)", 12, true, 0, "follow/unfollow changes to follower lists; compacted, so it is every account's follower list"},
+	{TopicAccounts, "surge.v1.AccountInfo", "account_id (decimal)", 6, true, 0, "the public-account registry: type, default filters, follower count, daily job limit; a tombstone removes an account"},
+	{TopicTags, "surge.v1.TagChange", "tag/uin", 12, true, 0, "targeting tags per user; compacted, so it is the tag index"},
+	{TopicBlacklists, "surge.v1.BlacklistChange", "account_id/uin (decimal; account 0 is global)", 6, true, 0, "blacklisted users per account and global"},
+	{TopicPackages, "surge.v1.PackageChunk", "package_id/index", 12, false, 30 * day, "number packages (uploaded, and the planner's filtered ones) in chunks of at most 256 KiB; job package_uri topic:push.packages/<id>"},
 	{TopicJobs, "surge.v1.SendJob", "job_id", 6, true, 0, "send jobs as submitted"},
 	{TopicJobTransitions, "surge.v1.JobTransition", "job_id", 6, false, 30 * day, "every state transition of every send job"},
 	{TopicUnits, "surge.v1.SendTaskUnit", "job_id", 1, false, 7 * day, "per-executor unit queues are named push.units.<executor>: one partition, so units run in dispatch (priority) order"},

@@ -84,3 +84,70 @@ func PartitionCount(ctx context.Context, brokers []string, topic string) (int, e
 	})
 	return n, err
 }
+
+// WaitConsumed waits until group has committed, on every partition of
+// topics, the end offsets they had when it was called: everything
+// published before now has been processed. It is how a publisher knows a
+// processor saw its records without reading the processor's memory.
+func WaitConsumed(ctx context.Context, brokers []string, group string, topics ...string) error {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	ends, err := adm.ListEndOffsets(ctx, topics...)
+	if err != nil {
+		return err
+	}
+	for {
+		committed, err := adm.FetchOffsets(ctx, group)
+		if err == nil {
+			behind := map[string]map[int32]kgo.Offset{}
+			ends.Each(func(o kadm.ListedOffset) {
+				if o.Offset <= 0 {
+					return
+				}
+				c, ok := committed.Lookup(o.Topic, o.Partition)
+				if !ok || c.At < o.Offset {
+					if behind[o.Topic] == nil {
+						behind[o.Topic] = map[int32]kgo.Offset{}
+					}
+					behind[o.Topic][o.Partition] = kgo.NewOffset().At(max(c.At, 0))
+				}
+			})
+			if len(behind) == 0 || onlyMarkersLeft(ctx, brokers, behind, ends) {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("streams: group %s has not consumed %v: %w", group, topics, ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// onlyMarkersLeft reports whether, from the committed offsets in from to
+// the ends, no record is left: what is left are transaction markers (a
+// transactional producer's commit takes an offset after its last record)
+// or aborted records.
+func onlyMarkersLeft(ctx context.Context, brokers []string, from map[string]map[int32]kgo.Offset, ends kadm.ListedOffsets) bool {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumePartitions(from),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+	if err != nil {
+		return false
+	}
+	defer cl.Close()
+	pctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	left := false
+	for pctx.Err() == nil && !left {
+		cl.PollFetches(pctx).EachRecord(func(r *kgo.Record) {
+			if end, ok := ends.Lookup(r.Topic, r.Partition); ok && r.Offset < end.Offset {
+				left = true
+			}
+		})
+	}
+	return !left
+}

@@ -101,7 +101,7 @@ func (r *Runner) Run(ctx context.Context) error {
 func (r *Runner) clientOpts() []kgo.Opt {
 	opts := []kgo.Opt{
 		kgo.SeedBrokers(r.cfg.brokers...),
-		kgo.ClientID("surge-" + r.cfg.name),
+		kgo.ClientID("surge-" + r.cfg.name + "-" + r.cfg.instanceID), // operators (and tests) tell the members apart
 		kgo.ConsumerGroup(r.cfg.group),
 		kgo.ConsumeTopics(r.cfg.inputs...),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),

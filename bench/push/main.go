@@ -21,8 +21,10 @@ import (
 
 	"github.com/RoaringBitmap/roaring/v2"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"google.golang.org/protobuf/proto"
 
 	"surge/processors/presence"
+	"surge/processors/push/directory"
 	"surge/processors/push/filter"
 	"surge/processors/push/pipeline"
 	"surge/processors/push/planner"
@@ -56,7 +58,7 @@ func main() {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	s := pipeline.New(brokers, pipeline.Options{Namespace: ns, Dir: dir, Executors: *executors, Planner: cfg, Log: log})
 	must(s.CreateTopics(ctx, 1))
-	s.Accounts.Put(planner.Account{ID: 1, Filters: filter.All &^ filter.Relation})
+	must(s.Publish(ctx, directory.AccountRecord(ns, &pb.AccountInfo{AccountId: 1, Filters: proto.Uint32(uint32(filter.All &^ filter.Relation))})))
 
 	// Setup (not timed): every online user's presence, as the presence
 	// processor would have published it.

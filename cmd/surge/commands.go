@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/protobuf/encoding/protojson"
 
+	push "surge/processors/push/pipeline"
 	"surge/schemas"
 	"surge/sinks/clickhouse"
 	"surge/streams"
@@ -53,6 +54,9 @@ func cmdRun(ctx context.Context, args []string) error {
 		return err
 	}
 	serveMetrics(ctx, v, log)
+	if c, ok := pushServices[name]; ok {
+		return runPush(ctx, v, log, bs, c)
+	}
 	mirror, closeMirror, err := openMirror(ctx, v.GetString("redis.addr"), v.GetString("redis.prefix"), log)
 	if err != nil {
 		return err
@@ -101,10 +105,14 @@ func cmdTopics(ctx context.Context, args []string) error {
 		return err
 	}
 	defer cl.Close()
-	if err := streams.EnsureTopics(ctx, cl, int16(v.GetInt("kafka.replication")), schemas.Topics...); err != nil {
+	topics := schemas.Topics
+	if ns := v.GetString("push.namespace"); ns != "" {
+		topics = push.Topics(ns) // a namespaced push stack (shadow. for load tests)
+	}
+	if err := streams.EnsureTopics(ctx, cl, int16(v.GetInt("kafka.replication")), topics...); err != nil {
 		return err
 	}
-	fmt.Printf("%d topics ensured\n", len(schemas.Topics))
+	fmt.Printf("%d topics ensured\n", len(topics))
 	return nil
 }
 

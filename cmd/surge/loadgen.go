@@ -9,6 +9,7 @@ import (
 	"os"
 	"sort"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -17,71 +18,75 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"surge/processors/presence"
-	"surge/processors/push/filter"
+	"surge/processors/push/directory"
 	"surge/processors/push/numpkg"
 	push "surge/processors/push/pipeline"
-	"surge/processors/push/planner"
 	"surge/schemas"
 	pb "surge/schemas/surgev1"
 	"surge/streams"
-	"surge/streams/metrics"
 )
 
-// cmdLoadgen drives realistic mass-push traffic through the push stack:
-// follower lists with a Zipf distribution over accounts (published on
-// push.fan-delta too), logins and churn, and jobs of every source, size and
-// priority, a few of them malformed. It ends with a summary and fails if a
-// user got a job's message twice.
+// cmdLoadgen drives realistic mass-push traffic through the push services
+// by producing to their topics only: accounts, follower lists (Zipf over
+// accounts), tags, logins and churn, and jobs of every source, size and
+// priority, a few of them malformed. On the embedded broker it starts the
+// services in this process first; with --kafka.brokers it drives the
+// deployed ones. It follows push.job-transitions until every job ended,
+// reads push.reports back, and fails if a user got a job's message twice,
+// a targeted online user got nothing, or a malformed job was accepted.
 func cmdLoadgen(ctx context.Context, args []string) error {
 	v, _, err := loadConfig("loadgen", args, nil)
 	if err != nil {
 		return err
 	}
 	log := newLogger(v)
+	deployed := len(brokers(v)) > 0
 	bs, stopKafka, err := brokersOrEmbedded(v, log)
 	if err != nil {
 		return err
 	}
 	defer stopKafka()
-	dir := v.GetString("push.dir")
-	if dir == "" {
-		if dir, err = os.MkdirTemp("", "surge-push-"); err != nil {
-			return err
-		}
-		defer os.RemoveAll(dir)
-	}
 	ns := v.GetString("push.namespace")
-	cfg := planner.DefaultConfig()
-	cfg.UnitSize, cfg.MaxBacklog, cfg.MinLead = uint64(v.GetInt("push.unit_size")), v.GetInt("push.max_backlog"), v.GetDuration("push.min_lead")
-	stack := push.New(bs, push.Options{Namespace: ns, Dir: dir, Executors: v.GetInt("push.executors"), Planner: cfg,
-		MirrorThreshold: uint64(v.GetInt("push.mirror_threshold")), Log: log, Metrics: metrics.Default})
-	if err := stack.CreateTopics(ctx, int16(v.GetInt("kafka.replication"))); err != nil {
-		return err
-	}
-	serveMetrics(ctx, v, log)
-	cl, err := kgo.NewClient(kgo.SeedBrokers(bs...), kgo.ProducerLinger(5*time.Millisecond), kgo.MaxBufferedRecords(1<<20))
+	cl, err := kgo.NewClient(kgo.SeedBrokers(bs...), kgo.ProducerLinger(5*time.Millisecond), kgo.MaxBufferedRecords(1<<20),
+		kgo.ProducerBatchMaxBytes(1<<20))
 	if err != nil {
 		return err
 	}
 	defer cl.Close()
+	if err := streams.EnsureTopics(ctx, cl, int16(v.GetInt("kafka.replication")), push.Topics(ns)...); err != nil {
+		return err
+	}
+	serveMetrics(ctx, v, log)
+	sctx, stopStack := context.WithCancel(ctx)
+	defer stopStack()
+	stackErr := func() error { return nil }
+	if !deployed {
+		stack, stop, err := startPushStack(sctx, v, log, bs, nil)
+		if err != nil {
+			return err
+		}
+		defer stop()
+		stackErr = stack.Err
+	} else {
+		fmt.Fprintf(os.Stderr, "loadgen: driving the deployed push services on %v (namespace %q)\n", bs, ns)
+	}
 
 	g := newTraffic(v)
 	fmt.Fprintf(os.Stderr, "loadgen: %d users, %d accounts (Zipf s=%.2f), %d jobs, churn %d/s\n",
 		g.users, g.accounts, g.zipfS, g.jobs, g.churn)
-	if err := g.followers(ctx, cl, stack, ns); err != nil {
+	if err := g.followers(ctx, cl, ns); err != nil {
 		return err
 	}
 	if err := g.logins(ctx, cl, ns); err != nil {
 		return err
 	}
-	sctx, stopStack := context.WithCancel(ctx)
-	defer stopStack()
-	if err := stack.Start(sctx); err != nil {
+	wctx, cancel := context.WithTimeout(ctx, v.GetDuration("loadgen.timeout"))
+	defer cancel()
+	fmt.Fprintln(os.Stderr, "loadgen: waiting for the planner to apply the directory")
+	if err := streams.WaitConsumed(wctx, bs, push.PlannerGroup(ns), directory.New(ns).Topics()...); err != nil {
 		return err
 	}
-	wctx, cancel := context.WithTimeout(ctx, time.Minute)
-	err = stack.WaitReady(wctx, v.GetInt("push.executors"))
-	cancel()
+	jobsView, err := followJobs(sctx, bs, ns)
 	if err != nil {
 		return err
 	}
@@ -89,31 +94,43 @@ func cmdLoadgen(ctx context.Context, args []string) error {
 	churnCtx, stopChurn := context.WithCancel(ctx)
 	var churned atomic.Int64
 	go g.churnLoop(churnCtx, cl, ns, &churned)
-	jobs, err := g.submitJobs(ctx, cl, stack, ns)
+	jobs, err := g.submitJobs(ctx, cl, ns)
 	if err != nil {
 		stopChurn()
 		return err
 	}
-	waitErr := g.waitJobs(ctx, stack, jobs, v.GetDuration("loadgen.timeout"))
+	waitErr := g.waitJobs(wctx, jobsView, jobs, stackErr)
 	stopChurn()
-	settle(stack) // let the offline queues catch up with the last logins
-	sumErr := g.summary(ctx, bs, ns, stack, jobs, churned.Load())
+	// Let the offline queues catch up with the last logins and batches.
+	settleErr := streams.WaitConsumed(wctx, bs, ns+"push-offline", ns+schemas.TopicLogin, ns+schemas.TopicOffline)
+	sumErr := g.summary(ctx, bs, ns, jobsView, jobs, churned.Load())
 	stopStack()
-	return errors.Join(waitErr, sumErr, stack.Wait())
+	return errors.Join(waitErr, settleErr, sumErr)
 }
 
-// settle waits until the offline queues have not moved for a second.
-func settle(s *push.Stack) {
-	q, d := s.Offline.Stats()
-	for still := 0; still < 10; {
-		time.Sleep(100 * time.Millisecond)
-		q2, d2 := s.Offline.Stats()
-		if q2 == q && d2 == d {
-			still++
-		} else {
-			still, q, d = 0, q2, d2
+// jobStates follows push.job-transitions: every job's latest state.
+type jobStates struct {
+	mu sync.Mutex
+	m  map[string]pb.JobState
+}
+
+func (j *jobStates) state(id string) pb.JobState {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.m[id]
+}
+
+func followJobs(ctx context.Context, bs []string, ns string) (*jobStates, error) {
+	j := &jobStates{m: map[string]pb.JobState{}}
+	_, err := streams.FollowTable(ctx, bs, ns+schemas.TopicJobTransitions, func(r *kgo.Record) {
+		var t pb.JobTransition
+		if streams.Decode(r, &t) == nil {
+			j.mu.Lock()
+			j.m[t.JobId] = t.To
+			j.mu.Unlock()
 		}
-	}
+	})
+	return j, err
 }
 
 type traffic struct {
@@ -135,7 +152,7 @@ func (g *traffic) uin() uint32 { return uint32(1 + g.rng.Intn(g.users)) }
 // followers builds the follower lists: account of rank r has about
 // users/2 / r^s followers (at least 10), registered in the source store
 // and published as fan-list deltas.
-func (g *traffic) followers(ctx context.Context, cl *kgo.Client, s *push.Stack, ns string) error {
+func (g *traffic) followers(ctx context.Context, cl *kgo.Client, ns string) error {
 	total := 0
 	sizes := make([]int, g.accounts)
 	for r := range g.accounts {
@@ -146,8 +163,8 @@ func (g *traffic) followers(ctx context.Context, cl *kgo.Client, s *push.Stack, 
 	n := 0
 	for r := range g.accounts {
 		id := uint64(r + 1)
-		s.Accounts.Put(planner.Account{ID: id, Filters: filter.All})
-		s.Source.AddAccount(id)
+		cl.Produce(ctx, directory.AccountRecord(ns, &pb.AccountInfo{AccountId: id, Type: "subscription",
+			Followers: uint64(sizes[r]), AtMs: time.Now().UnixMilli()}), nil)
 		set := roaring.New()
 		for set.GetCardinality() < uint64(sizes[r]) {
 			set.Add(g.uin())
@@ -155,19 +172,15 @@ func (g *traffic) followers(ctx context.Context, cl *kgo.Client, s *push.Stack, 
 		g.fans = append(g.fans, set)
 		it := set.Iterator()
 		for it.HasNext() {
-			d := &pb.FanDelta{AccountId: id, Uin: uint64(it.Next()), Op: pb.FanDelta_FOLLOW, AtMs: time.Now().UnixMilli()}
-			s.Source.Apply(d)
-			rec, err := streams.NewRecord(ns+schemas.TopicFanDelta, []byte(fmt.Sprint(id)), d)
-			if err != nil {
-				return err
-			}
-			cl.Produce(ctx, rec, nil)
+			cl.Produce(ctx, directory.FollowRecord(ns, id, it.Next(), true), nil)
 			if n++; n%50000 == 0 {
 				bar.set(int64(n))
 			}
 		}
 		// Tags for targeting: a third of each account's followers are "vip".
-		s.Tags.Tag(fmt.Sprintf("vip-%d", id), sample(set, 3)...)
+		for _, u := range sample(set, 3) {
+			cl.Produce(ctx, directory.TagRecord(ns, fmt.Sprintf("vip-%d", id), u, false), nil)
+		}
 	}
 	if err := cl.Flush(ctx); err != nil {
 		return err
@@ -236,18 +249,19 @@ func (g *traffic) churnLoop(ctx context.Context, cl *kgo.Client, ns string, n *a
 type submitted struct {
 	job  *pb.SendJob
 	bad  bool
-	size uint64
+	want *roaring.Bitmap // the job's package: every uin must be accounted for in push.reports
 }
 
 // submitJobs submits jobs: accounts by Zipf rank (big accounts send more),
 // sources mixed (60% followers, 25% package, 15% tags), priorities 0..9,
 // 5% real-time, 2% malformed.
-func (g *traffic) submitJobs(ctx context.Context, cl *kgo.Client, s *push.Stack, ns string) ([]submitted, error) {
+func (g *traffic) submitJobs(ctx context.Context, cl *kgo.Client, ns string) ([]submitted, error) {
 	zipf := rand.NewZipf(g.rng, max(g.zipfS, 1.01), 1, uint64(g.accounts-1))
 	var out []submitted
+	run := time.Now().Unix() // job ids are unique across runs on one broker
 	for i := range g.jobs {
 		acc := zipf.Uint64() + 1
-		j := &pb.SendJob{JobId: fmt.Sprintf("job-%05d", i), AccountId: acc, ContentId: fmt.Sprintf("content-%d", i),
+		j := &pb.SendJob{JobId: fmt.Sprintf("job-%d-%05d", run, i), AccountId: acc, ContentId: fmt.Sprintf("content-%d", i),
 			ContentCrc: uint32(i + 1), Priority: int32(g.rng.Intn(10)), Realtime: g.rng.Intn(20) == 0,
 			CreatedAtMs: time.Now().UnixMilli()}
 		sub := submitted{job: j}
@@ -261,26 +275,30 @@ func (g *traffic) submitJobs(ctx context.Context, cl *kgo.Client, s *push.Stack,
 			}
 		case x < 62:
 			j.Source = pb.TargetSource_FOLLOWERS
-			sub.size = g.fans[acc-1].GetCardinality()
+			sub.want = g.fans[acc-1]
 		case x < 87:
 			j.Source = pb.TargetSource_PACKAGE
 			pkg := roaring.BitmapOf(sample(g.fans[acc-1], 2)...)
 			for range 100 {
 				pkg.Add(g.uin()) // some non-followers: the relation filter removes them
 			}
-			sub.size = pkg.GetCardinality()
+			sub.want = pkg
 			data, err := numpkg.Encode(pkg)
 			if err != nil {
 				return nil, err
 			}
 			if len(data) < 512<<10 {
 				j.InlinePackage = data
-			} else if j.PackageUri, err = s.Packages.Put(ctx, j.JobId+".upload", pkg); err != nil {
-				return nil, err
+			} else { // an upload: chunks on push.packages, before the job
+				id := j.JobId + ".upload"
+				if err := cl.ProduceSync(ctx, numpkg.Chunks(ns+schemas.TopicPackages, id, data)...).FirstErr(); err != nil {
+					return nil, err
+				}
+				j.PackageUri = numpkg.TopicURI(ns+schemas.TopicPackages, id)
 			}
 		default:
 			j.Source, j.Tags = pb.TargetSource_TAGS, []string{fmt.Sprintf("vip-%d", acc)}
-			sub.size = g.fans[acc-1].GetCardinality() / 3
+			sub.want = roaring.BitmapOf(sample(g.fans[acc-1], 3)...)
 		}
 		rec, err := streams.NewRecord(ns+schemas.TopicJobs, []byte(j.JobId), j)
 		if err != nil {
@@ -292,13 +310,12 @@ func (g *traffic) submitJobs(ctx context.Context, cl *kgo.Client, s *push.Stack,
 	return out, cl.Flush(ctx)
 }
 
-func (g *traffic) waitJobs(ctx context.Context, s *push.Stack, jobs []submitted, timeout time.Duration) error {
+func (g *traffic) waitJobs(ctx context.Context, states *jobStates, jobs []submitted, stackErr func() error) error {
 	bar := newProgress("jobs finished", int64(len(jobs)))
-	deadline := time.Now().Add(timeout)
 	for {
 		done := 0
 		for _, j := range jobs {
-			switch s.Planner.State(j.job.JobId) {
+			switch states.state(j.job.JobId) {
 			case pb.JobState_COMPLETED, pb.JobState_REJECTED, pb.JobState_FAILED:
 				done++
 			}
@@ -308,24 +325,25 @@ func (g *traffic) waitJobs(ctx context.Context, s *push.Stack, jobs []submitted,
 			bar.done()
 			return nil
 		}
-		if err := s.Err(); err != nil {
+		if err := stackErr(); err != nil {
 			bar.done()
 			return err
 		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
+		if ctx.Err() != nil {
 			bar.done()
-			return fmt.Errorf("loadgen: %d of %d jobs finished in %v", done, len(jobs), timeout)
+			return fmt.Errorf("loadgen: %d of %d jobs finished before loadgen.timeout", done, len(jobs))
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
 }
 
 // summary reads the report topic back and checks every job: nobody
-// delivered twice, and each malformed job refused.
-func (g *traffic) summary(ctx context.Context, bs []string, ns string, s *push.Stack, jobs []submitted, churned int64) error {
-	delivered := map[string]*roaring.Bitmap{}
+// delivered twice, every target accounted for (delivered, queued offline
+// or filtered with a reason), and each malformed job refused.
+func (g *traffic) summary(ctx context.Context, bs []string, ns string, states *jobStates, jobs []submitted, churned int64) error {
+	delivered, accounted := map[string]*roaring.Bitmap{}, map[string]*roaring.Bitmap{}
 	var dup uint64
-	var filtered, onLogin uint64
+	var filtered, onLogin, queued uint64
 	err := streams.ReadToEnd(ctx, bs, ns+schemas.TopicReports, func(r *kgo.Record) error {
 		var rep pb.DeliveryReport
 		if streams.Decode(r, &rep) != nil {
@@ -339,6 +357,12 @@ func (g *traffic) summary(ctx context.Context, bs []string, ns string, s *push.S
 		} else {
 			set.Add(uint32(rep.Uin))
 		}
+		if rep.Status != pb.DeliveryStatus_DELIVERED_ON_LOGIN {
+			if accounted[rep.JobId] == nil {
+				accounted[rep.JobId] = roaring.New()
+			}
+			accounted[rep.JobId].Or(set)
+		}
 		switch rep.Status {
 		case pb.DeliveryStatus_FILTERED:
 			filtered += set.GetCardinality()
@@ -346,7 +370,8 @@ func (g *traffic) summary(ctx context.Context, bs []string, ns string, s *push.S
 		case pb.DeliveryStatus_DELIVERED_ON_LOGIN:
 			onLogin += set.GetCardinality()
 		case pb.DeliveryStatus_QUEUED_OFFLINE:
-			return nil // counted by the offline queues
+			queued += set.GetCardinality()
+			return nil
 		}
 		d := delivered[rep.JobId]
 		if d == nil {
@@ -360,12 +385,12 @@ func (g *traffic) summary(ctx context.Context, bs []string, ns string, s *push.S
 	if err != nil {
 		return err
 	}
-	states := map[string]int{}
-	var refusedWrong []string
+	counts := map[string]int{}
+	var refusedWrong, missed []string
 	var total uint64
 	for _, j := range jobs {
-		st := s.Planner.State(j.job.JobId)
-		states[st.String()]++
+		st := states.state(j.job.JobId)
+		counts[st.String()]++
 		bad := st == pb.JobState_REJECTED || st == pb.JobState_FAILED
 		if bad != j.bad {
 			refusedWrong = append(refusedWrong, fmt.Sprintf("%s (%s)", j.job.JobId, st))
@@ -373,27 +398,38 @@ func (g *traffic) summary(ctx context.Context, bs []string, ns string, s *push.S
 		if d := delivered[j.job.JobId]; d != nil {
 			total += d.GetCardinality()
 		}
+		if !j.bad {
+			got := accounted[j.job.JobId]
+			if got == nil {
+				got = roaring.New()
+			}
+			if !got.Equals(j.want) {
+				missed = append(missed, fmt.Sprintf("%s (%d of %d targets reported, %d outside its package)", j.job.JobId,
+					got.AndCardinality(j.want), j.want.GetCardinality(), roaring.AndNot(got, j.want).GetCardinality()))
+			}
+		}
 	}
 	var names []string
-	for k := range states {
+	for k := range counts {
 		names = append(names, k)
 	}
 	sort.Strings(names)
 	var parts []string
 	for _, k := range names {
-		parts = append(parts, fmt.Sprintf("%s=%d", k, states[k]))
+		parts = append(parts, fmt.Sprintf("%s=%d", k, counts[k]))
 	}
-	queued, _ := s.Offline.Stats()
 	fmt.Printf("jobs: %s\n", strings.Join(parts, " "))
 	fmt.Printf("messages delivered: %d (of which %d on login), %d filtered, %d queued offline; %d login/logout churn events\n",
 		total, onLogin, filtered, queued, churned)
-	fmt.Printf("fan-list mirror: %.1f MiB for %d accounts\n", float64(s.Mirror.SizeInBytes())/(1<<20), g.accounts)
 	if dup > 0 {
 		return fmt.Errorf("loadgen: %d messages delivered twice", dup)
+	}
+	if len(missed) > 0 {
+		return fmt.Errorf("loadgen: jobs whose targets push.reports does not account for: %s", strings.Join(missed, ", "))
 	}
 	if len(refusedWrong) > 0 {
 		return fmt.Errorf("loadgen: jobs refused or accepted wrongly: %s", strings.Join(refusedWrong, ", "))
 	}
-	fmt.Println("check: nobody got a job's message twice; every malformed job refused, every other one completed")
+	fmt.Println("check: nobody got a job's message twice; every target of every job delivered, queued offline or filtered; every malformed job refused, every other one completed")
 	return nil
 }

@@ -1226,6 +1226,318 @@ func (x *DeliveryReport) GetContentId() string {
 	return ""
 }
 
+// One entry of the account registry (push.accounts, compacted, keyed by the
+// account id as decimal text). A tombstone (or deleted = true) removes it.
+type AccountInfo struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	AccountId     uint64                 `protobuf:"varint,1,opt,name=account_id,json=accountId,proto3" json:"account_id,omitempty"`
+	Type          string                 `protobuf:"bytes,2,opt,name=type,proto3" json:"type,omitempty"`                             // the platform's account type (subscription, service, ...)
+	Filters       *uint32                `protobuf:"varint,3,opt,name=filters,proto3,oneof" json:"filters,omitempty"`                // filter bits on when a job sets no mask; absent = every filter
+	Followers     uint64                 `protobuf:"varint,4,opt,name=followers,proto3" json:"followers,omitempty"`                  // follower count as the platform reports it
+	DailyJobs     uint32                 `protobuf:"varint,5,opt,name=daily_jobs,json=dailyJobs,proto3" json:"daily_jobs,omitempty"` // jobs a day the account may send; 0 = no limit
+	Deleted       bool                   `protobuf:"varint,6,opt,name=deleted,proto3" json:"deleted,omitempty"`
+	AtMs          int64                  `protobuf:"varint,7,opt,name=at_ms,json=atMs,proto3" json:"at_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AccountInfo) Reset() {
+	*x = AccountInfo{}
+	mi := &file_surge_v1_push_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AccountInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AccountInfo) ProtoMessage() {}
+
+func (x *AccountInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_surge_v1_push_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AccountInfo.ProtoReflect.Descriptor instead.
+func (*AccountInfo) Descriptor() ([]byte, []int) {
+	return file_surge_v1_push_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *AccountInfo) GetAccountId() uint64 {
+	if x != nil {
+		return x.AccountId
+	}
+	return 0
+}
+
+func (x *AccountInfo) GetType() string {
+	if x != nil {
+		return x.Type
+	}
+	return ""
+}
+
+func (x *AccountInfo) GetFilters() uint32 {
+	if x != nil && x.Filters != nil {
+		return *x.Filters
+	}
+	return 0
+}
+
+func (x *AccountInfo) GetFollowers() uint64 {
+	if x != nil {
+		return x.Followers
+	}
+	return 0
+}
+
+func (x *AccountInfo) GetDailyJobs() uint32 {
+	if x != nil {
+		return x.DailyJobs
+	}
+	return 0
+}
+
+func (x *AccountInfo) GetDeleted() bool {
+	if x != nil {
+		return x.Deleted
+	}
+	return false
+}
+
+func (x *AccountInfo) GetAtMs() int64 {
+	if x != nil {
+		return x.AtMs
+	}
+	return 0
+}
+
+// One user gaining or losing a targeting tag (push.tags, compacted, keyed
+// "tag/uin").
+type TagChange struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tag           string                 `protobuf:"bytes,1,opt,name=tag,proto3" json:"tag,omitempty"`
+	Uin           uint64                 `protobuf:"varint,2,opt,name=uin,proto3" json:"uin,omitempty"`
+	Removed       bool                   `protobuf:"varint,3,opt,name=removed,proto3" json:"removed,omitempty"`
+	AtMs          int64                  `protobuf:"varint,4,opt,name=at_ms,json=atMs,proto3" json:"at_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TagChange) Reset() {
+	*x = TagChange{}
+	mi := &file_surge_v1_push_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TagChange) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TagChange) ProtoMessage() {}
+
+func (x *TagChange) ProtoReflect() protoreflect.Message {
+	mi := &file_surge_v1_push_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TagChange.ProtoReflect.Descriptor instead.
+func (*TagChange) Descriptor() ([]byte, []int) {
+	return file_surge_v1_push_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *TagChange) GetTag() string {
+	if x != nil {
+		return x.Tag
+	}
+	return ""
+}
+
+func (x *TagChange) GetUin() uint64 {
+	if x != nil {
+		return x.Uin
+	}
+	return 0
+}
+
+func (x *TagChange) GetRemoved() bool {
+	if x != nil {
+		return x.Removed
+	}
+	return false
+}
+
+func (x *TagChange) GetAtMs() int64 {
+	if x != nil {
+		return x.AtMs
+	}
+	return 0
+}
+
+// One user put on or taken off a blacklist (push.blacklists, compacted,
+// keyed "account/uin"); account 0 is the global blacklist.
+type BlacklistChange struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	AccountId     uint64                 `protobuf:"varint,1,opt,name=account_id,json=accountId,proto3" json:"account_id,omitempty"`
+	Uin           uint64                 `protobuf:"varint,2,opt,name=uin,proto3" json:"uin,omitempty"`
+	Removed       bool                   `protobuf:"varint,3,opt,name=removed,proto3" json:"removed,omitempty"`
+	AtMs          int64                  `protobuf:"varint,4,opt,name=at_ms,json=atMs,proto3" json:"at_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BlacklistChange) Reset() {
+	*x = BlacklistChange{}
+	mi := &file_surge_v1_push_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BlacklistChange) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BlacklistChange) ProtoMessage() {}
+
+func (x *BlacklistChange) ProtoReflect() protoreflect.Message {
+	mi := &file_surge_v1_push_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BlacklistChange.ProtoReflect.Descriptor instead.
+func (*BlacklistChange) Descriptor() ([]byte, []int) {
+	return file_surge_v1_push_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *BlacklistChange) GetAccountId() uint64 {
+	if x != nil {
+		return x.AccountId
+	}
+	return 0
+}
+
+func (x *BlacklistChange) GetUin() uint64 {
+	if x != nil {
+		return x.Uin
+	}
+	return 0
+}
+
+func (x *BlacklistChange) GetRemoved() bool {
+	if x != nil {
+		return x.Removed
+	}
+	return false
+}
+
+func (x *BlacklistChange) GetAtMs() int64 {
+	if x != nil {
+		return x.AtMs
+	}
+	return 0
+}
+
+// One chunk of a number package (push.packages, keyed "package_id/index").
+// A package is whole once all `chunks` chunks of it were read.
+type PackageChunk struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	PackageId     string                 `protobuf:"bytes,1,opt,name=package_id,json=packageId,proto3" json:"package_id,omitempty"`
+	Index         uint32                 `protobuf:"varint,2,opt,name=index,proto3" json:"index,omitempty"`
+	Chunks        uint32                 `protobuf:"varint,3,opt,name=chunks,proto3" json:"chunks,omitempty"`
+	Data          []byte                 `protobuf:"bytes,4,opt,name=data,proto3" json:"data,omitempty"` // part of the numpkg encoding (header, roaring body)
+	AtMs          int64                  `protobuf:"varint,5,opt,name=at_ms,json=atMs,proto3" json:"at_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PackageChunk) Reset() {
+	*x = PackageChunk{}
+	mi := &file_surge_v1_push_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PackageChunk) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PackageChunk) ProtoMessage() {}
+
+func (x *PackageChunk) ProtoReflect() protoreflect.Message {
+	mi := &file_surge_v1_push_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PackageChunk.ProtoReflect.Descriptor instead.
+func (*PackageChunk) Descriptor() ([]byte, []int) {
+	return file_surge_v1_push_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *PackageChunk) GetPackageId() string {
+	if x != nil {
+		return x.PackageId
+	}
+	return ""
+}
+
+func (x *PackageChunk) GetIndex() uint32 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *PackageChunk) GetChunks() uint32 {
+	if x != nil {
+		return x.Chunks
+	}
+	return 0
+}
+
+func (x *PackageChunk) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *PackageChunk) GetAtMs() int64 {
+	if x != nil {
+		return x.AtMs
+	}
+	return 0
+}
+
 var File_surge_v1_push_proto protoreflect.FileDescriptor
 
 const file_surge_v1_push_proto_rawDesc = "" +
@@ -1342,7 +1654,37 @@ const file_surge_v1_push_proto_rawDesc = "" +
 	"\bexecutor\x18\t \x01(\tR\bexecutor\x12\x1d\n" +
 	"\n" +
 	"content_id\x18\n" +
-	" \x01(\tR\tcontentId*S\n" +
+	" \x01(\tR\tcontentId\"\xd7\x01\n" +
+	"\vAccountInfo\x12\x1d\n" +
+	"\n" +
+	"account_id\x18\x01 \x01(\x04R\taccountId\x12\x12\n" +
+	"\x04type\x18\x02 \x01(\tR\x04type\x12\x1d\n" +
+	"\afilters\x18\x03 \x01(\rH\x00R\afilters\x88\x01\x01\x12\x1c\n" +
+	"\tfollowers\x18\x04 \x01(\x04R\tfollowers\x12\x1d\n" +
+	"\n" +
+	"daily_jobs\x18\x05 \x01(\rR\tdailyJobs\x12\x18\n" +
+	"\adeleted\x18\x06 \x01(\bR\adeleted\x12\x13\n" +
+	"\x05at_ms\x18\a \x01(\x03R\x04atMsB\n" +
+	"\n" +
+	"\b_filters\"^\n" +
+	"\tTagChange\x12\x10\n" +
+	"\x03tag\x18\x01 \x01(\tR\x03tag\x12\x10\n" +
+	"\x03uin\x18\x02 \x01(\x04R\x03uin\x12\x18\n" +
+	"\aremoved\x18\x03 \x01(\bR\aremoved\x12\x13\n" +
+	"\x05at_ms\x18\x04 \x01(\x03R\x04atMs\"q\n" +
+	"\x0fBlacklistChange\x12\x1d\n" +
+	"\n" +
+	"account_id\x18\x01 \x01(\x04R\taccountId\x12\x10\n" +
+	"\x03uin\x18\x02 \x01(\x04R\x03uin\x12\x18\n" +
+	"\aremoved\x18\x03 \x01(\bR\aremoved\x12\x13\n" +
+	"\x05at_ms\x18\x04 \x01(\x03R\x04atMs\"\x84\x01\n" +
+	"\fPackageChunk\x12\x1d\n" +
+	"\n" +
+	"package_id\x18\x01 \x01(\tR\tpackageId\x12\x14\n" +
+	"\x05index\x18\x02 \x01(\rR\x05index\x12\x16\n" +
+	"\x06chunks\x18\x03 \x01(\rR\x06chunks\x12\x12\n" +
+	"\x04data\x18\x04 \x01(\fR\x04data\x12\x13\n" +
+	"\x05at_ms\x18\x05 \x01(\x03R\x04atMs*S\n" +
 	"\fTargetSource\x12\x1d\n" +
 	"\x19TARGET_SOURCE_UNSPECIFIED\x10\x00\x12\r\n" +
 	"\tFOLLOWERS\x10\x01\x12\v\n" +
@@ -1395,21 +1737,25 @@ func file_surge_v1_push_proto_rawDescGZIP() []byte {
 }
 
 var file_surge_v1_push_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_surge_v1_push_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_surge_v1_push_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_surge_v1_push_proto_goTypes = []any{
-	(TargetSource)(0),      // 0: surge.v1.TargetSource
-	(JobState)(0),          // 1: surge.v1.JobState
-	(DeliveryStatus)(0),    // 2: surge.v1.DeliveryStatus
-	(FanDelta_Op)(0),       // 3: surge.v1.FanDelta.Op
-	(*LoginEvent)(nil),     // 4: surge.v1.LoginEvent
-	(*FanDelta)(nil),       // 5: surge.v1.FanDelta
-	(*SendJob)(nil),        // 6: surge.v1.SendJob
-	(*JobTransition)(nil),  // 7: surge.v1.JobTransition
-	(*SendTaskUnit)(nil),   // 8: surge.v1.SendTaskUnit
-	(*ExecutorLoad)(nil),   // 9: surge.v1.ExecutorLoad
-	(*OfflineEntry)(nil),   // 10: surge.v1.OfflineEntry
-	(*OfflineBatch)(nil),   // 11: surge.v1.OfflineBatch
-	(*DeliveryReport)(nil), // 12: surge.v1.DeliveryReport
+	(TargetSource)(0),       // 0: surge.v1.TargetSource
+	(JobState)(0),           // 1: surge.v1.JobState
+	(DeliveryStatus)(0),     // 2: surge.v1.DeliveryStatus
+	(FanDelta_Op)(0),        // 3: surge.v1.FanDelta.Op
+	(*LoginEvent)(nil),      // 4: surge.v1.LoginEvent
+	(*FanDelta)(nil),        // 5: surge.v1.FanDelta
+	(*SendJob)(nil),         // 6: surge.v1.SendJob
+	(*JobTransition)(nil),   // 7: surge.v1.JobTransition
+	(*SendTaskUnit)(nil),    // 8: surge.v1.SendTaskUnit
+	(*ExecutorLoad)(nil),    // 9: surge.v1.ExecutorLoad
+	(*OfflineEntry)(nil),    // 10: surge.v1.OfflineEntry
+	(*OfflineBatch)(nil),    // 11: surge.v1.OfflineBatch
+	(*DeliveryReport)(nil),  // 12: surge.v1.DeliveryReport
+	(*AccountInfo)(nil),     // 13: surge.v1.AccountInfo
+	(*TagChange)(nil),       // 14: surge.v1.TagChange
+	(*BlacklistChange)(nil), // 15: surge.v1.BlacklistChange
+	(*PackageChunk)(nil),    // 16: surge.v1.PackageChunk
 }
 var file_surge_v1_push_proto_depIdxs = []int32{
 	3, // 0: surge.v1.FanDelta.op:type_name -> surge.v1.FanDelta.Op
@@ -1430,13 +1776,14 @@ func file_surge_v1_push_proto_init() {
 	if File_surge_v1_push_proto != nil {
 		return
 	}
+	file_surge_v1_push_proto_msgTypes[9].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_surge_v1_push_proto_rawDesc), len(file_surge_v1_push_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   9,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

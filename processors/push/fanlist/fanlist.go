@@ -35,19 +35,22 @@ type Source interface {
 	Count(ctx context.Context, account uint64) (uint64, error)
 }
 
-// MemSource is an in-process Source (embedded mode, tests, load generator).
-type MemSource struct {
+// Lists are the follower lists materialised from push.fan-delta (the
+// relation chain's changelog, compacted by account and uin): the source
+// store as the push services see it. They are rebuilt by replaying the
+// topic; processors/push/directory feeds them.
+type Lists struct {
 	mu   sync.RWMutex
 	sets map[uint64]*roaring.Bitmap
 	// Reads counts Followers calls: how often the expensive path ran.
 	Reads int
 }
 
-// NewMemSource returns an empty source.
-func NewMemSource() *MemSource { return &MemSource{sets: map[uint64]*roaring.Bitmap{}} }
+// NewLists returns empty lists.
+func NewLists() *Lists { return &Lists{sets: map[uint64]*roaring.Bitmap{}} }
 
 // AddAccount registers an account (with no followers yet).
-func (s *MemSource) AddAccount(account uint64) {
+func (s *Lists) AddAccount(account uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.sets[account] == nil {
@@ -55,9 +58,8 @@ func (s *MemSource) AddAccount(account uint64) {
 	}
 }
 
-// Apply applies one follow/unfollow; it is how the relation chain changes,
-// and the caller publishes the same change on push.fan-delta.
-func (s *MemSource) Apply(d *pb.FanDelta) {
+// Apply applies one follow or unfollow read from push.fan-delta.
+func (s *Lists) Apply(d *pb.FanDelta) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	set := s.sets[d.AccountId]
@@ -72,7 +74,7 @@ func (s *MemSource) Apply(d *pb.FanDelta) {
 	}
 }
 
-func (s *MemSource) Followers(_ context.Context, account uint64) (*roaring.Bitmap, error) {
+func (s *Lists) Followers(_ context.Context, account uint64) (*roaring.Bitmap, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	set, ok := s.sets[account]
@@ -83,7 +85,7 @@ func (s *MemSource) Followers(_ context.Context, account uint64) (*roaring.Bitma
 	return set.Clone(), nil
 }
 
-func (s *MemSource) Follows(_ context.Context, account uint64, uins []uint32) ([]bool, error) {
+func (s *Lists) Follows(_ context.Context, account uint64, uins []uint32) ([]bool, error) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	set, ok := s.sets[account]
@@ -97,7 +99,7 @@ func (s *MemSource) Follows(_ context.Context, account uint64, uins []uint32) ([
 	return out, nil
 }
 
-func (s *MemSource) Count(_ context.Context, account uint64) (uint64, error) {
+func (s *Lists) Count(_ context.Context, account uint64) (uint64, error) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	set, ok := s.sets[account]
@@ -119,9 +121,9 @@ func NewMirror(mirrored func(account uint64) bool) *Mirror {
 	return &Mirror{sets: map[uint64]*roaring.Bitmap{}, only: mirrored}
 }
 
-// Apply applies one delta from push.fan-delta. Deltas of one account are
-// ordered (the topic is keyed by account), so applying them in order is
-// the whole consistency story.
+// Apply applies one delta from push.fan-delta. Deltas of one follower of
+// one account are ordered (the topic is keyed by account and uin), so
+// applying them in order is the whole consistency story.
 func (m *Mirror) Apply(d *pb.FanDelta) {
 	if m.only != nil && !m.only(d.AccountId) {
 		return

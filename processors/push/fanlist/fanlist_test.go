@@ -18,8 +18,8 @@ func TestSampleSize(t *testing.T) {
 
 // build makes a source with n followers and a mirror that drifted from it
 // by dropping lost of them and keeping stale extra non-followers.
-func build(n, lost, stale int) (*MemSource, *Mirror) {
-	src, m := NewMemSource(), NewMirror(nil)
+func build(n, lost, stale int) (*Lists, *Mirror) {
+	src, m := NewLists(), NewMirror(nil)
 	rng := rand.New(rand.NewPCG(1, 2))
 	for i := range n {
 		uin := uint64(rng.Uint32N(1 << 28))

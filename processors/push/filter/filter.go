@@ -152,6 +152,21 @@ func (b *Blacklists) Add(account uint64, uins ...uint32) {
 	b.byAccount[account].AddMany(uins)
 }
 
+// Remove takes uins off account's blacklist (0 = the global one).
+func (b *Blacklists) Remove(account uint64, uins ...uint32) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	set := b.global
+	if account != 0 {
+		set = b.byAccount[account]
+	}
+	if set != nil {
+		for _, u := range uins {
+			set.Remove(u)
+		}
+	}
+}
+
 func (b *Blacklists) Bit() Bit { return Blacklist }
 func (b *Blacklists) Apply(_ context.Context, j *Job, t *roaring.Bitmap) error {
 	b.mu.RLock()
@@ -181,6 +196,17 @@ func (x *Tags) Tag(tag string, uins ...uint32) {
 		x.tags[tag] = roaring.New()
 	}
 	x.tags[tag].AddMany(uins)
+}
+
+// Untag takes the tag from uins.
+func (x *Tags) Untag(tag string, uins ...uint32) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if set := x.tags[tag]; set != nil {
+		for _, u := range uins {
+			set.Remove(u)
+		}
+	}
 }
 
 // Match returns the users carrying every tag; an unknown tag matches nobody.

@@ -48,8 +48,11 @@ type Queues struct {
 	brokers []string
 	db      *pebble.DB
 
-	mu     sync.Mutex // guards staged, online
+	mu     sync.Mutex // guards staged, online, stale
 	staged *pebble.Batch
+	// stale: partitions were (re)assigned, so what this instance holds may
+	// lag what their previous owner delivered: rebuild before the next record.
+	stale  bool
 	online *roaring.Bitmap
 	onStg  map[uint32]bool
 
@@ -120,20 +123,20 @@ func (q *Queues) Run(ctx context.Context, opts ...streams.Option) error {
 	}
 	q.db = db
 	defer db.Close()
-	start := time.Now()
-	n, err := q.restore(ctx)
-	if err != nil {
-		return fmt.Errorf("offline: restore: %w", err)
-	}
-	q.cfg.Log.Info("offline: queues rebuilt", "entries", n, "took", time.Since(start).Round(time.Millisecond))
 	q.staged = db.NewIndexedBatch()
+	q.stale = true
 	opts = append([]streams.Option{
 		streams.Brokers(q.brokers...),
 		streams.Inputs(q.topic(schemas.TopicOffline), q.topic(schemas.TopicLogin)),
 		streams.Group(q.cfg.Namespace + "push-offline"),
 		streams.WithGuarantee(streams.ExactlyOnce),
 		streams.DeadLetterTopic(q.topic(schemas.TopicDeadLetter)),
-		streams.ClientOpts(kgo.Balancers(kgo.RangeBalancer())), // co-partitioned
+		streams.ClientOpts(kgo.Balancers(kgo.RangeBalancer()), // co-partitioned
+			kgo.OnPartitionsAssigned(func(context.Context, *kgo.Client, map[string][]int32) {
+				q.mu.Lock()
+				q.stale = true
+				q.mu.Unlock()
+			})),
 		streams.OnBatchEnd(q.batchEnd),
 	}, opts...)
 	r, err := streams.New("push-offline", q.Handle(), opts...)
@@ -141,6 +144,25 @@ func (q *Queues) Run(ctx context.Context, opts ...streams.Option) error {
 		return err
 	}
 	return r.Run(ctx)
+}
+
+// rebuild empties the store and restores it from the topics.
+func (q *Queues) rebuild(ctx context.Context) error {
+	start := time.Now()
+	b := q.db.NewBatch()
+	_ = b.DeleteRange([]byte{0}, []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, nil)
+	if err := b.Commit(pebble.NoSync); err != nil {
+		return err
+	}
+	q.online = roaring.New()
+	_ = q.staged.Close()
+	q.staged = q.db.NewIndexedBatch()
+	n, err := q.restore(ctx)
+	if err != nil {
+		return fmt.Errorf("offline: restore: %w", err)
+	}
+	q.cfg.Log.Info("offline: queues rebuilt", "entries", n, "took", time.Since(start).Round(time.Millisecond))
+	return nil
 }
 
 func (q *Queues) restore(ctx context.Context) (int, error) {
@@ -222,6 +244,12 @@ func (q *Queues) Handle() streams.Handler {
 	return func(ctx context.Context, in *kgo.Record, out *streams.Output) error {
 		q.mu.Lock()
 		defer q.mu.Unlock()
+		if q.stale {
+			if err := q.rebuild(ctx); err != nil {
+				return err
+			}
+			q.stale = false
+		}
 		now := time.Now().UnixMilli()
 		deliver := func(e *pb.OfflineEntry) error {
 			q.stgDone++

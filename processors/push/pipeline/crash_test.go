@@ -21,6 +21,9 @@ import (
 	pb "surge/schemas/surgev1"
 	"surge/streams"
 	"surge/streams/streamstest"
+
+	"google.golang.org/protobuf/proto"
+	"surge/processors/push/directory"
 )
 
 const (
@@ -46,7 +49,7 @@ func TestCrashChild(t *testing.T) {
 		// A killed member holds its partitions until its session times
 		// out; keep that short so restarts resume quickly.
 		StreamOpts: []streams.Option{streams.ClientOpts(kgo.SessionTimeout(6*time.Second), kgo.HeartbeatInterval(500*time.Millisecond))}})
-	s.Accounts.Put(planner.Account{ID: 1, Filters: filter.CRC})
+	publish(t, s, directory.AccountRecord(s.Opts.Namespace, &pb.AccountInfo{AccountId: 1, Filters: proto.Uint32(uint32(filter.CRC))}))
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer cancel()
 	if err := s.Start(ctx); err != nil {
@@ -262,7 +265,9 @@ func TestSecondSiteSendsTheRest(t *testing.T) {
 		t.Logf("site A delivered %d; site B takes the remaining %d", a.Delivered.GetCardinality(), rest.GetCardinality())
 
 		// Site B: its own stack and topics; the users' presence replicated.
-		e := start(t, b, testConfig(), func(s *pipeline.Stack) { s.Accounts.Put(planner.Account{ID: 1, Filters: filter.CRC}) })
+		e := start(t, b, testConfig(), func(s *pipeline.Stack) {
+			publish(t, s, directory.AccountRecord(s.Opts.Namespace, &pb.AccountInfo{AccountId: 1, Filters: proto.Uint32(uint32(filter.CRC))}))
+		})
 		e.logins(true, online.ToArray()...)
 		e.waitOnline(online.GetCardinality())
 		e.submit(&pb.SendJob{JobId: "big", AccountId: 1, Source: pb.TargetSource_PACKAGE, ContentId: "c",

@@ -3,7 +3,7 @@
 // service, over one set of topics (optionally namespaced). It is what the
 // load generator (`surge loadgen`, on kfake or real brokers), the tests and
 // the benchmarks start. Its follower, account, tag and blacklist sources
-// are in-memory stand-ins (fanlist.MemSource, planner.MemAccounts,
+// are in-memory stand-ins (fanlist.Lists, planner.MemAccounts,
 // filter.Tags, filter.Blacklists) for the platform's own services, which
 // is why the push processors are not offered as `surge run` components.
 package pipeline
@@ -14,15 +14,15 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"surge/processors/presence"
+	"surge/processors/push/directory"
 	"surge/processors/push/executor"
-	"surge/processors/push/fanlist"
-	"surge/processors/push/filter"
 	"surge/processors/push/numpkg"
 	"surge/processors/push/offline"
 	"surge/processors/push/planner"
@@ -33,11 +33,24 @@ import (
 	"surge/streams/metrics"
 )
 
+// Components of a stack; Options.Components picks some (default: all).
+const (
+	Presence = "presence"
+	Planner  = "planner"
+	Executor = "executor"
+	Offline  = "offline"
+	Timers   = "timers"
+)
+
 // Options configure a stack.
 type Options struct {
-	Namespace       string
-	Dir             string // packages and Pebble stores live under it
+	Namespace  string
+	Dir        string   // Pebble stores (package cache, offline queues, timers) live under it
+	Components []string // which to run here; empty: all
+	// Executors is how many executors run here (named exec-0...), unless
+	// ExecutorNames names them.
 	Executors       int
+	ExecutorNames   []string
 	Planner         planner.Config
 	MirrorThreshold uint64 // accounts with this many fans use the mirror
 	Log             *slog.Logger
@@ -47,19 +60,15 @@ type Options struct {
 
 // Stack is a running push pipeline.
 type Stack struct {
-	Opts       Options
-	Brokers    []string
-	Source     *fanlist.MemSource
-	Mirror     *fanlist.Mirror
-	Accounts   *planner.MemAccounts
-	Tags       *filter.Tags
-	Blacklists *filter.Blacklists
-	Packages   numpkg.FileStore
-	Presence   *presence.Processor
-	Planner    *planner.Planner
-	Executors  []*executor.Executor
-	Offline    *offline.Queues
-	Timers     *timer.Service
+	Opts      Options
+	Brokers   []string
+	Directory *directory.Directory
+	Packages  *numpkg.TopicStore // opened by Start when the planner runs here
+	Presence  *presence.Processor
+	Planner   *planner.Planner
+	Executors []*executor.Executor
+	Offline   *offline.Queues
+	Timers    *timer.Service
 
 	*supervise.Group // Stop, Wait, Err by component name
 
@@ -71,6 +80,7 @@ func Topics(ns string) []schemas.Topic {
 	var out []schemas.Topic
 	for _, name := range []string{schemas.TopicLogin, schemas.TopicPresence, schemas.TopicFanDelta, schemas.TopicJobs,
 		schemas.TopicJobTransitions, schemas.TopicReports, schemas.TopicExecutors, schemas.TopicOffline,
+		schemas.TopicAccounts, schemas.TopicTags, schemas.TopicBlacklists, schemas.TopicPackages,
 		schemas.TopicTimers, schemas.TopicDeadLetter} {
 		t, _ := schemas.TopicByName(name)
 		t.Name = ns + name
@@ -79,8 +89,7 @@ func Topics(ns string) []schemas.Topic {
 	return out
 }
 
-// New builds a stack without starting it: fill Source, Accounts, Tags and
-// Blacklists first, then Start.
+// New builds a stack without starting it.
 func New(brokers []string, o Options) *Stack {
 	if o.Log == nil {
 		o.Log = slog.Default()
@@ -97,11 +106,15 @@ func New(brokers []string, o Options) *Stack {
 	if o.MirrorThreshold == 0 {
 		o.MirrorThreshold = 10_000_000 // the seed's threshold
 	}
-	s := &Stack{Opts: o, Brokers: brokers, Source: fanlist.NewMemSource(), Accounts: &planner.MemAccounts{},
-		Tags: filter.NewTags(), Blacklists: filter.NewBlacklists(),
-		Packages: numpkg.FileStore{Dir: filepath.Join(o.Dir, "packages")}, Group: supervise.New(o.Log, "push")}
-	s.Mirror = fanlist.NewMirror(nil)
-	return s
+	if len(o.Components) == 0 {
+		o.Components = []string{Presence, Planner, Executor, Offline, Timers}
+	}
+	if len(o.ExecutorNames) == 0 {
+		for i := range o.Executors {
+			o.ExecutorNames = append(o.ExecutorNames, fmt.Sprintf("exec-%d", i))
+		}
+	}
+	return &Stack{Opts: o, Brokers: brokers, Directory: directory.New(o.Namespace), Group: supervise.New(o.Log, "push")}
 }
 
 // CreateTopics creates the stack's topics.
@@ -118,29 +131,46 @@ func (s *Stack) streamOpts(name string) []streams.Option {
 	return append([]streams.Option{streams.Metrics(s.Opts.Metrics), streams.Logger(s.Opts.Log.With("processor", name))}, s.Opts.StreamOpts...)
 }
 
-// Start starts every processor.
+func (s *Stack) runs(component string) bool { return slices.Contains(s.Opts.Components, component) }
+
+// Start starts the stack's components.
 func (s *Stack) Start(ctx context.Context) error {
 	ns := s.Opts.Namespace
-	s.Presence = presence.New(ns + schemas.TopicPresence)
-	s.Planner = planner.New(s.Opts.Planner, planner.Deps{
-		Packages: s.Packages, Accounts: s.Accounts, Mirror: s.Mirror, Tags: s.Tags, Blacklists: s.Blacklists,
-		Followers: &fanlist.Resolver{Source: s.Source, Mirror: s.Mirror, Threshold: s.Opts.MirrorThreshold},
-		Metrics:   s.Opts.Metrics, Log: s.Opts.Log, Namespace: ns})
-	s.Offline = offline.New(offline.Config{Namespace: ns, Dir: filepath.Join(s.Opts.Dir, "offline"),
-		Log: s.Opts.Log, Metrics: s.Opts.Metrics}, s.Brokers)
-	s.Timers = timer.New(s.Brokers, timer.Topic(ns+schemas.TopicTimers), timer.Dir(filepath.Join(s.Opts.Dir, "timers")),
-		timer.TransactionalID(ns+"surge-timer"), timer.Logger(s.Opts.Log), timer.Metrics(s.Opts.Metrics))
-
-	s.Go(ctx, "presence", func(ctx context.Context) error {
-		return s.Presence.Run(ctx, s.Brokers, append(s.streamOpts("presence"),
-			streams.Inputs(ns+schemas.TopicLogin), streams.Group(ns+"presence"),
-			streams.DeadLetterTopic(ns+schemas.TopicDeadLetter))...)
-	})
-	s.Go(ctx, "planner", func(ctx context.Context) error { return s.Planner.Run(ctx, s.Brokers, s.streamOpts("planner")...) })
-	s.Go(ctx, "offline", func(ctx context.Context) error { return s.Offline.Run(ctx, s.streamOpts("offline")...) })
-	s.Go(ctx, "timers", s.Timers.Run)
-	for i := range s.Opts.Executors {
-		s.StartExecutor(ctx, fmt.Sprintf("exec-%d", i))
+	if s.runs(Presence) {
+		s.Presence = presence.New(ns + schemas.TopicPresence)
+		s.Go(ctx, "presence", func(ctx context.Context) error {
+			return s.Presence.Run(ctx, s.Brokers, append(s.streamOpts("presence"),
+				streams.Inputs(ns+schemas.TopicLogin), streams.Group(ns+"presence"),
+				streams.DeadLetterTopic(ns+schemas.TopicDeadLetter))...)
+		})
+	}
+	if s.runs(Planner) {
+		pkgs, err := numpkg.OpenTopicStore(ctx, s.Brokers, ns+schemas.TopicPackages, filepath.Join(s.Opts.Dir, "packages"), s.Opts.Log)
+		if err != nil {
+			return fmt.Errorf("push: package store: %w", err)
+		}
+		s.Packages = pkgs
+		s.Planner = planner.New(s.Opts.Planner, planner.Deps{Packages: pkgs, Directory: s.Directory,
+			MirrorThreshold: s.Opts.MirrorThreshold, Metrics: s.Opts.Metrics, Log: s.Opts.Log, Namespace: ns})
+		s.Go(ctx, "planner", func(ctx context.Context) error {
+			defer pkgs.Close()
+			return s.Planner.Run(ctx, s.Brokers, s.streamOpts("planner")...)
+		})
+	}
+	if s.runs(Offline) {
+		s.Offline = offline.New(offline.Config{Namespace: ns, Dir: filepath.Join(s.Opts.Dir, "offline"),
+			Log: s.Opts.Log, Metrics: s.Opts.Metrics}, s.Brokers)
+		s.Go(ctx, "offline", func(ctx context.Context) error { return s.Offline.Run(ctx, s.streamOpts("offline")...) })
+	}
+	if s.runs(Timers) {
+		s.Timers = timer.New(s.Brokers, timer.Topic(ns+schemas.TopicTimers), timer.Dir(filepath.Join(s.Opts.Dir, "timers")),
+			timer.TransactionalID(ns+"surge-timer"), timer.Logger(s.Opts.Log), timer.Metrics(s.Opts.Metrics))
+		s.Go(ctx, "timers", s.Timers.Run)
+	}
+	if s.runs(Executor) {
+		for _, name := range s.Opts.ExecutorNames {
+			s.StartExecutor(ctx, name)
+		}
 	}
 	return nil
 }
@@ -185,4 +215,24 @@ func (s *Stack) WaitReady(ctx context.Context, n int) error {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+}
+
+// Publish produces records as a platform does (directory changes, logins,
+// jobs) and waits for the broker's acknowledgements.
+func (s *Stack) Publish(ctx context.Context, recs ...*kgo.Record) error {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(s.Brokers...), kgo.ProducerBatchMaxBytes(2<<20))
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	return cl.ProduceSync(ctx, recs...).FirstErr()
+}
+
+// PlannerGroup is the consumer group of the stack's planners.
+func PlannerGroup(ns string) string { return ns + "push-planner" }
+
+// Applied waits until the planner has consumed everything published to
+// the directory's topics so far.
+func (s *Stack) Applied(ctx context.Context) error {
+	return streams.WaitConsumed(ctx, s.Brokers, PlannerGroup(s.Opts.Namespace), s.Directory.Topics()...)
 }

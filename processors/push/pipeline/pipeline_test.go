@@ -23,6 +23,9 @@ import (
 	pb "surge/schemas/surgev1"
 	"surge/streams"
 	"surge/streams/streamstest"
+
+	"google.golang.org/protobuf/proto"
+	"surge/processors/push/directory"
 )
 
 func quiet() *slog.Logger {
@@ -36,6 +39,16 @@ type env struct {
 	b     streamstest.Backend
 	cl    *kgo.Client
 	stack *pipeline.Stack
+}
+
+// publish produces directory records as a platform would.
+func publish(t *testing.T, s *pipeline.Stack, recs ...*kgo.Record) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := s.Publish(ctx, recs...); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func start(t *testing.T, b streamstest.Backend, cfg planner.Config, setup func(*pipeline.Stack)) *env {
@@ -170,11 +183,14 @@ func inline(t *testing.T, b *roaring.Bitmap) []byte {
 func TestDeliveryOnlineOfflineAndRefusals(t *testing.T) {
 	streamstest.Each(t, func(t *testing.T, b streamstest.Backend) {
 		e := start(t, b, testConfig(), func(s *pipeline.Stack) {
-			s.Accounts.Put(planner.Account{ID: 1, Filters: filter.All &^ filter.Quota})
+			publish(t, s, directory.AccountRecord(s.Opts.Namespace, &pb.AccountInfo{AccountId: 1, Filters: proto.Uint32(uint32(filter.All &^ filter.Quota))}))
+			var recs []*kgo.Record
 			for u := uint32(1); u <= 5000; u++ {
-				s.Source.Apply(&pb.FanDelta{AccountId: 1, Uin: uint64(u), Op: pb.FanDelta_FOLLOW})
+				recs = append(recs, directory.FollowRecord(s.Opts.Namespace, 1, u, true))
 			}
-			s.Blacklists.Add(1, 4999, 5000)
+			recs = append(recs, directory.BlacklistRecord(s.Opts.Namespace, 1, 4999, false),
+				directory.BlacklistRecord(s.Opts.Namespace, 1, 5000, false))
+			publish(t, s, recs...)
 		})
 		online := rangeSet(1, 3001)
 		e.logins(true, online.ToArray()...)
@@ -300,7 +316,9 @@ func TestQuotaUnderConcurrentJobs(t *testing.T) {
 		late := time.Date(now.Year(), now.Month(), now.Day(), 23, 58, 0, 0, now.Location())
 		offset := late.Sub(now)
 		cfg.Now = func() time.Time { return time.Now().Add(offset) }
-		e := start(t, b, cfg, func(s *pipeline.Stack) { s.Accounts.Put(planner.Account{ID: 1, Filters: filter.All}) })
+		e := start(t, b, cfg, func(s *pipeline.Stack) {
+			publish(t, s, directory.AccountRecord(s.Opts.Namespace, &pb.AccountInfo{AccountId: 1, Filters: proto.Uint32(uint32(filter.All))}))
+		})
 		users := rangeSet(1, 2001)
 		e.logins(true, users.ToArray()...)
 		e.waitOnline(2000)
@@ -347,7 +365,9 @@ func TestDrainExecutor(t *testing.T) {
 	streamstest.Each(t, func(t *testing.T, b streamstest.Backend) {
 		cfg := testConfig()
 		cfg.MaxBacklog = 1
-		e := start(t, b, cfg, func(s *pipeline.Stack) { s.Accounts.Put(planner.Account{ID: 1, Filters: filter.CRC}) })
+		e := start(t, b, cfg, func(s *pipeline.Stack) {
+			publish(t, s, directory.AccountRecord(s.Opts.Namespace, &pb.AccountInfo{AccountId: 1, Filters: proto.Uint32(uint32(filter.CRC))}))
+		})
 		users := rangeSet(1, 30001)
 		e.logins(true, users.ToArray()...)
 		e.waitOnline(30000)
@@ -432,7 +452,9 @@ func TestPriorityPreemptionAndPlacement(t *testing.T) {
 	streamstest.Each(t, func(t *testing.T, b streamstest.Backend) {
 		cfg := testConfig()
 		cfg.MaxBacklog = 1
-		e := start(t, b, cfg, func(s *pipeline.Stack) { s.Accounts.Put(planner.Account{ID: 1, Filters: filter.CRC}) })
+		e := start(t, b, cfg, func(s *pipeline.Stack) {
+			publish(t, s, directory.AccountRecord(s.Opts.Namespace, &pb.AccountInfo{AccountId: 1, Filters: proto.Uint32(uint32(filter.CRC))}))
+		})
 		users := rangeSet(1, 40001)
 		e.logins(true, users.ToArray()...)
 		e.waitOnline(40000)
@@ -496,14 +518,11 @@ func TestFanListMirrorAndFallback(t *testing.T) {
 		if err := s.CreateTopics(ctx, 1); err != nil {
 			t.Fatal(err)
 		}
-		s.Accounts.Put(planner.Account{ID: 7, Filters: filter.Relation})
+		publish(t, s, directory.AccountRecord(s.Opts.Namespace, &pb.AccountInfo{AccountId: 7, Filters: proto.Uint32(uint32(filter.Relation))}))
 		cl := streamstest.Client(t, b.Brokers)
 		var recs []*kgo.Record
-		for u := uint64(1); u <= 20000; u++ {
-			d := &pb.FanDelta{AccountId: 7, Uin: u, Op: pb.FanDelta_FOLLOW}
-			s.Source.Apply(d)
-			r, _ := streams.NewRecord(ns+schemas.TopicFanDelta, []byte("7"), d)
-			recs = append(recs, r)
+		for u := uint32(1); u <= 20000; u++ {
+			recs = append(recs, directory.FollowRecord(ns, 7, u, true))
 		}
 		streamstest.ProduceSync(t, cl, recs...)
 		if err := s.Start(ctx); err != nil {
@@ -515,14 +534,8 @@ func TestFanListMirrorAndFallback(t *testing.T) {
 		if err := s.WaitReady(wctx, 1); err != nil {
 			t.Fatal(err)
 		}
-		for {
-			if m, ok := s.Mirror.Get(7); ok && m.GetCardinality() == 20000 {
-				break
-			}
-			if wctx.Err() != nil {
-				t.Fatal("mirror never caught up with push.fan-delta")
-			}
-			time.Sleep(20 * time.Millisecond)
+		if err := s.Applied(wctx); err != nil {
+			t.Fatal(err)
 		}
 		reasonOf := func(id string) string {
 			for _, tr := range e.transitions(id) {
@@ -537,20 +550,26 @@ func TestFanListMirrorAndFallback(t *testing.T) {
 		if r := reasonOf("m1"); r != "targets from mirror" {
 			t.Fatalf("first job: %q", r)
 		}
-		// The relation store moves on without the delta topic: 30% of the
-		// followers leave. The mirror still holds them, sampling sees it.
-		for u := uint64(1); u <= 6000; u++ {
-			s.Source.Apply(&pb.FanDelta{AccountId: 7, Uin: u, Op: pb.FanDelta_UNFOLLOW})
+		// 30% of the followers leave, published on push.fan-delta: the
+		// mirror follows the topic. (Sampling's fallback on a mirror that
+		// drifted from its source is in fanlist's tests.)
+		recs = recs[:0]
+		for u := uint32(1); u <= 6000; u++ {
+			recs = append(recs, directory.FollowRecord(ns, 7, u, false))
+		}
+		publish(t, s, recs...)
+		if err := s.Applied(wctx); err != nil {
+			t.Fatal(err)
 		}
 		e.submit(&pb.SendJob{JobId: "m2", AccountId: 7, Source: pb.TargetSource_FOLLOWERS, ContentId: "c", ContentCrc: 2})
 		e.waitState("m2", pb.JobState_COMPLETED)
-		if r := reasonOf("m2"); r != "targets from source" {
-			t.Fatalf("drifted mirror used: %q", r)
+		if r := reasonOf("m2"); r != "targets from mirror" {
+			t.Fatalf("second job: %q", r)
 		}
-		// The fallback reached exactly the current followers (nobody online,
-		// so all went to the offline queues).
+		// It reached exactly the current followers (nobody online, so all
+		// went to the offline queues).
 		if q := offlineQueued(t, b.Brokers, ns, "m2"); !q.Equals(rangeSet(6001, 20001)) {
-			t.Fatalf("fallback targeted %d users, want 14000", q.GetCardinality())
+			t.Fatalf("targeted %d users, want 14000", q.GetCardinality())
 		}
 	})
 }

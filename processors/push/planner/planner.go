@@ -24,6 +24,7 @@ import (
 	"github.com/RoaringBitmap/roaring/v2"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"surge/processors/push/directory"
 	"surge/processors/push/fanlist"
 	"surge/processors/push/filter"
 	"surge/processors/push/job"
@@ -37,38 +38,7 @@ import (
 )
 
 // Account is what the planner knows of a public account.
-type Account struct {
-	ID      uint64
-	Filters filter.Bit // the filters on when a job sets no mask
-}
-
-// Accounts is the account directory.
-type Accounts interface {
-	Account(id uint64) (Account, bool)
-}
-
-// MemAccounts is an in-process directory.
-type MemAccounts struct {
-	mu sync.RWMutex
-	m  map[uint64]Account
-}
-
-// Put adds or replaces an account.
-func (a *MemAccounts) Put(acc Account) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.m == nil {
-		a.m = map[uint64]Account{}
-	}
-	a.m[acc.ID] = acc
-}
-
-func (a *MemAccounts) Account(id uint64) (Account, bool) {
-	a.mu.RLock()
-	defer a.mu.RUnlock()
-	acc, ok := a.m[id]
-	return acc, ok
-}
+type Account = directory.Account
 
 // Config holds the planner's rules and limits.
 type Config struct {
@@ -88,14 +58,15 @@ func DefaultConfig() Config {
 
 // Deps are the stores the planner reads.
 type Deps struct {
-	Packages   numpkg.Store
-	Accounts   Accounts
-	Followers  *fanlist.Resolver
-	Mirror     *fanlist.Mirror // fed from push.fan-delta; may be nil
-	Tags       *filter.Tags
-	Blacklists *filter.Blacklists
-	Metrics    *metrics.Registry
-	Log        *slog.Logger
+	Packages numpkg.Store
+	// Directory is the accounts, follower lists, tags and blacklists: views
+	// of topics the planner consumes (and restores on assignment).
+	Directory *directory.Directory
+	// MirrorThreshold: accounts with this many followers are read from the
+	// fan-list mirror when it validates (seed: 10M); 0 means never.
+	MirrorThreshold uint64
+	Metrics         *metrics.Registry
+	Log             *slog.Logger
 	// Namespace prefixes every topic name: "" in production, "shadow." for
 	// load-test traffic, a unique prefix per test.
 	Namespace string
@@ -135,6 +106,10 @@ type Planner struct {
 	log  *slog.Logger
 
 	mu         sync.Mutex
+	followers  *fanlist.Resolver
+	jobsToday  map[uint64]uint32 // jobs accepted today per account (DailyJobs)
+	jobsDay    string
+	stale      bool // partitions were (re)assigned: restore before the next record
 	machine    *job.Machine
 	queue      map[string]*queued
 	sent       *filter.Sent
@@ -153,11 +128,8 @@ func New(cfg Config, deps Deps) *Planner {
 	if deps.Log == nil {
 		deps.Log = slog.Default()
 	}
-	if deps.Tags == nil {
-		deps.Tags = filter.NewTags()
-	}
-	if deps.Blacklists == nil {
-		deps.Blacklists = filter.NewBlacklists()
+	if deps.Directory == nil {
+		deps.Directory = directory.New(deps.Namespace)
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -179,7 +151,14 @@ func (p *Planner) reset() {
 	p.queue = map[string]*queued{}
 	p.sent = filter.NewSent()
 	p.ledger = quota.NewLedger(p.cfg.QuotaSeed)
-	p.chain = filter.NewChain(filter.RelationFilter{}, p.deps.Blacklists, p.deps.Tags, p.sent, filter.QuotaFilter{Ledger: p.ledger})
+	dir := p.deps.Directory
+	threshold := p.deps.MirrorThreshold
+	if threshold == 0 {
+		threshold = math.MaxUint64
+	}
+	p.followers = &fanlist.Resolver{Source: dir.Followers(), Mirror: dir.Mirror(), Threshold: threshold}
+	p.chain = filter.NewChain(filter.RelationFilter{}, dir.Blacklists(), dir.Tags(), p.sent, filter.QuotaFilter{Ledger: p.ledger})
+	p.jobsToday, p.jobsDay = map[uint64]uint32{}, ""
 	if p.executors == nil {
 		p.executors = map[string]*executorView{}
 	}
@@ -218,32 +197,30 @@ func (e emitter) move(id string, to pb.JobState, reason string, fill func(*pb.Jo
 	return e.out.EmitMsg(e.p.topic(schemas.TopicJobTransitions), []byte(id), &t)
 }
 
-// Handle is the streams handler over push.jobs, push.executors and
-// push.fan-delta.
+// Handle is the streams handler over push.jobs, push.executors and the
+// directory's topics.
 func (p *Planner) Handle() streams.Handler {
 	return func(ctx context.Context, in *kgo.Record, out *streams.Output) error {
 		p.mu.Lock()
 		defer p.mu.Unlock()
-		if p.restoreErr != nil { // the rebuild after an abort failed: try again
+		if p.stale { // newly active: the previous owner's work is in the topics
+			if err := p.deps.Directory.Restore(ctx, p.brokers); err != nil {
+				return err
+			}
+			p.restoreErr = errRestorePending
+			p.stale = false
+		}
+		if p.restoreErr != nil { // a rebuild is due (assignment, abort) or failed: try again
 			if p.restoreErr = p.restore(ctx, p.brokers); p.restoreErr != nil {
 				return p.restoreErr
 			}
+			p.log.Info("planner: restored", "queued", len(p.queue), "states", len(p.machine.Count()))
 		}
 		e := emitter{p: p, out: out, now: p.cfg.Now()}
 		switch {
-		case in.Topic == schemas.TopicFanDelta || strings.HasSuffix(in.Topic, "."+schemas.TopicFanDelta):
-			var d pb.FanDelta
-			if err := streams.Decode(in, &d); err != nil {
-				return err
-			}
-			if d.Uin > math.MaxUint32 {
-				return streams.Reject(fmt.Sprintf("uin %d outside the 32-bit space", d.Uin), nil)
-			}
-			if p.deps.Mirror != nil {
-				p.deps.Mirror.Apply(&d) // each delta sets membership: reapplying is harmless
-			}
-			return nil
-		case in.Topic == schemas.TopicExecutors || strings.HasSuffix(in.Topic, "."+schemas.TopicExecutors):
+		case p.deps.Directory.Owns(in.Topic):
+			return p.deps.Directory.Apply(in)
+		case in.Topic == p.topic(schemas.TopicExecutors):
 			var l pb.ExecutorLoad
 			if err := streams.Decode(in, &l); err != nil {
 				return err
@@ -310,6 +287,7 @@ func (p *Planner) intake(ctx context.Context, e emitter, j *pb.SendJob) error {
 	}
 	j.PackageUri, j.InlinePackage = uri, nil
 	n := targets.GetCardinality()
+	p.countJob(j.AccountId, e.now)
 	if err := e.move(j.JobId, pb.JobState_PACKAGE_READY, "targets from "+from, func(t *pb.JobTransition) {
 		t.Job, t.Targets = j, n
 	}); err != nil {
@@ -332,7 +310,7 @@ func (p *Planner) release(ctx context.Context, e emitter, j *pb.SendJob) error {
 	if st := p.machine.State(j.JobId); st != pb.JobState_WAITING_SCHEDULE {
 		return streams.Reject(fmt.Sprintf("timer fired for job %s in state %s", j.JobId, st), nil)
 	}
-	acc, ok := p.deps.Accounts.Account(j.AccountId)
+	acc, ok := p.deps.Directory.Account(j.AccountId)
 	if !ok {
 		return p.refuse(e, j, pb.JobState_CANCELLED, fmt.Errorf("unknown account: %d vanished before the job's time", j.AccountId))
 	}
@@ -343,13 +321,33 @@ func (p *Planner) release(ctx context.Context, e emitter, j *pb.SendJob) error {
 	return p.filterAndQueue(ctx, e, j, acc, targets)
 }
 
-var errTransient = errors.New("transient")
+var (
+	errTransient      = errors.New("transient")
+	errRestorePending = errors.New("planner: restore pending")
+)
+
+// countJob counts a job accepted for an account today (DailyJobs).
+func (p *Planner) countJob(account uint64, at time.Time) {
+	if day := at.Format("2006-01-02"); day != p.jobsDay {
+		p.jobsDay, p.jobsToday = day, map[uint64]uint32{}
+	}
+	p.jobsToday[account]++
+}
+
+func (p *Planner) jobsSentToday(account uint64, now time.Time) uint32 {
+	if now.Format("2006-01-02") != p.jobsDay {
+		return 0
+	}
+	return p.jobsToday[account]
+}
 
 func (p *Planner) validate(j *pb.SendJob, now time.Time) (Account, error) {
-	acc, ok := p.deps.Accounts.Account(j.AccountId)
+	acc, ok := p.deps.Directory.Account(j.AccountId)
 	switch {
 	case !ok:
 		return acc, fmt.Errorf("unknown account: %d", j.AccountId)
+	case acc.DailyJobs > 0 && p.jobsSentToday(j.AccountId, now) >= acc.DailyJobs:
+		return acc, fmt.Errorf("daily job limit: account %d sent its %d jobs today", j.AccountId, acc.DailyJobs)
 	case j.ContentId == "":
 		return acc, errors.New("no content: content_id is empty")
 	case j.ScheduledAtMs != 0 && j.ScheduledAtMs < now.UnixMilli():
@@ -381,7 +379,7 @@ func (p *Planner) converge(ctx context.Context, j *pb.SendJob) (*roaring.Bitmap,
 	var err error
 	switch j.Source {
 	case pb.TargetSource_FOLLOWERS:
-		set, from, err = p.deps.Followers.Followers(ctx, j.AccountId)
+		set, from, err = p.followers.Followers(ctx, j.AccountId)
 		if errors.Is(err, fanlist.ErrUnknownAccount) {
 			return nil, "", fmt.Errorf("unknown account: %w", err)
 		}
@@ -400,7 +398,7 @@ func (p *Planner) converge(ctx context.Context, j *pb.SendJob) (*roaring.Bitmap,
 		}
 	case pb.TargetSource_TAGS:
 		from = "tags"
-		if set, err = p.deps.Tags.Match(j.Tags); err != nil {
+		if set, err = p.deps.Directory.Tags().Match(j.Tags); err != nil {
 			return nil, "", err
 		}
 	}
@@ -415,7 +413,7 @@ func (p *Planner) filterAndQueue(ctx context.Context, e emitter, j *pb.SendJob, 
 		return err
 	}
 	fj := &filter.Job{SendJob: j, Now: e.now, Followers: func(ctx context.Context) (*roaring.Bitmap, error) {
-		s, _, err := p.deps.Followers.Followers(ctx, j.AccountId)
+		s, _, err := p.followers.Followers(ctx, j.AccountId)
 		return s, err
 	}}
 	res, err := p.chain.Run(ctx, fj, filter.Mask(j, acc.Filters), targets)

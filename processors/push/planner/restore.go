@@ -59,6 +59,10 @@ func (p *Planner) restore(ctx context.Context, brokers []string) error {
 			pr.job = t.Job
 		}
 		switch t.To {
+		case pb.JobState_PACKAGE_READY:
+			if at := time.UnixMilli(t.AtMs).In(now.Location()); at.Format("2006-01-02") == today && t.Job != nil {
+				p.countJob(t.Job.AccountId, at)
+			}
 		case pb.JobState_QUEUED:
 			kept, err := p.deps.Packages.Get(ctx, t.Job.PackageUri)
 			if err != nil {
@@ -122,39 +126,41 @@ func (p *Planner) restore(ctx context.Context, brokers []string) error {
 // timestamps) may run behind the planner's (the transitions' times).
 const executorClockSkew = 10 * time.Minute
 
-// Run restores the planner and the fan-list mirror, then plans until ctx
-// ends. An aborted batch rebuilds the memory before the batch is retried.
+// Run plans until ctx ends. Any number of planners may run in one group:
+// one is active and holds every input partition (streams.SingleActive),
+// the others stand by. The planner that is handed the partitions rebuilds
+// its directory and its memory from the topics before its first record,
+// and so does one whose batch was aborted.
+//
+// Why not share jobs by partition: dispatch is one decision over every
+// queued job's score and every executor's room, so split planners would
+// over-book executors and pre-empt blindly. Planning is light (hundreds of
+// thousands of jobs a day), so one active planner is enough; what matters
+// is that a standby takes over within seconds (SessionTimeout).
 func (p *Planner) Run(ctx context.Context, brokers []string, opts ...streams.Option) error {
 	p.brokers = brokers
-	if err := p.Restore(ctx, brokers); err != nil {
-		return fmt.Errorf("planner: restore: %w", err)
-	}
-	if p.deps.Mirror != nil {
-		err := streams.ReadToEnd(ctx, brokers, p.topic(schemas.TopicFanDelta), func(r *kgo.Record) error {
-			var d pb.FanDelta
-			if streams.Decode(r, &d) == nil && d.Uin <= 1<<32-1 {
-				p.deps.Mirror.Apply(&d)
-			}
-			return nil
-		})
-		if err != nil {
-			return fmt.Errorf("planner: restore fan-list mirror: %w", err)
-		}
-	}
-	p.log.Info("planner: restored", "queued", len(p.queue), "states", len(p.machine.Count()))
+	inputs := append([]string{p.topic(schemas.TopicJobs), p.topic(schemas.TopicExecutors)}, p.deps.Directory.Topics()...)
 	opts = append([]streams.Option{
 		streams.Brokers(brokers...),
-		streams.Inputs(p.topic(schemas.TopicJobs), p.topic(schemas.TopicExecutors), p.topic(schemas.TopicFanDelta)),
-		streams.Group(p.deps.Namespace + "push-planner"),
+		streams.Inputs(inputs...),
+		streams.Group(p.deps.Namespace + "push-planner"), // pipeline.PlannerGroup
 		streams.DeadLetterTopic(p.topic(schemas.TopicDeadLetter)),
 		streams.WithGuarantee(streams.ExactlyOnce),
+		streams.SingleActive(),
+		streams.ClientOpts(
+			kgo.SessionTimeout(SessionTimeout), kgo.HeartbeatInterval(SessionTimeout/6),
+			kgo.OnPartitionsAssigned(func(context.Context, *kgo.Client, map[string][]int32) {
+				p.mu.Lock()
+				p.stale = true
+				p.mu.Unlock()
+			})),
 		streams.OnBatchEnd(func(committed bool) {
 			if committed {
 				return
 			}
 			p.mu.Lock()
 			defer p.mu.Unlock()
-			p.restoreErr = p.restore(ctx, brokers)
+			p.restoreErr = errRestorePending // rebuilt before the batch is retried
 		}),
 	}, opts...)
 	r, err := streams.New("push-planner", p.Handle(), opts...)
@@ -163,3 +169,7 @@ func (p *Planner) Run(ctx context.Context, brokers []string, opts ...streams.Opt
 	}
 	return r.Run(ctx)
 }
+
+// SessionTimeout is how long the group waits for a planner that stopped
+// heartbeating (a crash, kill -9) before a standby takes over.
+const SessionTimeout = 6 * time.Second

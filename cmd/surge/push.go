@@ -1,0 +1,92 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"regexp"
+	"time"
+
+	"github.com/spf13/viper"
+
+	push "surge/processors/push/pipeline"
+	"surge/processors/push/planner"
+	"surge/streams/metrics"
+)
+
+// pushServices are the `surge run` names of the push processors, each
+// one component of the push stack in its own process.
+var pushServices = map[string]string{
+	"push-presence": push.Presence, // presence behind push.namespace, without the Redis mirror
+	"push-planner":  push.Planner,
+	"push-executor": push.Executor,
+	"push-offline":  push.Offline,
+	"push-timers":   push.Timers,
+}
+
+var executorName = regexp.MustCompile(`^[A-Za-z0-9_-]{1,100}$`)
+
+// startPushStack starts the push components named (all when none) with
+// the push.* configuration; stop removes its temporary directory.
+func startPushStack(ctx context.Context, v *viper.Viper, log *slog.Logger, bs []string, components []string) (*push.Stack, func(), error) {
+	dir, stop := v.GetString("push.dir"), func() {}
+	if dir == "" {
+		d, err := os.MkdirTemp("", "surge-push-")
+		if err != nil {
+			return nil, nil, err
+		}
+		dir, stop = d, func() { _ = os.RemoveAll(d) }
+	}
+	cfg := planner.DefaultConfig()
+	cfg.UnitSize, cfg.MaxBacklog, cfg.MinLead = uint64(v.GetInt("push.unit_size")), v.GetInt("push.max_backlog"), v.GetDuration("push.min_lead")
+	opts, err := runnerOptions(v, log)
+	if err != nil {
+		stop()
+		return nil, nil, err
+	}
+	o := push.Options{Namespace: v.GetString("push.namespace"), Dir: dir, Components: components,
+		Executors: v.GetInt("push.executors"), Planner: cfg, MirrorThreshold: uint64(v.GetInt("push.mirror_threshold")),
+		Log: log, Metrics: metrics.Default, StreamOpts: opts}
+	if len(components) == 1 && components[0] == push.Executor {
+		name := v.GetString("push.executor_name")
+		if name == "" {
+			name = v.GetString("processor.instance_id")
+		}
+		if name == "" {
+			name, _ = os.Hostname()
+		}
+		if !executorName.MatchString(name) {
+			stop()
+			return nil, nil, fmt.Errorf("push.executor_name %q must match %s (it names the topic push.units.<name>)", name, executorName)
+		}
+		o.ExecutorNames = []string{name}
+	}
+	s := push.New(bs, o)
+	if err := s.Start(ctx); err != nil {
+		stop()
+		return nil, nil, err
+	}
+	return s, func() { _ = s.Wait(); stop() }, nil
+}
+
+// runPush runs one push service until ctx ends or it fails (the process
+// then exits non-zero, for its supervisor to restart it).
+func runPush(ctx context.Context, v *viper.Viper, log *slog.Logger, bs []string, component string) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	s, stop, err := startPushStack(ctx, v, log, bs, []string{component})
+	if err != nil {
+		return err
+	}
+	for ctx.Err() == nil && s.Err() == nil {
+		select {
+		case <-ctx.Done():
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	cancel()
+	err = s.Wait()
+	stop()
+	return err
+}
