@@ -26,7 +26,8 @@ func TestComposeFileParsesAndNamesRealComponents(t *testing.T) {
 	if err := yaml.Unmarshal(raw, &f); err != nil {
 		t.Fatalf("docker-compose.yml does not parse: %v", err)
 	}
-	for _, s := range []string{"kafka", "redis", "clickhouse", "topics"} {
+	for _, s := range []string{"kafka", "redis", "clickhouse", "topics", "push-planner-1", "push-planner-2",
+		"push-executor-1", "push-executor-2", "push-offline"} {
 		if _, ok := f.Services[s]; !ok {
 			t.Errorf("service %s missing", s)
 		}
