@@ -169,6 +169,26 @@ func (s *TopicStore) Get(ctx context.Context, uri string) (*roaring.Bitmap, erro
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
+	// A package uploaded just before its job may still be on its way
+	// into the local copy: look again for a while before saying no.
+	deadline := time.Now().Add(notFoundWait)
+	for {
+		set, err := s.get(rest)
+		if !errors.Is(err, ErrNotFound) || time.Now().After(deadline) {
+			return set, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// notFoundWait is how long Get waits for a package it has not seen whole.
+const notFoundWait = 2 * time.Second
+
+func (s *TopicStore) get(rest string) (*roaring.Bitmap, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.db == nil {

@@ -393,6 +393,10 @@ func (p *Planner) converge(ctx context.Context, j *pb.SendJob) (*roaring.Bitmap,
 		} else {
 			set, err = p.deps.Packages.Get(ctx, j.PackageUri)
 		}
+		if errors.Is(err, numpkg.ErrNotFound) {
+			// Not (yet) on push.packages: retried, then dead-lettered.
+			return nil, "", fmt.Errorf("%w: %v", errTransient, err)
+		}
 		if err != nil {
 			return nil, "", fmt.Errorf("bad package: %w", err)
 		}

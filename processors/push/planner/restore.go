@@ -154,6 +154,14 @@ func (p *Planner) Run(ctx context.Context, brokers []string, opts ...streams.Opt
 				p.stale = true
 				p.mu.Unlock()
 			})),
+		// A batch retried after a transient error (a package not on its
+		// topic yet) starts from the committed state, not from what its
+		// failed attempt moved in memory.
+		streams.OnRetry(func() {
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			p.restoreErr = errRestorePending
+		}),
 		streams.OnBatchEnd(func(committed bool) {
 			if committed {
 				return
