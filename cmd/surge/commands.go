@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	push "surge/processors/push/pipeline"
+	uinpipe "surge/processors/uin/pipeline"
 	"surge/schemas"
 	"surge/sinks/clickhouse"
 	"surge/streams"
@@ -56,6 +57,9 @@ func cmdRun(ctx context.Context, args []string) error {
 	serveMetrics(ctx, v, log)
 	if c, ok := pushServices[name]; ok {
 		return runPush(ctx, v, log, bs, c)
+	}
+	if c, ok := uinServices[name]; ok {
+		return runUin(ctx, v, log, bs, c)
 	}
 	mirror, closeMirror, err := openMirror(ctx, v.GetString("redis.addr"), v.GetString("redis.prefix"), log)
 	if err != nil {
@@ -106,8 +110,18 @@ func cmdTopics(ctx context.Context, args []string) error {
 	}
 	defer cl.Close()
 	topics := schemas.Topics
-	if ns := v.GetString("push.namespace"); ns != "" {
-		topics = push.Topics(ns) // a namespaced push stack (shadow. for load tests)
+	pns, uns := v.GetString("push.namespace"), v.GetString("uin.namespace")
+	if pns != "" || uns != "" {
+		// Namespaced stacks (shadow. for load tests): each system's topics
+		// under its namespace.
+		topics = nil
+		seen := map[string]bool{}
+		for _, t := range append(push.Topics(pns), uinpipe.Topics(uns)...) {
+			if !seen[t.Name] {
+				seen[t.Name] = true
+				topics = append(topics, t)
+			}
+		}
 	}
 	if err := streams.EnsureTopics(ctx, cl, int16(v.GetInt("kafka.replication")), topics...); err != nil {
 		return err

@@ -27,12 +27,13 @@ func TestComposeFileParsesAndNamesRealComponents(t *testing.T) {
 		t.Fatalf("docker-compose.yml does not parse: %v", err)
 	}
 	for _, s := range []string{"kafka", "redis", "clickhouse", "topics", "push-planner-1", "push-planner-2",
-		"push-executor-1", "push-executor-2", "push-offline"} {
+		"push-executor-1", "push-executor-2", "push-offline", "uin-tracker", "uin-recycle-1", "uin-recycle-2",
+		"uin-timers", "uin-pool-1", "uin-pool-2"} {
 		if _, ok := f.Services[s]; !ok {
 			t.Errorf("service %s missing", s)
 		}
 	}
-	ran := 0
+	ran := map[string]bool{}
 	for name, s := range f.Services {
 		if s.Image != "surge:latest" {
 			continue
@@ -65,12 +66,17 @@ func TestComposeFileParsesAndNamesRealComponents(t *testing.T) {
 			if s.Env["SURGE_KAFKA_BROKERS"] != "kafka:9092" {
 				t.Errorf("%s: brokers not set from the anchor: %v", name, s.Env)
 			}
-			ran++
+			ran[s.Command[1]] = true
 		default:
 			t.Errorf("%s: unknown surge command %q", name, s.Command[0])
 		}
 	}
-	if ran != len(components) {
-		t.Errorf("compose runs %d components, the binary has %d", ran, len(components))
+	// Not in compose, by design: push-presence is presence under a push
+	// namespace (load tests), push-timers a timer service for a namespaced
+	// push stack (compose's uin-timers fires the platform's timers).
+	for _, c := range components {
+		if !ran[c] && c != "push-presence" && c != "push-timers" {
+			t.Errorf("component %s runs in no compose service", c)
+		}
 	}
 }

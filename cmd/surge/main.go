@@ -16,6 +16,7 @@ import (
 
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"surge/streams"
 	"surge/streams/metrics"
@@ -150,6 +151,15 @@ func runnerOptions(v *viper.Viper, log *slog.Logger) ([]streams.Option, error) {
 	}
 	if id := v.GetString("processor.instance_id"); id != "" {
 		opts = append(opts, streams.InstanceID(id))
+	}
+	if d := v.GetDuration("processor.session_timeout"); d > 0 {
+		opts = append(opts, streams.ClientOpts(kgo.SessionTimeout(d), kgo.HeartbeatInterval(max(d/10, 100*time.Millisecond))))
+	}
+	if v.GetBool("processor.static_membership") {
+		if v.GetString("processor.instance_id") == "" {
+			return nil, fmt.Errorf("processor.static_membership needs a stable processor.instance_id")
+		}
+		opts = append(opts, streams.StaticMembership())
 	}
 	if g := v.GetString("processor.guarantee"); g != "" {
 		gg, err := streams.ParseGuarantee(g)

@@ -16,10 +16,13 @@ import (
 	"github.com/spf13/viper"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"surge/processors/apikey"
 	"surge/processors/presence"
+	"surge/processors/uin/allocation"
 	"surge/processors/uin/classify"
 	"surge/processors/uin/gaps"
 	uinpipe "surge/processors/uin/pipeline"
+	"surge/processors/uin/pool"
 	"surge/processors/uin/recycle"
 	"surge/processors/uin/restore"
 	"surge/processors/uin/synth"
@@ -104,6 +107,88 @@ func tempDirIfEmpty(dir, pattern string) (string, func(), error) {
 		return "", nil, err
 	}
 	return d, func() { os.RemoveAll(d) }, nil
+}
+
+// uinServices are the `surge run` names of the uin processors.
+var uinServices = map[string]string{
+	"uin-tracker": uinpipe.Tracker,
+	"uin-recycle": uinpipe.Recycle,
+	"uin-timers":  uinpipe.Timers,
+	"uin-pool":    uinpipe.PoolAPI,
+}
+
+// poolConfig reads the uin-pool service's options.
+func poolConfig(v *viper.Viper, log *slog.Logger) (allocation.Config, error) {
+	keys, err := apiKeys(v, "uin.pool_keys", log)
+	if err != nil {
+		return allocation.Config{}, err
+	}
+	inst := v.GetString("processor.instance_id")
+	if inst == "" {
+		inst, _ = os.Hostname()
+	}
+	local := max(v.GetInt("uin.pool_local"), 1)
+	return allocation.Config{Instance: inst, Addr: v.GetString("uin.pool_addr"), Keys: keys,
+		LowWater: int64(v.GetInt("uin.pool_low_water")),
+		Local:    []pool.AllocatorOption{pool.LowWater(local), pool.Chunk(2 * local), pool.LeaseTTL(v.GetDuration("uin.pool_lease_ttl"))}}, nil
+}
+
+// apiKeys reads the callers' keys at name, or generates one and logs it
+// (a development start; production configures them).
+func apiKeys(v *viper.Viper, name string, log *slog.Logger) (*apikey.Keys, error) {
+	if spec := v.GetString(name); spec != "" {
+		k, err := apikey.Parse(spec)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", name, err)
+		}
+		return k, nil
+	}
+	k, secret := apikey.Generate("dev")
+	log.Warn("no "+name+" configured: generated one key for this process only; configure keys for production",
+		"header", "Authorization: Bearer "+secret)
+	return k, nil
+}
+
+// runUin runs one uin service until ctx ends or it fails.
+func runUin(ctx context.Context, v *viper.Viper, log *slog.Logger, bs []string, component string) error {
+	o, err := uinOptions(v, log)
+	if err != nil {
+		return err
+	}
+	o.Components, o.Controllers = []string{component}, 1
+	if component == uinpipe.PoolAPI {
+		if o.Pool, err = poolConfig(v, log); err != nil {
+			return err
+		}
+	}
+	addr := v.GetString("redis.addr")
+	if addr == "" && component != uinpipe.Timers {
+		return fmt.Errorf("%s needs Redis (the accounts and the pool live there): set --redis.addr", component)
+	}
+	dir, cleanup, err := tempDirIfEmpty(o.Dir, "surge-uin-")
+	if err != nil {
+		return err
+	}
+	defer cleanup()
+	o.Dir = dir
+	if o.StreamOpts, err = runnerOptions(v, log); err != nil {
+		return err
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer rdb.Close()
+	s := uinpipe.New(bs, rdb, o)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	s.Start(ctx)
+	log.Info("uin service running", "service", component, "brokers", bs, "redis", addr)
+	for ctx.Err() == nil && s.Err() == nil {
+		select {
+		case <-ctx.Done():
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	cancel()
+	return s.Wait()
 }
 
 func uinRun(ctx context.Context, v *viper.Viper, log *slog.Logger) error {

@@ -87,6 +87,9 @@ func (RecycleStepKind) EnumDescriptor() ([]byte, []int) {
 	return file_surge_v1_uin_proto_rawDescGZIP(), []int{0}
 }
 
+// RELEASE: a registration service gives back a uin it was allocated
+// and did not use (the uin-pool service pools it again unless an
+// account holds it).
 type PoolChange_Op int32
 
 const (
@@ -94,6 +97,7 @@ const (
 	PoolChange_INSERT         PoolChange_Op = 1
 	PoolChange_ALLOCATE       PoolChange_Op = 2
 	PoolChange_REFUSED        PoolChange_Op = 3
+	PoolChange_RELEASE        PoolChange_Op = 4
 )
 
 // Enum value maps for PoolChange_Op.
@@ -103,12 +107,14 @@ var (
 		1: "INSERT",
 		2: "ALLOCATE",
 		3: "REFUSED",
+		4: "RELEASE",
 	}
 	PoolChange_Op_value = map[string]int32{
 		"OP_UNSPECIFIED": 0,
 		"INSERT":         1,
 		"ALLOCATE":       2,
 		"REFUSED":        3,
+		"RELEASE":        4,
 	}
 )
 
@@ -934,20 +940,21 @@ const file_surge_v1_uin_proto_rawDesc = "" +
 	"\x14ticket_expires_at_ms\x18\t \x01(\x03R\x11ticketExpiresAtMs\x12\"\n" +
 	"\rlast_login_ms\x18\n" +
 	" \x01(\x03R\vlastLoginMs\x12\x1a\n" +
-	"\tdue_at_ms\x18\v \x01(\x03R\adueAtMs\"\xcd\x01\n" +
+	"\tdue_at_ms\x18\v \x01(\x03R\adueAtMs\"\xda\x01\n" +
 	"\n" +
 	"PoolChange\x12\x10\n" +
 	"\x03uin\x18\x01 \x01(\x04R\x03uin\x12'\n" +
 	"\x02op\x18\x02 \x01(\x0e2\x17.surge.v1.PoolChange.OpR\x02op\x12\x16\n" +
 	"\x06bucket\x18\x03 \x01(\rR\x06bucket\x12\x13\n" +
 	"\x05at_ms\x18\x04 \x01(\x03R\x04atMs\x12\x16\n" +
-	"\x06reason\x18\x05 \x01(\tR\x06reason\"?\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\"L\n" +
 	"\x02Op\x12\x12\n" +
 	"\x0eOP_UNSPECIFIED\x10\x00\x12\n" +
 	"\n" +
 	"\x06INSERT\x10\x01\x12\f\n" +
 	"\bALLOCATE\x10\x02\x12\v\n" +
-	"\aREFUSED\x10\x03*\x8d\x01\n" +
+	"\aREFUSED\x10\x03\x12\v\n" +
+	"\aRELEASE\x10\x04*\x8d\x01\n" +
 	"\x0fRecycleStepKind\x12\x1c\n" +
 	"\x18RECYCLE_STEP_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eTICKET_GRANTED\x10\x01\x12\a\n" +

@@ -193,7 +193,9 @@ func TestCrashResumeNoResend(t *testing.T) {
 			ContentCrc: 9, InlinePackage: inline(t, pkg)})
 		var last uint64
 		for kill := 1; kill <= 3; kill++ {
-			deadline := time.Now().Add(90 * time.Second)
+			// Generous: a restart on a loaded 2-core CI machine waits out a
+			// session timeout and restores; speed is measured in bench/, not here.
+			deadline := time.Now().Add(3 * time.Minute)
 			for {
 				n := delivered(t, b.Brokers, ns, "big").Delivered.GetCardinality()
 				if n > last {

@@ -47,6 +47,10 @@ func NewStore(rdb redis.UniversalClient, prefix string) *Store {
 	return &Store{rdb: rdb, prefix: prefix}
 }
 
+// Key is the Redis key of the account on uin (scripts that must check
+// it atomically name it).
+func (s *Store) Key(uin uint32) string { return s.key(uin) }
+
 func (s *Store) key(uin uint32) string {
 	return s.prefix + "acct:" + strconv.FormatUint(uint64(uin), 10)
 }

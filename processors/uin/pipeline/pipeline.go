@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"slices"
 	"sync"
 
 	"github.com/redis/go-redis/v9"
@@ -17,6 +18,7 @@ import (
 	"surge/processors/supervise"
 	"surge/processors/timer"
 	"surge/processors/uin/account"
+	"surge/processors/uin/allocation"
 	"surge/processors/uin/pool"
 	"surge/processors/uin/recycle"
 	"surge/processors/uin/tracker"
@@ -25,10 +27,22 @@ import (
 	"surge/streams/metrics"
 )
 
+// Components of a stack; Options.Components picks some (default: the
+// tracker, the controllers and the timers; the pool service only when
+// named, since it serves an API).
+const (
+	Tracker = "tracker"
+	Recycle = "recycle"
+	Timers  = "timers"
+	PoolAPI = "pool"
+)
+
 // Options configures a stack.
 type Options struct {
 	Namespace   string // topic, group and Redis key prefix
-	Dir         string // local stores
+	Components  []string
+	Pool        allocation.Config // the pool service's, when it runs here
+	Dir         string            // local stores
 	Tracker     tracker.Config
 	Policy      recycle.Policy
 	Buckets     int  // central pool buckets (seed: 1,000)
@@ -48,6 +62,7 @@ type Stack struct {
 	Tracker     *tracker.Tracker
 	Controllers []*recycle.Controller
 	Timers      *timer.Service
+	PoolService *allocation.Service
 
 	*supervise.Group // Stop, Wait, Err by component name
 
@@ -77,6 +92,12 @@ func New(brokers []string, rdb redis.UniversalClient, o Options) *Stack {
 		o.Controllers = 1
 	}
 	o.Controllers = max(o.Controllers, 0)
+	if len(o.Components) == 0 {
+		o.Components = []string{Tracker, Recycle, Timers}
+	}
+	if o.NoTracker {
+		o.Components = slices.DeleteFunc(slices.Clone(o.Components), func(c string) bool { return c == Tracker })
+	}
 	return &Stack{Opts: o, Brokers: brokers, Group: supervise.New(o.Log, "uin"),
 		Accounts: account.NewStore(rdb, o.Namespace), Pool: pool.NewCentral(rdb, o.Namespace+"pool:", o.Buckets)}
 }
@@ -101,16 +122,28 @@ func (s *Stack) Start(ctx context.Context) {
 	tc := s.Opts.Tracker
 	tc.Namespace, tc.Dir, tc.Log, tc.Metrics = ns, filepath.Join(s.Opts.Dir, "tracker"), s.Opts.Log, s.Opts.Metrics
 	s.Tracker = tracker.New(tc, s.Brokers)
-	if !s.Opts.NoTracker {
+	if s.runs(Tracker) {
 		s.Go(ctx, "tracker", func(ctx context.Context) error { return s.Tracker.Run(ctx, s.streamOpts("uin-tracker")...) })
 	}
-	for i := range s.Opts.Controllers {
-		s.StartController(ctx, i)
+	if s.runs(Recycle) {
+		for i := range s.Opts.Controllers {
+			s.StartController(ctx, i)
+		}
 	}
-	s.Timers = timer.New(s.Brokers, timer.Topic(ns+schemas.TopicTimers), timer.Dir(filepath.Join(s.Opts.Dir, "timers")),
-		timer.TransactionalID(ns+"surge-timer"), timer.Logger(s.Opts.Log), timer.Metrics(s.Opts.Metrics))
-	s.Go(ctx, "timers", s.Timers.Run)
+	if s.runs(Timers) {
+		s.Timers = timer.New(s.Brokers, timer.Topic(ns+schemas.TopicTimers), timer.Dir(filepath.Join(s.Opts.Dir, "timers")),
+			timer.TransactionalID(ns+"surge-timer"), timer.Logger(s.Opts.Log), timer.Metrics(s.Opts.Metrics))
+		s.Go(ctx, "timers", s.Timers.Run)
+	}
+	if s.runs(PoolAPI) {
+		pc := s.Opts.Pool
+		pc.Namespace, pc.Log, pc.Metrics = ns, s.Opts.Log, s.Opts.Metrics
+		s.PoolService = allocation.New(pc, s.Brokers, s.Pool, s.Accounts)
+		s.Go(ctx, "pool", func(ctx context.Context) error { return s.PoolService.Run(ctx, s.Opts.StreamOpts...) })
+	}
 }
+
+func (s *Stack) runs(component string) bool { return slices.Contains(s.Opts.Components, component) }
 
 // StartController starts (or brings back) recycle controller i.
 func (s *Stack) StartController(ctx context.Context, i int) *recycle.Controller {
@@ -127,8 +160,12 @@ func (s *Stack) StartController(ctx context.Context, i int) *recycle.Controller 
 	s.Controllers[i] = c
 	s.mu.Unlock()
 	name := fmt.Sprintf("recycle-%d", i)
-	s.Go(ctx, name, func(ctx context.Context) error {
-		return c.Run(ctx, append(s.streamOpts("uin-recycle"), streams.InstanceID(name))...)
-	})
+	opts := s.streamOpts("uin-recycle")
+	if s.Opts.Controllers > 1 {
+		// Several in one process: each its own instance (and transactional
+		// id); a lone controller keeps the process's processor.instance_id.
+		opts = append(opts, streams.InstanceID(name))
+	}
+	s.Go(ctx, name, func(ctx context.Context) error { return c.Run(ctx, opts...) })
 	return c
 }

@@ -15,9 +15,7 @@ import (
 	"math/rand/v2"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -48,6 +46,9 @@ type Central struct {
 func NewCentral(rdb redis.UniversalClient, prefix string, buckets int) *Central {
 	return &Central{rdb: rdb, prefix: prefix, buckets: max(buckets, 1)}
 }
+
+// Bucket is the bucket a uin belongs in (uin mod the bucket count).
+func (c *Central) Bucket(uin uint32) uint32 { return uin % uint32(c.buckets) }
 
 func (c *Central) bucket(uin uint32) string {
 	return c.prefix + "bucket:" + strconv.Itoa(int(uin%uint32(c.buckets)))
@@ -124,55 +125,6 @@ func (c *Central) InsertIfFree(ctx context.Context, uins []uint32) ([]uint32, er
 		}
 	}
 	return refused, nil
-}
-
-// lease pulls up to n uins from random buckets: one pipeline of SPOPs over
-// 16 random buckets, and over every bucket when those were empty (a pool
-// running dry), so a lease is one or two round trips however empty the
-// pool gets. The uins stay marked held.
-func (c *Central) lease(ctx context.Context, n int, rng *rand.Rand) ([]uint32, error) {
-	pick := make([]int, 0, 16)
-	for range min(16, c.buckets) {
-		pick = append(pick, rng.IntN(c.buckets))
-	}
-	out, err := c.spop(ctx, pick, max(n/len(pick), 1))
-	if err != nil || len(out) > 0 {
-		return out, err
-	}
-	all := make([]int, c.buckets)
-	for b := range all {
-		all[b] = b
-	}
-	out, err = c.spop(ctx, all, max(n/c.buckets, 1))
-	if err == nil && len(out) == 0 {
-		err = ErrExhausted
-	}
-	return out, err
-}
-
-func (c *Central) spop(ctx context.Context, buckets []int, each int) ([]uint32, error) {
-	pipe := c.rdb.Pipeline()
-	cmds := make([]*redis.StringSliceCmd, len(buckets))
-	for i, b := range buckets {
-		cmds[i] = pipe.SPopN(ctx, c.prefix+"bucket:"+strconv.Itoa(b), int64(each))
-	}
-	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-		return nil, err
-	}
-	var out []uint32
-	for _, cmd := range cmds {
-		for _, v := range cmd.Val() {
-			if u, err := strconv.ParseUint(v, 10, 32); err == nil {
-				out = append(out, uint32(u))
-			}
-		}
-	}
-	return out, nil
-}
-
-// markUsed records allocations in the used bitmap.
-func (c *Central) markUsed(ctx context.Context, uins []uint32) error {
-	return c.setBits(ctx, c.used(), uins)
 }
 
 // setBits sets bits with BITFIELD, a thousand per command: one command
@@ -295,120 +247,36 @@ func (c *Central) InUse(ctx context.Context, uin uint32) (bool, error) {
 	return n == 1, err
 }
 
-// Allocator is a stateless allocator's local pool: what it holds is only
-// a lease, and its allocations are recorded in Redis in the background.
-type Allocator struct {
-	c          *Central
-	low, chunk int
-	rng        *rand.Rand
+// ReleaseOutcome is what became of a released uin.
+type ReleaseOutcome int
 
-	mu      sync.Mutex
-	local   []uint32
-	pending []uint32 // allocated, not yet marked used
-	filling atomic.Bool
-	refill  chan struct{}
-	// Allocated counts allocations.
-	Allocated atomic.Int64
-}
+const (
+	Released       ReleaseOutcome = 1 // back in its bucket
+	ReleaseHeld    ReleaseOutcome = 0 // an account holds it: refused
+	ReleaseRepeat  ReleaseOutcome = 2 // this release record was applied before
+	ReleaseNotUsed ReleaseOutcome = 3 // not allocated: nothing to give back
+)
 
-// NewAllocator returns a local pool that pulls chunk uins when it holds
-// fewer than low; Run must be running for refills and used marks.
-func NewAllocator(c *Central, low, chunk int, seed uint64) *Allocator {
-	return &Allocator{c: c, low: low, chunk: chunk, rng: rand.New(rand.NewPCG(seed, seed^0x9e37)), refill: make(chan struct{}, 1)}
-}
+// releaseScript gives back an allocated uin unless an account (KEYS[3])
+// holds it. Applying it records the release record's offset (ARGV[3]) for
+// its partition (ARGV[2]) in KEYS[4] in the same step, so a record applied
+// once and consumed again after a crash is not applied again: the uin may
+// by then be allocated to someone else.
+var releaseScript = redis.NewScript(`
+local last = tonumber(redis.call('HGET', KEYS[4], ARGV[2]) or '-1')
+if tonumber(ARGV[3]) <= last then return 2 end
+redis.call('HSET', KEYS[4], ARGV[2], ARGV[3])
+if redis.call('EXISTS', KEYS[3]) == 1 then return 0 end
+if redis.call('GETBIT', KEYS[1], ARGV[1]) == 0 then return 3 end
+redis.call('SETBIT', KEYS[1], ARGV[1], 0)
+redis.call('SADD', KEYS[2], ARGV[1])
+return 1`)
 
-// Run refills the local pool and flushes used marks until ctx ends, then
-// flushes once more.
-func (a *Allocator) Run(ctx context.Context) error {
-	t := time.NewTicker(50 * time.Millisecond)
-	defer t.Stop()
-	if err := a.fill(ctx); err != nil && !errors.Is(err, ErrExhausted) {
-		return err
-	}
-	for {
-		select {
-		case <-ctx.Done():
-			return a.flush(context.WithoutCancel(ctx))
-		case <-a.refill:
-			if err := a.fill(ctx); err != nil && !errors.Is(err, ErrExhausted) && ctx.Err() == nil {
-				return err
-			}
-		case <-t.C:
-			if err := a.flush(ctx); err != nil && ctx.Err() == nil {
-				return err
-			}
-		}
-	}
-}
-
-// fill leases until the local pool holds at least low uins (or the
-// central pool is dry).
-func (a *Allocator) fill(ctx context.Context) error {
-	for {
-		a.mu.Lock()
-		need := len(a.local) < a.low
-		a.mu.Unlock()
-		if !need {
-			return nil
-		}
-		uins, err := a.c.lease(ctx, a.chunk, a.rng)
-		if err != nil {
-			return err
-		}
-		a.mu.Lock()
-		a.local = append(a.local, uins...)
-		a.mu.Unlock()
-	}
-}
-
-func (a *Allocator) flush(ctx context.Context) error {
-	a.mu.Lock()
-	batch := a.pending
-	a.pending = nil
-	a.mu.Unlock()
-	if len(batch) == 0 {
-		return nil
-	}
-	if err := a.c.markUsed(ctx, batch); err != nil {
-		a.mu.Lock()
-		a.pending = append(a.pending, batch...)
-		a.mu.Unlock()
-		return err
-	}
-	return nil
-}
-
-// Allocate hands out one uin from the local pool.
-func (a *Allocator) Allocate() (uint32, error) {
-	a.mu.Lock()
-	n := len(a.local)
-	if n == 0 {
-		a.mu.Unlock()
-		a.kick()
-		return 0, ErrExhausted
-	}
-	u := a.local[n-1]
-	a.local = a.local[:n-1]
-	a.pending = append(a.pending, u)
-	low := n-1 < a.low
-	a.mu.Unlock()
-	a.Allocated.Add(1)
-	if low {
-		a.kick()
-	}
-	return u, nil
-}
-
-func (a *Allocator) kick() {
-	select {
-	case a.refill <- struct{}{}:
-	default:
-	}
-}
-
-// Held is the number of uins in the local pool.
-func (a *Allocator) Held() int {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return len(a.local)
+// Release pools again a uin allocated and never used (its registration
+// was abandoned), applying the release record at partition/offset of
+// its topic once; accountKey is the account store's key for the uin.
+func (c *Central) Release(ctx context.Context, uin uint32, accountKey string, partition int32, offset int64) (ReleaseOutcome, error) {
+	n, err := releaseScript.Run(ctx, c.rdb, []string{c.used(), c.bucket(uin), accountKey, c.prefix + "release-offsets"},
+		uin, partition, offset).Int()
+	return ReleaseOutcome(n), err
 }

@@ -3,6 +3,7 @@ package pool
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -45,7 +46,7 @@ func TestNoUinAllocatedTwice(t *testing.T) {
 		var allocs []*Allocator
 		var runs sync.WaitGroup
 		for i := range 4 {
-			a := NewAllocator(c, 200, 500, uint64(i+1))
+			a := NewAllocator(c, "a", LowWater(200), Chunk(500), Seed(uint64(i+1)))
 			allocs = append(allocs, a)
 			runs.Add(1)
 			go func() { defer runs.Done(); _ = a.Run(rctx) }()
@@ -60,7 +61,7 @@ func TestNoUinAllocatedTwice(t *testing.T) {
 				go func() {
 					defer wg.Done()
 					for time.Now().Before(deadline) {
-						u, err := a.Allocate()
+						us, err := a.Allocate(ctx, 1+int(time.Now().UnixNano()%5))
 						if errors.Is(err, ErrExhausted) {
 							if n, _ := c.Size(ctx); n == 0 && a.Held() == 0 {
 								return
@@ -68,8 +69,14 @@ func TestNoUinAllocatedTwice(t *testing.T) {
 							time.Sleep(time.Millisecond)
 							continue
 						}
+						if err != nil {
+							t.Error(err)
+							return
+						}
 						mu.Lock()
-						got[u]++
+						for _, u := range us {
+							got[u]++
+						}
 						mu.Unlock()
 					}
 				}()
@@ -81,13 +88,14 @@ func TestNoUinAllocatedTwice(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 		for _, a := range allocs {
 			for a.Held() > 0 {
-				if u, err := a.Allocate(); err == nil {
+				us, _ := a.Allocate(ctx, 100)
+				for _, u := range us {
 					got[u]++
 				}
 			}
 		}
 		cancel()
-		runs.Wait() // final used marks flushed
+		runs.Wait()
 		if len(got) != len(uins) {
 			t.Fatalf("%d distinct uins allocated of %d", len(got), len(uins))
 		}
@@ -113,8 +121,8 @@ func TestLeasedRefused(t *testing.T) {
 		if _, err := c.Insert(ctx, []uint32{7}); err != nil {
 			t.Fatal(err)
 		}
-		a := NewAllocator(c, 1, 10, 1)
-		if err := a.fill(ctx); err != nil || a.Held() != 1 {
+		a := NewAllocator(c, "a", LowWater(1), Chunk(10))
+		if err := a.fill(ctx, rand.New(rand.NewPCG(1, 2))); err != nil || a.Held() != 1 {
 			t.Fatalf("fill: %v, held %d", err, a.Held())
 		}
 		errs, _ := c.Insert(ctx, []uint32{7})
@@ -182,7 +190,7 @@ func benchPool(b *testing.B, total, low, chunk int) []*Allocator {
 	b.Cleanup(cancel)
 	var allocs []*Allocator
 	for i := range 4 {
-		a := NewAllocator(c, low, chunk, uint64(i+1))
+		a := NewAllocator(c, "bench", LowWater(low), Chunk(chunk), Seed(uint64(i+1)))
 		allocs = append(allocs, a)
 		go func() { _ = a.Run(rctx) }()
 	}
@@ -204,7 +212,7 @@ func allocateParallel(b *testing.B, allocs []*Allocator) {
 		a := allocs[i.Add(1)%int64(len(allocs))]
 		for pb.Next() {
 			for {
-				if _, err := a.Allocate(); err == nil {
+				if _, err := a.Allocate(context.Background(), 1); err == nil {
 					break
 				}
 				time.Sleep(10 * time.Microsecond)
@@ -231,4 +239,132 @@ func BenchmarkAllocateFromLocalPools(b *testing.B) {
 func BenchmarkAllocateWithRefill(b *testing.B) {
 	allocs := benchPool(b, 2_000_000, 50_000, 100_000)
 	allocateParallel(b, allocs)
+}
+
+// A lease whose owner died (no heartbeat) goes back to the buckets on the
+// next sweep, and the dead owner, should it come back, can no longer hand
+// out any uin of it: nothing is stranded, nothing is handed out twice.
+func TestLapsedLeaseReturnsAndCannotBeCommitted(t *testing.T) {
+	streamstest.EachRedis(t, func(t *testing.T, rdb *redis.Client) {
+		c := NewCentral(rdb, streamstest.Unique("pool")+":", 10)
+		ctx := context.Background()
+		var uins []uint32
+		for u := uint32(500); u < 600; u++ {
+			uins = append(uins, u)
+		}
+		if _, err := c.Insert(ctx, uins); err != nil {
+			t.Fatal(err)
+		}
+		rng := rand.New(rand.NewPCG(1, 2))
+		// The owner "dead" leases everything and commits ten, then stops
+		// beating (it was killed -9: no lease given back).
+		var leased []uint32
+		for len(leased) < len(uins) {
+			got, err := c.lease(ctx, "dead", 100, rng)
+			if err != nil {
+				t.Fatal(err)
+			}
+			leased = append(leased, got...)
+		}
+		handed, err := c.commit(ctx, "dead", leased[:10])
+		if err != nil || len(handed) != 10 {
+			t.Fatalf("commit: %v %v", handed, err)
+		}
+		if n, _ := c.Size(ctx); n != 0 {
+			t.Fatalf("pool holds %d while all is leased", n)
+		}
+		// While it is alive, a sweep leaves its lease alone.
+		if err := rdb.Set(ctx, c.aliveKey("dead"), time.Now().Add(time.Minute).UnixMilli(), time.Minute).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if n, err := c.SweepLapsed(ctx); err != nil || n != 0 {
+			t.Fatalf("sweep of a live owner returned %d (%v)", n, err)
+		}
+		rdb.Set(ctx, c.aliveKey("dead"), time.Now().Add(-time.Second).UnixMilli(), time.Minute) // lapsed
+		if n, err := c.SweepLapsed(ctx); err != nil || n != 90 {
+			t.Fatalf("sweep returned %d (%v), want the 90 never handed out", n, err)
+		}
+		if n, _ := c.Size(ctx); n != 90 {
+			t.Fatalf("pool holds %d after the sweep, want 90", n)
+		}
+		if n, _ := c.Leased(ctx); n != 0 {
+			t.Fatalf("%d still leased", n)
+		}
+		// The dead owner's late commit of what it still had in memory
+		// hands out nothing.
+		if late, err := c.commit(ctx, "dead", leased[10:]); err != nil || len(late) != 0 {
+			t.Fatalf("late commit handed out %v (%v)", late, err)
+		}
+		// A live allocator gets exactly the 90, each once.
+		rctx, cancel := context.WithCancel(ctx)
+		a := NewAllocator(c, "live", LowWater(50), Chunk(50))
+		done := make(chan error, 1)
+		go func() { done <- a.Run(rctx) }()
+		seen := map[uint32]bool{}
+		for _, u := range handed {
+			seen[u] = true
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for len(seen) < 100 && time.Now().Before(deadline) {
+			us, err := a.Allocate(ctx, 7)
+			if errors.Is(err, ErrExhausted) {
+				continue
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, u := range us {
+				if seen[u] {
+					t.Fatalf("uin %d handed out twice", u)
+				}
+				seen[u] = true
+			}
+		}
+		if len(seen) != 100 {
+			t.Fatalf("%d of 100 uins handed out", len(seen))
+		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// A graceful stop gives the local pool back: nothing stays leased.
+func TestStopReturnsLease(t *testing.T) {
+	streamstest.EachRedis(t, func(t *testing.T, rdb *redis.Client) {
+		c := NewCentral(rdb, streamstest.Unique("pool")+":", 10)
+		ctx := context.Background()
+		var uins []uint32
+		for u := uint32(1); u <= 1000; u++ {
+			uins = append(uins, u)
+		}
+		if _, err := c.Insert(ctx, uins); err != nil {
+			t.Fatal(err)
+		}
+		rctx, cancel := context.WithCancel(ctx)
+		a := NewAllocator(c, "s", LowWater(300), Chunk(300))
+		done := make(chan error, 1)
+		go func() { done <- a.Run(rctx) }()
+		us, err := a.Allocate(ctx, 5)
+		if err != nil || len(us) != 5 {
+			t.Fatalf("allocate: %v %v", us, err)
+		}
+		if n, _ := c.Leased(ctx); n == 0 {
+			t.Fatal("nothing leased while running")
+		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if n, _ := c.Leased(ctx); n != 0 {
+			t.Fatalf("%d uins still leased after a graceful stop", n)
+		}
+		if n, _ := c.Size(ctx); n != 995 {
+			t.Fatalf("pool holds %d, want 995", n)
+		}
+		if _, err := a.Allocate(ctx, 1); !errors.Is(err, ErrStopped) && !errors.Is(err, ErrExhausted) {
+			t.Fatalf("allocate after stop: %v", err)
+		}
+	})
 }

@@ -164,9 +164,11 @@ func (c *Controller) Run(ctx context.Context, opts ...streams.Option) error {
 		streams.BeforeCommit(c.applyEffects),
 		streams.OnBatchEnd(c.batchEnd),
 		streams.OnRetry(func() { c.batchEnd(false) }),
-		streams.MaxAttempts(math.MaxInt32), // Redis down delays a step, never drops it
 		c.restore.Option(),
 	}, opts...)
+	// Last, over any configured bound: Redis down delays a step, never
+	// drops it.
+	opts = append(opts, streams.MaxAttempts(math.MaxInt32))
 	r, err := streams.New("uin-recycle", c.handle, opts...)
 	if err != nil {
 		return err
@@ -491,7 +493,7 @@ func (s *step) release(cur *pb.RecycleStep) error {
 	if err != nil {
 		return err
 	}
-	change := &pb.PoolChange{Uin: cur.Uin, Op: pb.PoolChange_INSERT, Bucket: uin % 1000, AtMs: s.now.UnixMilli()}
+	change := &pb.PoolChange{Uin: cur.Uin, Op: pb.PoolChange_INSERT, Bucket: c.cfg.Pool.Bucket(uin), AtMs: s.now.UnixMilli()}
 	r := s.advance(cur, pb.RecycleStepKind_RELEASE, time.Time{})
 	if used {
 		change.Op, change.Reason = pb.PoolChange_REFUSED, fmt.Sprintf("uin in use: %d", uin)
@@ -499,7 +501,7 @@ func (s *step) release(cur *pb.RecycleStep) error {
 	} else {
 		c.effects.releases = append(c.effects.releases, uin)
 	}
-	if err := s.out.EmitMsg(c.topic(schemas.TopicPool), binary.BigEndian.AppendUint32(nil, uin%1000), change); err != nil {
+	if err := s.out.EmitMsg(c.topic(schemas.TopicPool), binary.BigEndian.AppendUint32(nil, change.Bucket), change); err != nil {
 		return err
 	}
 	return s.apply(r)

@@ -1,0 +1,264 @@
+// Package allocation is the uin-pool service: the allocation API a
+// registration service calls for a new account number, backed by a local
+// pool leased from the central pool in Redis (see pool.Allocator for why
+// no uin is ever handed out twice, across instances and kill -9), and the
+// consumer of uin.pool that takes back uins a registration gave up.
+//
+// API (every call needs "Authorization: Bearer <key>"):
+//
+//	POST /v1/uins?count=N   allocate N uins (1..1000, default 1)
+//	                        200 {"uins":[...]}; 503 when the pool is dry
+//	GET  /v1/pool           {"central":…, "leased":…, "local":…, "low":…}
+//
+// A release is a PoolChange{op: RELEASE} record on uin.pool, keyed by
+// bucket, from the registration service: releases go through the topic
+// so they are ordered, replayable and audited like every state change.
+package allocation
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"surge/processors/apikey"
+	"surge/processors/uin/account"
+	"surge/processors/uin/pool"
+	"surge/schemas"
+	pb "surge/schemas/surgev1"
+	"surge/streams"
+	"surge/streams/metrics"
+)
+
+// Config configures the service.
+type Config struct {
+	Namespace string
+	Instance  string // this instance's name (its lease is kept under it)
+	Addr      string // HTTP listen address
+	Keys      *apikey.Keys
+	LowWater  int64 // central pool size under which the pool reports low
+	Local     []pool.AllocatorOption
+	Log       *slog.Logger
+	Metrics   *metrics.Registry
+}
+
+// MaxCount is the most uins one call allocates.
+const MaxCount = 1000
+
+// Service is one uin-pool instance.
+type Service struct {
+	cfg      Config
+	brokers  []string
+	central  *pool.Central
+	accounts *account.Store
+	alloc    *pool.Allocator
+
+	central0 atomic.Int64 // last central pool size seen
+	leased   atomic.Int64
+	low      atomic.Bool
+	listener atomic.Pointer[net.Listener]
+
+	allocated, released, refused metrics.Counter
+	size                         metrics.Gauge
+}
+
+// New returns a service; Run starts it.
+func New(cfg Config, brokers []string, central *pool.Central, accounts *account.Store) *Service {
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = metrics.NewRegistry()
+	}
+	if cfg.Instance == "" {
+		cfg.Instance = "pool"
+	}
+	s := &Service{cfg: cfg, brokers: brokers, central: central, accounts: accounts,
+		alloc: pool.NewAllocator(central, cfg.Instance, cfg.Local...)}
+	ops := cfg.Metrics.NewCounterVec("surge_uin_pool_ops_total", "uins allocated, released back and releases refused", "op")
+	s.allocated, s.released, s.refused = ops.With("allocate"), ops.With("release"), ops.With("release_refused")
+	s.size = cfg.Metrics.NewGaugeVec("surge_uin_pool_central_size", "uins in the central pool's buckets").With()
+	return s
+}
+
+// Allocator is the service's local pool.
+func (s *Service) Allocator() *pool.Allocator { return s.alloc }
+
+// Addr is where the API listens once Run has bound it.
+func (s *Service) Addr() string {
+	if l := s.listener.Load(); l != nil {
+		return (*l).Addr().String()
+	}
+	return ""
+}
+
+// Run serves the API, keeps the local pool, watches the central pool's
+// size and applies releases until ctx ends.
+func (s *Service) Run(ctx context.Context, opts ...streams.Option) error {
+	if s.cfg.Keys == nil {
+		return errors.New("uin-pool: no api keys (uin.pool_keys)")
+	}
+	ln, err := net.Listen("tcp", s.cfg.Addr)
+	if err != nil {
+		return fmt.Errorf("uin-pool: listen %s: %w", s.cfg.Addr, err)
+	}
+	s.listener.Store(&ln)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errs := make(chan error, 4)
+	go func() { errs <- s.alloc.Run(ctx) }()
+	go func() { errs <- s.watch(ctx) }()
+	go func() { errs <- s.consumeReleases(ctx, opts...) }()
+	srv := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			errs <- err
+		}
+	}()
+	s.cfg.Log.Info("uin-pool: serving", "addr", ln.Addr().String(), "owner", s.alloc.Owner())
+	var first error
+	select {
+	case <-ctx.Done():
+	case first = <-errs:
+	}
+	// Stop taking calls first, then give the lease back (Allocator.Run).
+	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer scancel()
+	_ = srv.Shutdown(sctx)
+	cancel()
+	for range 3 { // the allocator (which gives its lease back), watch, releases
+		if err := <-errs; err != nil && first == nil && !errors.Is(err, context.Canceled) {
+			first = err
+		}
+	}
+	return first
+}
+
+// watch reports the central pool's size, and says loudly when it falls
+// under the low-water mark (recycling or gap filling must refill it).
+func (s *Service) watch(ctx context.Context) error {
+	t := time.NewTicker(2 * time.Second)
+	defer t.Stop()
+	for {
+		if n, err := s.central.Size(ctx); err == nil {
+			s.central0.Store(n)
+			s.size.Set(float64(n))
+			low := n < s.cfg.LowWater
+			if low && !s.low.Load() {
+				s.cfg.Log.Warn("uin-pool: central pool low: recycle or fill gaps to refill it", "size", n, "low_water", s.cfg.LowWater)
+			} else if !low && s.low.Load() {
+				s.cfg.Log.Info("uin-pool: central pool above low water again", "size", n)
+			}
+			s.low.Store(low)
+		}
+		if n, err := s.central.Leased(ctx); err == nil {
+			s.leased.Store(n)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// Handler is the authenticated API.
+func (s *Service) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/uins", s.handleAllocate)
+	mux.HandleFunc("GET /v1/pool", s.handlePool)
+	return s.cfg.Keys.Require(mux)
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func (s *Service) handleAllocate(w http.ResponseWriter, r *http.Request) {
+	n := 1
+	if q := r.URL.Query().Get("count"); q != "" {
+		v, err := strconv.Atoi(q)
+		if err != nil || v < 1 || v > MaxCount {
+			writeJSON(w, http.StatusBadRequest, map[string]string{"error": fmt.Sprintf("count must be 1..%d", MaxCount)})
+			return
+		}
+		n = v
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
+	defer cancel()
+	uins, err := s.alloc.Allocate(ctx, n)
+	switch {
+	case errors.Is(err, pool.ErrExhausted):
+		w.Header().Set("Retry-After", "1")
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "uin pool exhausted"})
+		return
+	case err != nil:
+		s.cfg.Log.Warn("uin-pool: allocation failed", "err", err)
+		w.Header().Set("Retry-After", "1")
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "allocation unavailable: " + err.Error()})
+		return
+	}
+	s.allocated.Add(float64(len(uins)))
+	writeJSON(w, http.StatusOK, map[string]any{"uins": uins})
+}
+
+func (s *Service) handlePool(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]any{"central": s.central0.Load(), "leased": s.leased.Load(),
+		"local": s.alloc.Held(), "low_water": s.cfg.LowWater, "low": s.low.Load(), "allocated": s.alloc.Allocated.Load()})
+}
+
+// consumeReleases applies RELEASE records from uin.pool. Each is applied
+// once (pool.Central.Release keeps the applied offsets with the effect);
+// one an account holds is refused to the dead-letter topic with a reason.
+func (s *Service) consumeReleases(ctx context.Context, opts ...streams.Option) error {
+	topic := s.cfg.Namespace + schemas.TopicPool
+	opts = append([]streams.Option{
+		streams.Brokers(s.brokers...),
+		streams.Inputs(topic),
+		streams.Group(s.cfg.Namespace + "uin-pool"),
+		streams.WithGuarantee(streams.AtLeastOnce), // the effect is in Redis, applied once by offset
+		streams.DeadLetterTopic(s.cfg.Namespace + schemas.TopicDeadLetter),
+		streams.Logger(s.cfg.Log.With("processor", "uin-pool")),
+		streams.Metrics(s.cfg.Metrics),
+	}, opts...)
+	r, err := streams.New("uin-pool", streams.Typed(s.handleRelease), opts...)
+	if err != nil {
+		return err
+	}
+	return r.Run(ctx)
+}
+
+func (s *Service) handleRelease(ctx context.Context, in *kgo.Record, c *pb.PoolChange, _ *streams.Output) error {
+	if c.Op != pb.PoolChange_RELEASE {
+		return nil // insertions and the like: the pool's own log
+	}
+	if c.Uin == 0 || c.Uin > 1<<32-1 {
+		return streams.Reject("bad uin", fmt.Errorf("release of uin %d: not a 32-bit account number", c.Uin))
+	}
+	uin := uint32(c.Uin)
+	out, err := s.central.Release(ctx, uin, s.accounts.Key(uin), in.Partition, in.Offset)
+	if err != nil {
+		return err // Redis: retried
+	}
+	switch out {
+	case pool.Released:
+		s.released.Inc()
+	case pool.ReleaseHeld:
+		s.refused.Inc()
+		return streams.Reject("release refused: an account holds the uin", fmt.Errorf("uin %d", uin))
+	case pool.ReleaseNotUsed:
+		s.refused.Inc()
+		return streams.Reject("release refused: the uin is not allocated", fmt.Errorf("uin %d", uin))
+	}
+	return nil
+}

@@ -1,0 +1,474 @@
+package pool
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Allocator is one allocation service's local pool. Every uin it pulls
+// from the central pool is also recorded in its lease set in Redis
+// (lease:<owner>), in the same script that pops it from its bucket, and a
+// uin is handed out only after a second script took it out of the lease
+// set and marked it used. So:
+//   - a uin is handed out at most once: only the script that removes it
+//     from the lease set may mark it used and return it;
+//   - a crash strands nothing: the lease set of an owner whose heartbeat
+//     (alive:<owner>) lapsed goes back to the buckets, returned by any
+//     allocator's sweep, and a uin it held but had not committed can no
+//     longer be committed by it.
+//
+// An owner name is fresh per process (NewAllocator adds a random suffix),
+// so a restarted instance never mistakes its predecessor's lease for its
+// own; the predecessor's lease returns once its heartbeat lapses.
+type Allocator struct {
+	c     *Central
+	owner string
+	o     allocOptions
+
+	mu     sync.Mutex
+	local  []uint32
+	filled chan struct{} // closed and replaced after each refill
+
+	refill  chan struct{}
+	commits chan *commitReq
+	stopped chan struct{} // closed when the commit loop is gone
+	// Allocated counts uins handed out.
+	Allocated atomic.Int64
+	// Returned counts uins of lapsed leases this allocator sent back.
+	Returned atomic.Int64
+}
+
+type allocOptions struct {
+	low, chunk int
+	ttl        time.Duration
+	seed       uint64
+}
+
+// AllocatorOption configures an Allocator.
+type AllocatorOption func(*allocOptions)
+
+// LowWater makes the allocator refill when it holds fewer than n uins.
+func LowWater(n int) AllocatorOption { return func(o *allocOptions) { o.low = max(n, 1) } }
+
+// Chunk is how many uins one refill pulls from the central pool.
+func Chunk(n int) AllocatorOption { return func(o *allocOptions) { o.chunk = max(n, 1) } }
+
+// LeaseTTL is how long a lease outlives its owner's last heartbeat (the
+// heartbeat runs at a third of it); default 10 s.
+func LeaseTTL(d time.Duration) AllocatorOption { return func(o *allocOptions) { o.ttl = d } }
+
+// Seed fixes the bucket choice (tests).
+func Seed(s uint64) AllocatorOption { return func(o *allocOptions) { o.seed = s } }
+
+type commitReq struct {
+	uins []uint32
+	ok   chan []uint32 // the committed ones; nil on error
+	err  error
+}
+
+// NewAllocator returns the local pool of instance (a name; a random
+// suffix makes the owner unique to this process). Run must be running.
+func NewAllocator(c *Central, instance string, opts ...AllocatorOption) *Allocator {
+	o := allocOptions{low: 1000, chunk: 5000, ttl: 10 * time.Second, seed: rand.Uint64()}
+	for _, f := range opts {
+		f(&o)
+	}
+	return &Allocator{c: c, owner: instance + "-" + strconv.FormatUint(rand.Uint64()>>16, 36), o: o,
+		filled: make(chan struct{}), refill: make(chan struct{}, 1), commits: make(chan *commitReq, 1024), stopped: make(chan struct{})}
+}
+
+// ErrStopped answers an allocation after Run ended.
+var ErrStopped = errors.New("pool: allocator stopped")
+
+// Owner is the name the lease set is kept under.
+func (a *Allocator) Owner() string { return a.owner }
+
+func (c *Central) leaseKey(owner string) string { return c.prefix + "lease:" + owner }
+func (c *Central) aliveKey(owner string) string { return c.prefix + "alive:" + owner }
+func (c *Central) leasesKey() string            { return c.prefix + "leases" }
+func (c *Central) bucketPrefix() string         { return c.prefix + "bucket:" }
+
+// leaseScript pops up to ARGV[1] uins from each bucket in KEYS[3:] and
+// records them in the lease set KEYS[1] of owner ARGV[2] (listed in
+// KEYS[2]), atomically: no moment exists at which a uin is in neither.
+var leaseScript = redis.NewScript(`
+local out = {}
+for i = 3, #KEYS do
+  local xs = redis.call('SPOP', KEYS[i], ARGV[1])
+  for _, x in ipairs(xs) do out[#out+1] = x end
+end
+for i = 1, #out, 1000 do
+  redis.call('SADD', KEYS[1], unpack(out, i, math.min(i + 999, #out)))
+end
+if #out > 0 then redis.call('SADD', KEYS[2], ARGV[2]) end
+return out`)
+
+// commitScript hands out the uins in ARGV that are still in the lease set
+// KEYS[1], marking them used in KEYS[2]; it returns those.
+var commitScript = redis.NewScript(`
+local ok = {}
+for i = 1, #ARGV do
+  if redis.call('SREM', KEYS[1], ARGV[i]) == 1 then
+    redis.call('SETBIT', KEYS[2], ARGV[i], 1)
+    ok[#ok+1] = ARGV[i]
+  end
+end
+return ok`)
+
+// returnScript sends up to ARGV[4] uins of owner ARGV[3]'s lease set
+// KEYS[1] back to their buckets (ARGV[1] .. uin % ARGV[2]), unless the
+// owner is alive (KEYS[4] holds a heartbeat deadline past ARGV[6], the
+// sweeper's clock in ms; answer -1); a uin already used stays out. It drops the owner from KEYS[3] once its lease is empty.
+var returnScript = redis.NewScript(`
+if ARGV[5] == '1' then
+  local alive = tonumber(redis.call('GET', KEYS[4]) or '0')
+  if alive > tonumber(ARGV[6]) then return -1 end
+end
+local xs = redis.call('SPOP', KEYS[1], ARGV[4])
+local back = 0
+for _, x in ipairs(xs) do
+  if redis.call('GETBIT', KEYS[2], x) == 0 then
+    redis.call('SADD', ARGV[1] .. (tonumber(x) % tonumber(ARGV[2])), x)
+    back = back + 1
+  end
+end
+if redis.call('SCARD', KEYS[1]) == 0 then redis.call('SREM', KEYS[3], ARGV[3]) end
+return back`)
+
+// lease pulls up to n uins into owner's lease: one script over 16 random
+// buckets, and over every bucket when those were empty (a pool running
+// dry), so a lease is one or two round trips however empty the pool gets.
+func (c *Central) lease(ctx context.Context, owner string, n int, rng *rand.Rand) ([]uint32, error) {
+	pick := make([]int, 0, 16)
+	for range min(16, c.buckets) {
+		pick = append(pick, rng.IntN(c.buckets))
+	}
+	out, err := c.leaseFrom(ctx, owner, pick, max(n/len(pick), 1))
+	if err != nil || len(out) > 0 {
+		return out, err
+	}
+	all := make([]int, c.buckets)
+	for b := range all {
+		all[b] = b
+	}
+	out, err = c.leaseFrom(ctx, owner, all, max(n/c.buckets, 1))
+	if err == nil && len(out) == 0 {
+		err = ErrExhausted
+	}
+	return out, err
+}
+
+func (c *Central) leaseFrom(ctx context.Context, owner string, buckets []int, each int) ([]uint32, error) {
+	keys := make([]string, 0, 2+len(buckets))
+	keys = append(keys, c.leaseKey(owner), c.leasesKey())
+	for _, b := range buckets {
+		keys = append(keys, c.bucketPrefix()+strconv.Itoa(b))
+	}
+	vals, err := leaseScript.Run(ctx, c.rdb, keys, each, owner).StringSlice()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return nil, err
+	}
+	return parseUins(vals), nil
+}
+
+// commit hands out the uins still in owner's lease.
+func (c *Central) commit(ctx context.Context, owner string, uins []uint32) ([]uint32, error) {
+	args := make([]any, len(uins))
+	for i, u := range uins {
+		args[i] = u
+	}
+	vals, err := commitScript.Run(ctx, c.rdb, []string{c.leaseKey(owner), c.used()}, args...).StringSlice()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return nil, err
+	}
+	return parseUins(vals), nil
+}
+
+// ReturnLease sends owner's uncommitted lease back to the buckets; with
+// onlyLapsed it does nothing while the owner's heartbeat is alive. It
+// answers how many uins went back.
+func (c *Central) ReturnLease(ctx context.Context, owner string, onlyLapsed bool) (int, error) {
+	guard := "0"
+	if onlyLapsed {
+		guard = "1"
+	}
+	keys := []string{c.leaseKey(owner), c.used(), c.leasesKey(), c.aliveKey(owner)}
+	total := 0
+	for {
+		n, err := returnScript.Run(ctx, c.rdb, keys, c.bucketPrefix(), c.buckets, owner, 5000, guard, time.Now().UnixMilli()).Int()
+		if err != nil || n < 0 {
+			return total, err
+		}
+		total += n
+		if left, err := c.rdb.SCard(ctx, c.leaseKey(owner)).Result(); err != nil || left == 0 {
+			return total, err
+		}
+	}
+}
+
+// SweepLapsed returns the leases of every owner whose heartbeat lapsed.
+func (c *Central) SweepLapsed(ctx context.Context) (int, error) {
+	owners, err := c.rdb.SMembers(ctx, c.leasesKey()).Result()
+	if err != nil {
+		return 0, err
+	}
+	total := 0
+	for _, o := range owners {
+		n, err := c.ReturnLease(ctx, o, true)
+		if err != nil {
+			return total, err
+		}
+		total += n
+	}
+	return total, nil
+}
+
+// Leased is the number of uins in every owner's lease (pulled from the
+// buckets, not yet handed out).
+func (c *Central) Leased(ctx context.Context) (int64, error) {
+	owners, err := c.rdb.SMembers(ctx, c.leasesKey()).Result()
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	for _, o := range owners {
+		k, err := c.rdb.SCard(ctx, c.leaseKey(o)).Result()
+		if err != nil {
+			return 0, err
+		}
+		n += k
+	}
+	return n, nil
+}
+
+func parseUins(vals []string) []uint32 {
+	out := make([]uint32, 0, len(vals))
+	for _, v := range vals {
+		if u, err := strconv.ParseUint(v, 10, 32); err == nil {
+			out = append(out, uint32(u))
+		}
+	}
+	return out
+}
+
+// Run keeps the heartbeat, refills the local pool, commits allocations
+// in groups, and sweeps lapsed leases until ctx ends; then it gives its
+// own lease back (a graceful stop strands nothing either).
+func (a *Allocator) Run(ctx context.Context) error {
+	c := a.c
+	if err := a.beat(ctx); err != nil {
+		return err
+	}
+	done := make(chan struct{})
+	defer func() {
+		<-done
+		stop := context.WithoutCancel(ctx)
+		a.mu.Lock()
+		a.local = nil
+		a.mu.Unlock()
+		_ = c.rdb.Del(stop, c.aliveKey(a.owner)).Err()
+		_, _ = c.ReturnLease(stop, a.owner, false)
+	}()
+	go func() { defer close(done); defer close(a.stopped); a.commitLoop(ctx) }()
+	rng := rand.New(rand.NewPCG(a.o.seed, a.o.seed^0x9e37))
+	beat := time.NewTicker(a.o.ttl / 3)
+	defer beat.Stop()
+	sweep := time.NewTicker(a.o.ttl)
+	defer sweep.Stop()
+	if n, err := c.SweepLapsed(ctx); err == nil {
+		a.Returned.Add(int64(n))
+	}
+	for {
+		if err := a.fill(ctx, rng); err != nil && !errors.Is(err, ErrExhausted) && ctx.Err() == nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-a.refill:
+		case <-beat.C:
+			if err := a.beat(ctx); err != nil && ctx.Err() == nil {
+				return err
+			}
+		case <-sweep.C:
+			if n, err := c.SweepLapsed(ctx); err == nil {
+				a.Returned.Add(int64(n))
+			}
+		}
+	}
+}
+
+// beat renews the heartbeat: the deadline it holds is what sweeps
+// compare with their clock (a deadline, not a key TTL, so a sweep needs no
+// trust in when Redis expires keys); the TTL only cleans up after it.
+func (a *Allocator) beat(ctx context.Context) error {
+	return a.c.rdb.Set(ctx, a.c.aliveKey(a.owner), time.Now().Add(a.o.ttl).UnixMilli(), 10*a.o.ttl).Err()
+}
+
+// fill leases until the local pool holds at least low uins (or the
+// central pool is dry), waking Allocate calls waiting for uins.
+func (a *Allocator) fill(ctx context.Context, rng *rand.Rand) error {
+	defer a.wake()
+	for {
+		a.mu.Lock()
+		need := len(a.local) < a.o.low
+		a.mu.Unlock()
+		if !need {
+			return nil
+		}
+		uins, err := a.c.lease(ctx, a.owner, a.o.chunk, rng)
+		if err != nil {
+			return err
+		}
+		a.mu.Lock()
+		a.local = append(a.local, uins...)
+		a.mu.Unlock()
+		a.wake()
+	}
+}
+
+func (a *Allocator) wake() {
+	a.mu.Lock()
+	close(a.filled)
+	a.filled = make(chan struct{})
+	a.mu.Unlock()
+}
+
+// commitLoop runs the commit script for every waiting allocation at
+// once: callers arriving during one round trip share the next.
+func (a *Allocator) commitLoop(ctx context.Context) {
+	for {
+		var batch []*commitReq
+		select {
+		case <-ctx.Done():
+			return
+		case r := <-a.commits:
+			batch = append(batch, r)
+		}
+		n := len(batch[0].uins)
+	more:
+		for n < 10000 {
+			select {
+			case r := <-a.commits:
+				batch = append(batch, r)
+				n += len(r.uins)
+			default:
+				break more
+			}
+		}
+		all := make([]uint32, 0, n)
+		for _, r := range batch {
+			all = append(all, r.uins...)
+		}
+		ok, err := a.c.commit(ctx, a.owner, all)
+		committed := make(map[uint32]struct{}, len(ok))
+		for _, u := range ok {
+			committed[u] = struct{}{}
+		}
+		for _, r := range batch {
+			if err != nil {
+				r.err = err
+				r.ok <- nil
+				continue
+			}
+			mine := make([]uint32, 0, len(r.uins))
+			for _, u := range r.uins {
+				if _, in := committed[u]; in {
+					mine = append(mine, u)
+				}
+			}
+			r.ok <- mine
+		}
+	}
+}
+
+// Allocate hands out up to n uins (fewer only when the pool runs dry).
+// It returns once they are marked used in Redis, so a uin the caller
+// received survives any crash as allocated, and no other caller, here or
+// at another allocator, can ever receive it.
+func (a *Allocator) Allocate(ctx context.Context, n int) ([]uint32, error) {
+	var out []uint32
+	waited := false
+	for len(out) < n {
+		a.mu.Lock()
+		k := min(n-len(out), len(a.local))
+		take := append([]uint32(nil), a.local[len(a.local)-k:]...)
+		a.local = a.local[:len(a.local)-k]
+		low, filled := len(a.local) < a.o.low, a.filled
+		a.mu.Unlock()
+		if low {
+			a.kick()
+		}
+		if k == 0 {
+			if len(out) > 0 || waited {
+				break
+			}
+			waited = true // one wait for the refill in flight
+			select {
+			case <-filled:
+				continue
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-time.After(time.Second):
+				continue
+			}
+		}
+		r := &commitReq{uins: take, ok: make(chan []uint32, 1)}
+		select {
+		case a.commits <- r:
+		case <-ctx.Done():
+			a.putBack(take)
+			return out, ctx.Err()
+		}
+		var got []uint32
+		select {
+		case got = <-r.ok:
+		case <-a.stopped:
+			a.putBack(take) // never taken by the commit loop
+			return out, ErrStopped
+		}
+		if r.err != nil {
+			// Unknown whether the script ran: the uins go back; one that
+			// did commit is no longer in the lease and can never be
+			// committed again, so it is skipped, never handed out twice.
+			a.putBack(take)
+			if len(out) > 0 {
+				break
+			}
+			return nil, r.err
+		}
+		out = append(out, got...)
+	}
+	a.Allocated.Add(int64(len(out)))
+	if len(out) == 0 {
+		return nil, ErrExhausted
+	}
+	return out, nil
+}
+
+func (a *Allocator) putBack(uins []uint32) {
+	a.mu.Lock()
+	a.local = append(a.local, uins...)
+	a.mu.Unlock()
+}
+
+func (a *Allocator) kick() {
+	select {
+	case a.refill <- struct{}{}:
+	default:
+	}
+}
+
+// Held is the number of uins in the local pool.
+func (a *Allocator) Held() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.local)
+}
