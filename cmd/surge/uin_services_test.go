@@ -20,8 +20,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/protobuf/proto"
 
-	"surge/processors/uin/pool"
 	uinpipe "surge/processors/uin/pipeline"
+	"surge/processors/uin/pool"
 	"surge/processors/uin/recycle"
 	"surge/schemas"
 	pb "surge/schemas/surgev1"
@@ -241,7 +241,7 @@ func TestUinServicesSurviveKill9(t *testing.T) {
 		for len(logins) < 20 && ctx.Err() == nil {
 			for u := uint64(30_001); len(logins) < 20 && u <= 30_000+abandoned; u++ {
 				if !loggedIn[u] && bannedSince(u) < time.Second {
-				rec, _ := streams.NewRecord(ns+schemas.TopicUsage, recycle.Key(uint32(u)), &pb.UsageEvent{Uin: u, Kind: recycle.KindLogin, AtMs: time.Now().UnixMilli(), Source: "auth"})
+					rec, _ := streams.NewRecord(ns+schemas.TopicUsage, recycle.Key(uint32(u)), &pb.UsageEvent{Uin: u, Kind: recycle.KindLogin, AtMs: time.Now().UnixMilli(), Source: "auth"})
 					logins = append(logins, rec)
 					loggedIn[u] = true
 				}
