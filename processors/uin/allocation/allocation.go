@@ -117,7 +117,7 @@ func (s *Service) Run(ctx context.Context, opts ...streams.Option) error {
 	go func() { errs <- s.alloc.Run(ctx) }()
 	go func() { errs <- s.watch(ctx) }()
 	go func() { errs <- s.consumeReleases(ctx, opts...) }()
-	srv := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 5 * time.Second}
+	srv := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 5 * time.Second, Protocols: protocols()}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			errs <- err
@@ -140,6 +140,16 @@ func (s *Service) Run(ctx context.Context, opts ...streams.Option) error {
 		}
 	}
 	return first
+}
+
+// protocols serves HTTP/1.1 and cleartext HTTP/2 (h2c, prior knowledge):
+// a registration service multiplexing its calls over one HTTP/2
+// connection costs the pool far fewer syscalls per allocation.
+func protocols() *http.Protocols {
+	p := new(http.Protocols)
+	p.SetHTTP1(true)
+	p.SetUnencryptedHTTP2(true)
+	return p
 }
 
 // watch reports the central pool's size, and says loudly when it falls

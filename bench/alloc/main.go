@@ -1,0 +1,160 @@
+// Command alloc measures the uin-pool allocation API: one client process
+// with C concurrent connections calling POST /v1/uins for D, against a
+// pool service (in this process unless -url) on redis-server. It reports
+// allocations per second and the latency percentiles of a call, and
+// checks that no uin was handed out twice.
+//
+//	go run ./bench/alloc -redis 127.0.0.1:16379 -conns 32 -count 1 -for 10s
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"runtime"
+	"runtime/pprof"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"surge/processors/apikey"
+	"surge/processors/uin/account"
+	"surge/processors/uin/allocation"
+	"surge/processors/uin/pool"
+	"surge/streams/embedded"
+)
+
+func main() {
+	redisAddr := flag.String("redis", "127.0.0.1:16379", "redis-server")
+	conns := flag.Int("conns", 32, "concurrent connections of the one client")
+	count := flag.Int("count", 1, "uins per call")
+	dur := flag.Duration("for", 10*time.Second, "how long to call")
+	seed := flag.Int("seed", 2_000_000, "uins put into the central pool first")
+	h2c := flag.Bool("h2c", false, "call over cleartext HTTP/2 (one multiplexed connection) instead of HTTP/1.1")
+	local := flag.Int("local", 2000, "uins the service keeps leased locally (uin.pool_local; a refill pulls twice this)")
+	cpuProfile := flag.String("cpuprofile", "", "CPU profile of the run (service and client)")
+	flag.Parse()
+	ctx := context.Background()
+	rdb := redis.NewClient(&redis.Options{Addr: *redisAddr, PoolSize: 64})
+	defer rdb.Close()
+	brokers, _, stopKafka, err := embedded.KafkaOr("")
+	must(err)
+	defer stopKafka()
+	ns := fmt.Sprintf("abench%d.", time.Now().UnixNano())
+	central := pool.NewCentral(rdb, ns+"pool:", 1000)
+	batch := make([]uint32, 0, 100_000)
+	for u := 1; u <= *seed; u++ {
+		if batch = append(batch, uint32(10_000_000+u)); len(batch) == cap(batch) || u == *seed {
+			_, err := central.Insert(ctx, batch)
+			must(err)
+			batch = batch[:0]
+		}
+	}
+	keys, secret := apikey.Generate("bench")
+	svc := allocation.New(allocation.Config{Namespace: ns, Instance: "bench", Addr: "127.0.0.1:0", Keys: keys,
+		Local: []pool.AllocatorOption{pool.LowWater(*local), pool.Chunk(2 * *local)},
+		Log:   slog.New(slog.NewTextHandler(io.Discard, nil))}, brokers, central, account.NewStore(rdb, ns))
+	sctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- svc.Run(sctx) }()
+	for svc.Addr() == "" || svc.Allocator().Held() < *local {
+		time.Sleep(10 * time.Millisecond)
+	}
+	url := fmt.Sprintf("http://%s/v1/uins?count=%d", svc.Addr(), *count)
+	fmt.Printf("redis %s; %d cores, %s; central pool %d uins; %d concurrent callers (h2c %v), %d uin(s) per call, %s\n",
+		*redisAddr, runtime.NumCPU(), runtime.Version(), *seed, *conns, *h2c, *count, *dur)
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		must(err)
+		must(pprof.StartCPUProfile(f))
+		defer pprof.StopCPUProfile()
+	}
+	tr := &http.Transport{MaxIdleConnsPerHost: *conns, MaxConnsPerHost: *conns}
+	if *h2c {
+		tr.Protocols = new(http.Protocols)
+		tr.Protocols.SetUnencryptedHTTP2(true)
+	}
+	hc := &http.Client{Transport: tr}
+	var (
+		mu       sync.Mutex
+		lat      []time.Duration
+		seen     = make(map[uint32]struct{}, 1<<20)
+		dups     atomic.Int64
+		failures atomic.Int64
+		wg       sync.WaitGroup
+	)
+	end := time.Now().Add(*dur)
+	start := time.Now()
+	for range *conns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var mine []time.Duration
+			var got []uint32
+			for time.Now().Before(end) {
+				req, _ := http.NewRequest("POST", url, nil)
+				req.Header.Set("Authorization", "Bearer "+secret)
+				t0 := time.Now()
+				resp, err := hc.Do(req)
+				if err != nil {
+					failures.Add(1)
+					continue
+				}
+				var body struct {
+					Uins []uint32 `json:"uins"`
+				}
+				err = json.NewDecoder(resp.Body).Decode(&body)
+				resp.Body.Close()
+				if err != nil || resp.StatusCode != 200 {
+					failures.Add(1)
+					continue
+				}
+				mine = append(mine, time.Since(t0))
+				got = append(got, body.Uins...)
+			}
+			mu.Lock()
+			lat = append(lat, mine...)
+			for _, u := range got {
+				if _, dup := seen[u]; dup {
+					dups.Add(1)
+				}
+				seen[u] = struct{}{}
+			}
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	took := time.Since(start)
+	stop()
+	must(<-done)
+	slices.Sort(lat)
+	pct := func(p float64) time.Duration {
+		if len(lat) == 0 {
+			return 0
+		}
+		return lat[min(len(lat)-1, int(p*float64(len(lat))))].Round(time.Microsecond)
+	}
+	fmt.Printf("calls: %d in %s = %.0f calls/s; %d uins = %.0f allocs/s; %d failed calls\n",
+		len(lat), took.Round(time.Millisecond), float64(len(lat))/took.Seconds(), len(seen), float64(len(seen))/took.Seconds(), failures.Load())
+	fmt.Printf("latency per call: p50 %s  p99 %s  p99.9 %s  max %s\n", pct(0.50), pct(0.99), pct(0.999), pct(1))
+	if dups.Load() > 0 {
+		fmt.Printf("FAIL: %d uins handed out twice\n", dups.Load())
+		os.Exit(1)
+	}
+	fmt.Println("check: no uin handed out twice")
+}
+
+func must(err error) {
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+}
