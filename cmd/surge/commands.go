@@ -15,6 +15,7 @@ import (
 
 	push "surge/processors/push/pipeline"
 	uinpipe "surge/processors/uin/pipeline"
+	"surge/processors/uin/recycle"
 	"surge/schemas"
 	"surge/sinks/clickhouse"
 	"surge/streams"
@@ -132,13 +133,21 @@ func cmdTopics(ctx context.Context, args []string) error {
 
 func cmdProduce(ctx context.Context, args []string) error {
 	var topic, body, key string
+	var keyUin uint32
 	v, _, err := loadConfig("produce", args, func(fs *pflag.FlagSet) {
 		fs.StringVar(&topic, "topic", "", "registry topic")
 		fs.StringVar(&body, "json", "", "the record in protobuf JSON form")
 		fs.StringVar(&key, "key", "", "record key")
+		fs.Uint32Var(&keyUin, "key-uin", 0, "record key: this uin as 4 bytes big-endian (the key of every uin-keyed topic, so related topics stay co-partitioned)")
 	})
 	if err != nil {
 		return err
+	}
+	if keyUin != 0 {
+		if key != "" {
+			return fmt.Errorf("give --key or --key-uin, not both")
+		}
+		key = string(recycle.Key(keyUin))
 	}
 	tp, err := schemas.TopicByName(topic)
 	if err != nil {
