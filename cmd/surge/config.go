@@ -76,6 +76,7 @@ var options = []struct {
 	{"uin.cool_down.spam", 30 * 24 * time.Hour, "uin recycling: cool-down before release, spam"},
 	{"uin.cool_down.inactive", 180 * 24 * time.Hour, "uin recycling: cool-down before release, inactive"},
 	{"uin.ticket_ttl", 24 * time.Hour, "uin recycling: a ticket's life past its next due step; every step renews it"},
+	{"uin.ended_ticket_retention", 30 * 24 * time.Hour, "uin recycling: a finished ticket stays the uin's state this long (late duplicates recognised), then is dropped at the next rebuild; must exceed uin.ticket_ttl"},
 	{"uin.controllers", 1, "uin recycling: recycle controller instances in this process"},
 	{"uin.buckets", 1000, "uin recycling: central pool buckets (uin mod buckets)"},
 	{"uin.pool_addr", "127.0.0.1:8490", "`run uin-pool`: address of the allocation API"},

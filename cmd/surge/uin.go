@@ -88,7 +88,8 @@ func uinOptions(v *viper.Viper, log *slog.Logger) (uinpipe.Options, error) {
 		cps = append(cps, d)
 	}
 	cats := []string{recycle.Abandoned, recycle.Spam, recycle.Inactive}
-	pol := recycle.Policy{Ban: map[string]time.Duration{}, CoolDown: map[string]time.Duration{}, TicketTTL: v.GetDuration("uin.ticket_ttl")}
+	pol := recycle.Policy{Ban: map[string]time.Duration{}, CoolDown: map[string]time.Duration{}, TicketTTL: v.GetDuration("uin.ticket_ttl"),
+		EndedRetention: v.GetDuration("uin.ended_ticket_retention")}
 	for _, c := range cats {
 		pol.Ban[c], pol.CoolDown[c] = v.GetDuration("uin.ban."+c), v.GetDuration("uin.cool_down."+c)
 	}

@@ -65,6 +65,12 @@ type Policy struct {
 	Ban       map[string]time.Duration
 	CoolDown  map[string]time.Duration
 	TicketTTL time.Duration
+	// EndedRetention is how long a finished ticket (released or stopped)
+	// stays the uin's state, recognising late duplicates of its requests;
+	// older ones are dropped when state is rebuilt (every start and
+	// partition assignment). Default 30 days; it must exceed TicketTTL (a
+	// request older than that is refused as expired anyway).
+	EndedRetention time.Duration
 }
 
 // DefaultPolicy follows the seed's orders of magnitude: a ban of up to a
@@ -73,7 +79,7 @@ func DefaultPolicy() Policy {
 	return Policy{
 		Ban:       map[string]time.Duration{Abandoned: 24 * time.Hour, Spam: 7 * 24 * time.Hour, Inactive: 30 * 24 * time.Hour},
 		CoolDown:  map[string]time.Duration{Abandoned: 7 * 24 * time.Hour, Spam: 30 * 24 * time.Hour, Inactive: 180 * 24 * time.Hour},
-		TicketTTL: 24 * time.Hour,
+		TicketTTL: 24 * time.Hour, EndedRetention: 30 * 24 * time.Hour,
 	}
 }
 
@@ -121,6 +127,9 @@ func New(cfg Config, brokers []string) *Controller {
 	if cfg.Policy.Ban == nil {
 		cfg.Policy = DefaultPolicy()
 	}
+	if cfg.Policy.EndedRetention <= cfg.Policy.TicketTTL {
+		cfg.Policy.EndedRetention = max(30*24*time.Hour, 2*cfg.Policy.TicketTTL)
+	}
 	if cfg.Partitions == 0 {
 		t, _ := schemas.TopicByName(schemas.TopicRecycleReqs)
 		cfg.Partitions = int(t.Partitions)
@@ -152,6 +161,7 @@ func (c *Controller) Run(ctx context.Context, opts ...streams.Option) error {
 	defer db.Close()
 	c.mu.Lock()
 	c.db, c.staged, c.restored = db, newStore(db), newStore(db)
+	c.restored.retention, c.restored.now = c.cfg.Policy.EndedRetention, c.cfg.Now
 	c.mu.Unlock()
 	opts = append([]streams.Option{
 		streams.Brokers(c.brokers...),

@@ -3,6 +3,7 @@ package recycle
 import (
 	"encoding/binary"
 	"errors"
+	"time"
 
 	"github.com/cockroachdb/pebble/v2"
 	"google.golang.org/protobuf/proto"
@@ -18,8 +19,12 @@ import (
 // 'l' uin(4) -> newest login by auth(8) and by device(8).
 type store struct {
 	db     *pebble.DB
-	steps  map[uint32]*pb.RecycleStep
+	steps  map[uint32]*pb.RecycleStep // nil: delete the uin's state
 	logins map[uint32]LastLogin
+	// retention > 0 drops finished tickets older than it (the rebuild's
+	// store; see Policy.EndedRetention).
+	retention time.Duration
+	now       func() time.Time
 }
 
 func newStore(db *pebble.DB) *store {
@@ -49,7 +54,14 @@ func (s *store) state(uin uint32) (*pb.RecycleStep, error) {
 // setState records an applied step. An ended ticket (RELEASE, STOPPED)
 // stays as the uin's state, so a late duplicate of one of its requests is
 // recognised as such rather than taken for a step of an unknown ticket.
-func (s *store) setState(st *pb.RecycleStep) { s.steps[uint32(st.Uin)] = st }
+func (s *store) setState(st *pb.RecycleStep) {
+	uin := uint32(st.Uin)
+	if s.retention > 0 && st.Step != pb.RecycleStepKind_RECYCLE_STEP_UNSPECIFIED && ended(st) &&
+		st.AtMs < s.now().Add(-s.retention).UnixMilli() {
+		st = nil // finished long ago: forgotten
+	}
+	s.steps[uin] = st
+}
 
 // ended reports whether a state is a finished ticket (or none).
 func ended(st *pb.RecycleStep) bool {
@@ -97,6 +109,10 @@ func (s *store) commit() error {
 	b := s.db.NewBatch()
 	defer b.Close()
 	for uin, st := range s.steps {
+		if st == nil {
+			_ = b.Delete(stateKey(uin), nil)
+			continue
+		}
 		v, _ := proto.Marshal(st)
 		_ = b.Set(stateKey(uin), v, nil)
 	}
