@@ -79,6 +79,8 @@ func init() {
 	register(1, 1, func() proto.Message { return new(surgev1.DeletionNotice) })
 	register(1, 1, func() proto.Message { return new(surgev1.Timer) })
 	register(1, 1, func() proto.Message { return new(surgev1.ReconResult) })
+	register(1, 1, func() proto.Message { return new(surgev1.ClickEvent) })
+	register(1, 1, func() proto.Message { return new(surgev1.JobClicks) })
 }
 
 // Lookup returns the schema registered under a protobuf full name.

@@ -35,6 +35,8 @@ const (
 	TopicTags           = "push.tags"
 	TopicBlacklists     = "push.blacklists"
 	TopicPackages       = "push.packages"
+	TopicClicks         = "push.clicks"
+	TopicJobClicks      = "push.job-clicks"
 	TopicGrants         = "wallet.grants"
 	TopicTokens         = "wallet.tokens"
 	TopicLedger         = "wallet.ledger"
@@ -73,6 +75,8 @@ var Topics = []Topic{
 	{TopicTags, "surge.v1.TagChange", "tag/uin", 12, true, 0, "targeting tags per user; compacted, so it is the tag index"},
 	{TopicBlacklists, "surge.v1.BlacklistChange", "account_id/uin (decimal; account 0 is global)", 6, true, 0, "blacklisted users per account and global"},
 	{TopicPackages, "surge.v1.PackageChunk", "package_id/index", 12, false, 30 * day, "number packages (uploaded, and the planner's filtered ones) in chunks of at most 256 KiB; job package_uri topic:push.packages/<id>"},
+	{TopicClicks, "surge.v1.ClickEvent", "job_id", 6, false, 7 * day, "clicks on delivered messages; push-ctr counts them per job"},
+	{TopicJobClicks, "surge.v1.JobClicks", "job_id", 6, true, 0, "per-job click-through (push-ctr's changelog); the planner sets each account's daily job quota by its last delivery's"},
 	{TopicJobs, "surge.v1.SendJob", "job_id", 6, true, 0, "send jobs as submitted"},
 	{TopicJobTransitions, "surge.v1.JobTransition", "job_id", 6, false, 30 * day, "every state transition of every send job"},
 	{TopicUnits, "surge.v1.SendTaskUnit", "job_id", 1, false, 7 * day, "per-executor unit queues are named push.units.<executor>: one partition, so units run in dispatch (priority) order"},

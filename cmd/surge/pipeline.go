@@ -27,7 +27,7 @@ type pipeline struct {
 // components are the names `surge run` accepts: the presence processor
 // and every fact sink.
 var components = func() []string {
-	names := []string{"presence", "push-presence", "push-planner", "push-executor", "push-offline", "push-timers",
+	names := []string{"presence", "push-presence", "push-planner", "push-executor", "push-offline", "push-timers", "push-ctr",
 		"uin-tracker", "uin-recycle", "uin-timers", "uin-pool"}
 	for _, f := range clickhouse.Facts() {
 		names = append(names, f.Name)

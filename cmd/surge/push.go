@@ -23,6 +23,7 @@ var pushServices = map[string]string{
 	"push-executor": push.Executor,
 	"push-offline":  push.Offline,
 	"push-timers":   push.Timers,
+	"push-ctr":      push.CTR, // click-through per job, for the account quota
 }
 
 var executorName = regexp.MustCompile(`^[A-Za-z0-9_-]{1,100}$`)

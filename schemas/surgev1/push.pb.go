@@ -1538,6 +1538,155 @@ func (x *PackageChunk) GetAtMs() int64 {
 	return 0
 }
 
+// A user clicked a delivered message (push.clicks, keyed by job id, from
+// the client or the access layer).
+type ClickEvent struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	JobId         string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	AccountId     uint64                 `protobuf:"varint,2,opt,name=account_id,json=accountId,proto3" json:"account_id,omitempty"`
+	Uin           uint64                 `protobuf:"varint,3,opt,name=uin,proto3" json:"uin,omitempty"`
+	AtMs          int64                  `protobuf:"varint,4,opt,name=at_ms,json=atMs,proto3" json:"at_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClickEvent) Reset() {
+	*x = ClickEvent{}
+	mi := &file_surge_v1_push_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClickEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClickEvent) ProtoMessage() {}
+
+func (x *ClickEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_surge_v1_push_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClickEvent.ProtoReflect.Descriptor instead.
+func (*ClickEvent) Descriptor() ([]byte, []int) {
+	return file_surge_v1_push_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *ClickEvent) GetJobId() string {
+	if x != nil {
+		return x.JobId
+	}
+	return ""
+}
+
+func (x *ClickEvent) GetAccountId() uint64 {
+	if x != nil {
+		return x.AccountId
+	}
+	return 0
+}
+
+func (x *ClickEvent) GetUin() uint64 {
+	if x != nil {
+		return x.Uin
+	}
+	return 0
+}
+
+func (x *ClickEvent) GetAtMs() int64 {
+	if x != nil {
+		return x.AtMs
+	}
+	return 0
+}
+
+// One job's measured click-through (push.job-clicks, compacted, keyed by
+// job id): the push-ctr processor's changelog, and what the planner reads
+// an account's last delivery's click-through rate from.
+type JobClicks struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	JobId         string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	AccountId     uint64                 `protobuf:"varint,2,opt,name=account_id,json=accountId,proto3" json:"account_id,omitempty"`
+	Targets       uint64                 `protobuf:"varint,3,opt,name=targets,proto3" json:"targets,omitempty"`                                    // targets after filtering, known once the job completed
+	Clicks        uint64                 `protobuf:"varint,4,opt,name=clicks,proto3" json:"clicks,omitempty"`                                      // clicks counted (at most targets once known)
+	CompletedAtMs int64                  `protobuf:"varint,5,opt,name=completed_at_ms,json=completedAtMs,proto3" json:"completed_at_ms,omitempty"` // 0 while the job runs
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JobClicks) Reset() {
+	*x = JobClicks{}
+	mi := &file_surge_v1_push_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JobClicks) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JobClicks) ProtoMessage() {}
+
+func (x *JobClicks) ProtoReflect() protoreflect.Message {
+	mi := &file_surge_v1_push_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JobClicks.ProtoReflect.Descriptor instead.
+func (*JobClicks) Descriptor() ([]byte, []int) {
+	return file_surge_v1_push_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *JobClicks) GetJobId() string {
+	if x != nil {
+		return x.JobId
+	}
+	return ""
+}
+
+func (x *JobClicks) GetAccountId() uint64 {
+	if x != nil {
+		return x.AccountId
+	}
+	return 0
+}
+
+func (x *JobClicks) GetTargets() uint64 {
+	if x != nil {
+		return x.Targets
+	}
+	return 0
+}
+
+func (x *JobClicks) GetClicks() uint64 {
+	if x != nil {
+		return x.Clicks
+	}
+	return 0
+}
+
+func (x *JobClicks) GetCompletedAtMs() int64 {
+	if x != nil {
+		return x.CompletedAtMs
+	}
+	return 0
+}
+
 var File_surge_v1_push_proto protoreflect.FileDescriptor
 
 const file_surge_v1_push_proto_rawDesc = "" +
@@ -1684,7 +1833,21 @@ const file_surge_v1_push_proto_rawDesc = "" +
 	"\x05index\x18\x02 \x01(\rR\x05index\x12\x16\n" +
 	"\x06chunks\x18\x03 \x01(\rR\x06chunks\x12\x12\n" +
 	"\x04data\x18\x04 \x01(\fR\x04data\x12\x13\n" +
-	"\x05at_ms\x18\x05 \x01(\x03R\x04atMs*S\n" +
+	"\x05at_ms\x18\x05 \x01(\x03R\x04atMs\"i\n" +
+	"\n" +
+	"ClickEvent\x12\x15\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x1d\n" +
+	"\n" +
+	"account_id\x18\x02 \x01(\x04R\taccountId\x12\x10\n" +
+	"\x03uin\x18\x03 \x01(\x04R\x03uin\x12\x13\n" +
+	"\x05at_ms\x18\x04 \x01(\x03R\x04atMs\"\x9b\x01\n" +
+	"\tJobClicks\x12\x15\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x1d\n" +
+	"\n" +
+	"account_id\x18\x02 \x01(\x04R\taccountId\x12\x18\n" +
+	"\atargets\x18\x03 \x01(\x04R\atargets\x12\x16\n" +
+	"\x06clicks\x18\x04 \x01(\x04R\x06clicks\x12&\n" +
+	"\x0fcompleted_at_ms\x18\x05 \x01(\x03R\rcompletedAtMs*S\n" +
 	"\fTargetSource\x12\x1d\n" +
 	"\x19TARGET_SOURCE_UNSPECIFIED\x10\x00\x12\r\n" +
 	"\tFOLLOWERS\x10\x01\x12\v\n" +
@@ -1737,7 +1900,7 @@ func file_surge_v1_push_proto_rawDescGZIP() []byte {
 }
 
 var file_surge_v1_push_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_surge_v1_push_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_surge_v1_push_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_surge_v1_push_proto_goTypes = []any{
 	(TargetSource)(0),       // 0: surge.v1.TargetSource
 	(JobState)(0),           // 1: surge.v1.JobState
@@ -1756,6 +1919,8 @@ var file_surge_v1_push_proto_goTypes = []any{
 	(*TagChange)(nil),       // 14: surge.v1.TagChange
 	(*BlacklistChange)(nil), // 15: surge.v1.BlacklistChange
 	(*PackageChunk)(nil),    // 16: surge.v1.PackageChunk
+	(*ClickEvent)(nil),      // 17: surge.v1.ClickEvent
+	(*JobClicks)(nil),       // 18: surge.v1.JobClicks
 }
 var file_surge_v1_push_proto_depIdxs = []int32{
 	3, // 0: surge.v1.FanDelta.op:type_name -> surge.v1.FanDelta.Op
@@ -1783,7 +1948,7 @@ func file_surge_v1_push_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_surge_v1_push_proto_rawDesc), len(file_surge_v1_push_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   13,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -46,6 +46,9 @@ type Directory struct {
 	mirror     *fanlist.Mirror
 	tags       *filter.Tags
 	blacklists *filter.Blacklists
+	// lastDelivery is each account's latest completed job's click-through
+	// (push.job-clicks): the planner's quota follows it.
+	lastDelivery map[uint64]*pb.JobClicks
 	// applied is the last offset applied per topic and partition: a record
 	// the planner consumes again after Restore read past it is not applied
 	// twice (an older value must not overwrite a newer one).
@@ -70,12 +73,22 @@ func (d *Directory) clear() {
 	d.mirror = fanlist.NewMirror(nil)
 	d.tags = filter.NewTags()
 	d.blacklists = filter.NewBlacklists()
+	d.lastDelivery = map[uint64]*pb.JobClicks{}
 	d.applied = map[topicPartition]int64{}
 }
 
 // Topics are the directory's input topics (namespaced).
 func (d *Directory) Topics() []string {
-	return []string{d.ns + schemas.TopicAccounts, d.ns + schemas.TopicFanDelta, d.ns + schemas.TopicTags, d.ns + schemas.TopicBlacklists}
+	return []string{d.ns + schemas.TopicAccounts, d.ns + schemas.TopicFanDelta, d.ns + schemas.TopicTags, d.ns + schemas.TopicBlacklists,
+		d.ns + schemas.TopicJobClicks}
+}
+
+// LastDelivery is the account's latest completed job's click counts.
+func (d *Directory) LastDelivery(account uint64) (*pb.JobClicks, bool) {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	j, ok := d.lastDelivery[account]
+	return j, ok
 }
 
 // Owns reports whether topic is one of the directory's inputs.
@@ -195,6 +208,26 @@ func (d *Directory) decode(r *kgo.Record) (func(*Directory), error) {
 		return func(d *Directory) {
 			d.accounts[acc.ID] = acc
 			d.followers.AddAccount(acc.ID)
+		}, nil
+	case schemas.TopicJobClicks:
+		if tombstone {
+			return func(*Directory) {}, nil
+		}
+		var jc pb.JobClicks
+		if err := streams.Decode(r, &jc); err != nil {
+			return nil, err
+		}
+		if jc.JobId == "" || jc.AccountId == 0 {
+			return nil, streams.Reject("job clicks without a job or an account", nil)
+		}
+		return func(d *Directory) {
+			if jc.CompletedAtMs == 0 {
+				return // still running: not yet a delivery to judge by
+			}
+			cur, ok := d.lastDelivery[jc.AccountId]
+			if !ok || cur.JobId == jc.JobId || jc.CompletedAtMs >= cur.CompletedAtMs {
+				d.lastDelivery[jc.AccountId] = &jc
+			}
 		}, nil
 	case schemas.TopicFanDelta:
 		if tombstone {

@@ -21,6 +21,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"surge/processors/presence"
+	"surge/processors/push/ctr"
 	"surge/processors/push/directory"
 	"surge/processors/push/executor"
 	"surge/processors/push/numpkg"
@@ -40,6 +41,7 @@ const (
 	Executor = "executor"
 	Offline  = "offline"
 	Timers   = "timers"
+	CTR      = "ctr"
 )
 
 // Options configure a stack.
@@ -69,6 +71,7 @@ type Stack struct {
 	Executors []*executor.Executor
 	Offline   *offline.Queues
 	Timers    *timer.Service
+	CTR       *ctr.Processor
 
 	*supervise.Group // Stop, Wait, Err by component name
 
@@ -81,7 +84,7 @@ func Topics(ns string) []schemas.Topic {
 	for _, name := range []string{schemas.TopicLogin, schemas.TopicPresence, schemas.TopicFanDelta, schemas.TopicJobs,
 		schemas.TopicJobTransitions, schemas.TopicReports, schemas.TopicExecutors, schemas.TopicOffline,
 		schemas.TopicAccounts, schemas.TopicTags, schemas.TopicBlacklists, schemas.TopicPackages,
-		schemas.TopicTimers, schemas.TopicDeadLetter} {
+		schemas.TopicClicks, schemas.TopicJobClicks, schemas.TopicTimers, schemas.TopicDeadLetter} {
 		t, _ := schemas.TopicByName(name)
 		t.Name = ns + name
 		out = append(out, t)
@@ -107,7 +110,7 @@ func New(brokers []string, o Options) *Stack {
 		o.MirrorThreshold = 10_000_000 // the seed's threshold
 	}
 	if len(o.Components) == 0 {
-		o.Components = []string{Presence, Planner, Executor, Offline, Timers}
+		o.Components = []string{Presence, Planner, Executor, Offline, Timers, CTR}
 	}
 	if len(o.ExecutorNames) == 0 {
 		for i := range o.Executors {
@@ -166,6 +169,10 @@ func (s *Stack) Start(ctx context.Context) error {
 		s.Timers = timer.New(s.Brokers, timer.Topic(ns+schemas.TopicTimers), timer.Dir(filepath.Join(s.Opts.Dir, "timers")),
 			timer.TransactionalID(ns+"surge-timer"), timer.Logger(s.Opts.Log), timer.Metrics(s.Opts.Metrics))
 		s.Go(ctx, "timers", s.Timers.Run)
+	}
+	if s.runs(CTR) {
+		s.CTR = ctr.New(ns, s.Brokers, s.Opts.Log.With("processor", "push-ctr"))
+		s.Go(ctx, "ctr", func(ctx context.Context) error { return s.CTR.Run(ctx, s.streamOpts("ctr")...) })
 	}
 	if s.runs(Executor) {
 		for _, name := range s.Opts.ExecutorNames {

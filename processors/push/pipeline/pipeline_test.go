@@ -573,3 +573,59 @@ func TestFanListMirrorAndFallback(t *testing.T) {
 		}
 	})
 }
+
+// An account's daily job quota follows its last delivery's click-through
+// (push.clicks counted by push-ctr onto push.job-clicks): with no clicks
+// on its first delivery an account with a base of 4 jobs a day may send
+// only 1 (a quarter), so its second job is refused; once clicks show a
+// 20% rate (four times the 5% target) it may send 8, and the next job
+// goes out.
+func TestQuotaFollowsClickThrough(t *testing.T) {
+	streamstest.Each(t, func(t *testing.T, b streamstest.Backend) {
+		e := start(t, b, testConfig(), func(s *pipeline.Stack) {
+			publish(t, s, directory.AccountRecord(s.Opts.Namespace, &pb.AccountInfo{AccountId: 5, DailyJobs: 4,
+				Filters: proto.Uint32(uint32(filter.CRC))}))
+		})
+		pkg := rangeSet(1, 201)
+		e.submit(&pb.SendJob{JobId: "c1", AccountId: 5, Source: pb.TargetSource_PACKAGE, ContentId: "c1", ContentCrc: 1, InlinePackage: inline(t, pkg)})
+		e.waitState("c1", pb.JobState_COMPLETED)
+		lastDelivery := func(clicks uint64) {
+			t.Helper()
+			deadline := time.Now().Add(60 * time.Second)
+			for {
+				if j, ok := e.stack.Directory.LastDelivery(5); ok && j.JobId == "c1" && j.Clicks == clicks && j.Targets == 200 {
+					return
+				}
+				if time.Now().After(deadline) {
+					j, _ := e.stack.Directory.LastDelivery(5)
+					t.Fatalf("the planner's view of account 5's last delivery: %v, want c1 with %d clicks of 200", j, clicks)
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		}
+		lastDelivery(0)
+		e.submit(&pb.SendJob{JobId: "c2", AccountId: 5, Source: pb.TargetSource_PACKAGE, ContentId: "c2", ContentCrc: 2, InlinePackage: inline(t, pkg)})
+		e.waitState("c2", pb.JobState_REJECTED)
+		var clicks []*kgo.Record
+		for u := uint64(1); u <= 40; u++ {
+			r, err := streams.NewRecord(e.ns+schemas.TopicClicks, []byte("c1"), &pb.ClickEvent{JobId: "c1", AccountId: 5, Uin: u})
+			if err != nil {
+				t.Fatal(err)
+			}
+			clicks = append(clicks, r)
+		}
+		streamstest.ProduceSync(t, e.cl, clicks...)
+		lastDelivery(40)
+		e.submit(&pb.SendJob{JobId: "c3", AccountId: 5, Source: pb.TargetSource_PACKAGE, ContentId: "c3", ContentCrc: 3, InlinePackage: inline(t, pkg)})
+		e.waitState("c3", pb.JobState_COMPLETED)
+		var why string
+		for _, tr := range e.transitions("c2") {
+			if tr.To == pb.JobState_REJECTED {
+				why = tr.Reason
+			}
+		}
+		if !strings.Contains(why, "daily job limit: account 5 sent its 1 jobs today") {
+			t.Errorf("c2 rejected for %q, want the click-through limit of 1", why)
+		}
+	})
+}

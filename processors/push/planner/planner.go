@@ -47,13 +47,18 @@ type Config struct {
 	MinLead         time.Duration // a scheduled job starts at least this long after creation
 	ExecutorTimeout time.Duration // an executor silent this long gets nothing new
 	QuotaSeed       uint64
-	Now             func() time.Time
+	// TargetCTR is the click-through rate at which an account keeps its
+	// base daily job quota; its last delivery's rate scales it (see
+	// quota.AccountDailyJobs). CTRMinTargets: smaller deliveries do not count.
+	TargetCTR     float64
+	CTRMinTargets uint64
+	Now           func() time.Time
 }
 
 // DefaultConfig is the seed's rules with limits sized for one machine.
 func DefaultConfig() Config {
 	return Config{UnitSize: 1 << 18, MaxBacklog: 8, MinLead: 15 * time.Minute,
-		ExecutorTimeout: 5 * time.Second, QuotaSeed: 1, Now: time.Now}
+		ExecutorTimeout: 5 * time.Second, QuotaSeed: 1, TargetCTR: 0.05, CTRMinTargets: 100, Now: time.Now}
 }
 
 // Deps are the stores the planner reads.
@@ -343,11 +348,16 @@ func (p *Planner) jobsSentToday(account uint64, now time.Time) uint32 {
 
 func (p *Planner) validate(j *pb.SendJob, now time.Time) (Account, error) {
 	acc, ok := p.deps.Directory.Account(j.AccountId)
+	limit := acc.DailyJobs
+	if last, ok := p.deps.Directory.LastDelivery(j.AccountId); ok {
+		limit = quota.AccountDailyJobs(acc.DailyJobs, last.Clicks, last.Targets, p.cfg.CTRMinTargets, p.cfg.TargetCTR)
+	}
 	switch {
 	case !ok:
 		return acc, fmt.Errorf("unknown account: %d", j.AccountId)
-	case acc.DailyJobs > 0 && p.jobsSentToday(j.AccountId, now) >= acc.DailyJobs:
-		return acc, fmt.Errorf("daily job limit: account %d sent its %d jobs today", j.AccountId, acc.DailyJobs)
+	case limit > 0 && p.jobsSentToday(j.AccountId, now) >= limit:
+		return acc, fmt.Errorf("daily job limit: account %d sent its %d jobs today (base %d, by its last delivery's click-through)",
+			j.AccountId, limit, acc.DailyJobs)
 	case j.ContentId == "":
 		return acc, errors.New("no content: content_id is empty")
 	case j.ScheduledAtMs != 0 && j.ScheduledAtMs < now.UnixMilli():
