@@ -139,7 +139,19 @@ func onlyMarkersLeft(ctx context.Context, brokers []string, from map[string]map[
 		return false
 	}
 	defer cl.Close()
-	pctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	// A commit leaves one marker after its last record, so a gap of a few
+	// offsets is the common case, answered by one fetch. A wide gap is
+	// almost always records not yet consumed, and a fetch from far behind
+	// may take longer than the short wait, so give it time to show one.
+	wait := 300 * time.Millisecond
+	for t, ps := range from {
+		for p, o := range ps {
+			if end, ok := ends.Lookup(t, p); ok && end.Offset-o.EpochOffset().Offset > 64 {
+				wait = 3 * time.Second
+			}
+		}
+	}
+	pctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	left := false
 	for pctx.Err() == nil && !left {

@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -37,8 +38,13 @@ type Config struct {
 	Namespace string        // topic prefix (see planner.Deps.Namespace)
 	Capacity  uint64        // uins per unit it is sized for (reported)
 	Heartbeat time.Duration // load report period
-	Log       *slog.Logger
-	Metrics   *metrics.Registry
+	// Dir holds the online bitmap's checkpoint (empty: none; a restart
+	// then reads push.presence from the start).
+	Dir string
+	// CheckpointEvery is the checkpoint period (default 10 s).
+	CheckpointEvery time.Duration
+	Log             *slog.Logger
+	Metrics         *metrics.Registry
 }
 
 // Executor is one sender.
@@ -121,7 +127,29 @@ func (x *Executor) Run(ctx context.Context, opts ...streams.Option) error {
 	}
 	tctx, stopTable := context.WithCancel(ctx)
 	defer stopTable()
-	table, err := streams.FollowTable(tctx, x.brokers, x.topic(schemas.TopicPresence), x.applyPresence)
+	presenceTopic := x.topic(schemas.TopicPresence)
+	var topts []streams.TableOption
+	if x.cfg.Dir != "" {
+		if bm, next, err := x.loadCheckpoint(presenceTopic); err == nil && x.checkpointCurrent(ctx, admin, presenceTopic, next) {
+			x.mu.Lock()
+			x.online = bm
+			x.mu.Unlock()
+			topts = append(topts, streams.TableFrom(next))
+			x.cfg.Log.Info("executor: online bitmap from checkpoint", "executor", x.cfg.Name, "online", bm.GetCardinality())
+		} else if err != nil && !errors.Is(err, os.ErrNotExist) {
+			x.cfg.Log.Warn("executor: online checkpoint not used; reading push.presence from the start", "err", err)
+		}
+		every := x.cfg.CheckpointEvery
+		if every <= 0 {
+			every = 10 * time.Second
+		}
+		topts = append(topts, streams.TableCheckpoint(every, func(next map[int32]int64) {
+			if err := x.saveCheckpoint(presenceTopic, next); err != nil {
+				x.cfg.Log.Warn("executor: online checkpoint not saved", "err", err)
+			}
+		}))
+	}
+	table, err := streams.FollowTable(tctx, x.brokers, presenceTopic, x.applyPresence, topts...)
 	if err != nil {
 		return fmt.Errorf("executor: follow presence: %w", err)
 	}
@@ -142,6 +170,11 @@ func (x *Executor) Run(ctx context.Context, opts ...streams.Option) error {
 		streams.Brokers(x.brokers...),
 		streams.Inputs(x.UnitsTopic()),
 		streams.Group(x.cfg.Namespace + "push-executor-" + x.cfg.Name),
+		// The group has one member, this executor: as a static member a
+		// restarted executor takes its queue back at once instead of
+		// waiting out the killed one's session.
+		streams.InstanceID(x.cfg.Namespace + "push-executor-" + x.cfg.Name),
+		streams.StaticMembership(),
 		streams.WithGuarantee(streams.ExactlyOnce),
 		streams.DeadLetterTopic(x.topic(schemas.TopicDeadLetter)),
 	}, opts...)
@@ -163,6 +196,30 @@ func (x *Executor) Run(ctx context.Context, opts ...streams.Option) error {
 
 // Drained reports whether a drain finished and Run returned.
 func (x *Executor) Drained() bool { return x.drainDone.Load() }
+
+// checkpointCurrent reports whether a checkpoint's offsets can still be
+// read on: none past the topic's end (a recreated topic) and none before
+// its start (deleted by retention).
+func (x *Executor) checkpointCurrent(ctx context.Context, cl *kgo.Client, topic string, next map[int32]int64) bool {
+	adm := kadm.NewClient(cl)
+	ends, err := adm.ListEndOffsets(ctx, topic)
+	if err != nil {
+		return false
+	}
+	starts, err := adm.ListStartOffsets(ctx, topic)
+	if err != nil {
+		return false
+	}
+	for p, off := range next {
+		e, ok1 := ends.Lookup(topic, p)
+		s, ok2 := starts.Lookup(topic, p)
+		if !ok1 || !ok2 || off > e.Offset || off < s.Offset {
+			x.cfg.Log.Warn("executor: online checkpoint is stale (topic recreated or truncated)", "partition", p, "offset", off)
+			return false
+		}
+	}
+	return true
+}
 
 func samePartitions(ctx context.Context, cl *kgo.Client, a, b string) (int, error) {
 	adm := kadm.NewClient(cl)

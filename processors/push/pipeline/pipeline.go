@@ -185,7 +185,7 @@ func (s *Stack) Start(ctx context.Context) error {
 // StartExecutor starts (or brings back) the executor called name.
 func (s *Stack) StartExecutor(ctx context.Context, name string) *executor.Executor {
 	x := executor.New(executor.Config{Name: name, Namespace: s.Opts.Namespace, Capacity: s.Opts.Planner.UnitSize,
-		Log: s.Opts.Log, Metrics: s.Opts.Metrics}, s.Brokers)
+		Dir: filepath.Join(s.Opts.Dir, "executor-"+name), Log: s.Opts.Log, Metrics: s.Opts.Metrics}, s.Brokers)
 	s.mu.Lock()
 	replaced := false
 	for i, old := range s.Executors {
