@@ -66,6 +66,7 @@ type config struct {
 	onRetry        func()
 	beforeBatch    func(ctx context.Context, recs []*kgo.Record)
 	beforeCommit   func(ctx context.Context) error
+	afterBatch     func(ctx context.Context, out *Output) error
 	onIdle         func(ctx context.Context)
 }
 
@@ -189,6 +190,15 @@ func OnIdle(fn func(ctx context.Context)) Option { return func(c *config) { c.on
 
 // idlePoll is how long a poll waits for records before OnIdle runs.
 const idlePoll = 250 * time.Millisecond
+
+// AfterBatch is called once the handler has seen every record of a batch,
+// with the batch's output: the place to emit what the batch as a whole
+// changed (one changelog record per key touched, not one per input). It is
+// part of processing: an error retries the batch like a handler's
+// (OnRetry, then every record again), so what it emits is never doubled.
+func AfterBatch(fn func(ctx context.Context, out *Output) error) Option {
+	return func(c *config) { c.afterBatch = fn }
+}
 
 // BeforeCommit is called after a batch is processed and before its outputs
 // and offsets commit; an error retries the batch (with back-off), so a sink

@@ -259,7 +259,9 @@ func (r *Runner) runBatch(work, ctx context.Context, c committer, recs []*kgo.Re
 			r.cfg.onRetry() // forget what the failed attempt staged
 		}
 		retry = true
-		dlq, err = r.process(work, recs)
+		if dlq, err = r.process(work, recs); err == nil && r.cfg.afterBatch != nil {
+			err = r.cfg.afterBatch(work, &r.out)
+		}
 		return err
 	})
 	// A sink's write is retried alone (the handler already ran) until it

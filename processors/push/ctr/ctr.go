@@ -38,8 +38,6 @@ type Processor struct {
 	mu      sync.Mutex
 	jobs    map[string]*pb.JobClicks // committed
 	staged  map[string]*pb.JobClicks // touched by the batch in flight
-	out     *streams.Output          // the batch's output (emitted before commit)
-	emitted bool
 }
 
 // New returns a processor for namespace ns.
@@ -65,7 +63,7 @@ func (p *Processor) Run(ctx context.Context, opts ...streams.Option) error {
 		streams.DeadLetterTopic(p.ns + schemas.TopicDeadLetter),
 		// clicks, transitions and the changelog are co-partitioned by job id
 		streams.ClientOpts(kgo.Balancers(kgo.RangeBalancer())),
-		streams.BeforeCommit(p.emit),
+		streams.AfterBatch(p.emit),
 		streams.OnBatchEnd(p.batchEnd),
 		streams.OnRetry(func() { p.batchEnd(false) }),
 		p.restore.Option(),
@@ -113,13 +111,12 @@ func (p *Processor) job(id string) *pb.JobClicks {
 	return j
 }
 
-func (p *Processor) handle(ctx context.Context, in *kgo.Record, out *streams.Output) error {
+func (p *Processor) handle(ctx context.Context, in *kgo.Record, _ *streams.Output) error {
 	if err := p.restore.Ensure(ctx, in.Partition); err != nil {
 		return err
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.out = out
 	if in.Topic == p.ns+schemas.TopicClicks {
 		var c pb.ClickEvent
 		if err := streams.Decode(in, &c); err != nil {
@@ -169,20 +166,15 @@ func (p *Processor) handle(ctx context.Context, in *kgo.Record, out *streams.Out
 	return nil
 }
 
-// emit writes the final state of every job the batch touched, once per
-// batch (BeforeCommit may run again after a failed write).
-func (p *Processor) emit(context.Context) error {
+// emit writes the final state of every job the batch touched.
+func (p *Processor) emit(_ context.Context, out *streams.Output) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.emitted || p.out == nil {
-		return nil
-	}
 	for id, j := range p.staged {
-		if err := p.out.EmitMsg(p.ns+schemas.TopicJobClicks, []byte(id), j); err != nil {
+		if err := out.EmitMsg(p.ns+schemas.TopicJobClicks, []byte(id), j); err != nil {
 			return err
 		}
 	}
-	p.emitted = true
 	return nil
 }
 
@@ -195,7 +187,6 @@ func (p *Processor) batchEnd(committed bool) {
 		}
 	}
 	clear(p.staged)
-	p.out, p.emitted = nil, false
 }
 
 // Job is a job's committed counts (tests, operators).
