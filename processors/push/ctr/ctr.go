@@ -35,9 +35,9 @@ type Processor struct {
 	log     *slog.Logger
 	restore *streams.Restorer
 
-	mu      sync.Mutex
-	jobs    map[string]*pb.JobClicks // committed
-	staged  map[string]*pb.JobClicks // touched by the batch in flight
+	mu     sync.Mutex
+	jobs   map[string]*pb.JobClicks // committed
+	staged map[string]*pb.JobClicks // touched by the batch in flight
 }
 
 // New returns a processor for namespace ns.
