@@ -12,6 +12,7 @@ import (
 
 	push "surge/processors/push/pipeline"
 	"surge/processors/push/planner"
+	"surge/processors/supervise"
 	"surge/streams/metrics"
 )
 
@@ -80,14 +81,21 @@ func runPush(ctx context.Context, v *viper.Viper, log *slog.Logger, bs []string,
 	if err != nil {
 		return err
 	}
-	for ctx.Err() == nil && s.Err() == nil {
+	err = untilStopped(ctx, cancel, s.Group)
+	stop()
+	return err
+}
+
+// untilStopped runs a service's components until ctx ends or one of them
+// fails (the process then exits non-zero, for its supervisor to restart
+// it), then stops the rest and waits for them.
+func untilStopped(ctx context.Context, cancel context.CancelFunc, g *supervise.Group) error {
+	for ctx.Err() == nil && g.Err() == nil {
 		select {
 		case <-ctx.Done():
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
 	cancel()
-	err = s.Wait()
-	stop()
-	return err
+	return g.Wait()
 }

@@ -182,14 +182,7 @@ func runUin(ctx context.Context, v *viper.Viper, log *slog.Logger, bs []string, 
 	defer cancel()
 	s.Start(ctx)
 	log.Info("uin service running", "service", component, "brokers", bs, "redis", addr)
-	for ctx.Err() == nil && s.Err() == nil {
-		select {
-		case <-ctx.Done():
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
-	cancel()
-	return s.Wait()
+	return untilStopped(ctx, cancel, s.Group)
 }
 
 func uinRun(ctx context.Context, v *viper.Viper, log *slog.Logger) error {
