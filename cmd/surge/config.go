@@ -64,6 +64,10 @@ var options = []struct {
 	{"wallet.batch_linger", time.Millisecond, "`wallet`: how long a grant request waits for its batch to fill"},
 	{"wallet.batchers", 8, "`wallet`: grant batches in flight (with wallet.batch_size, fewer and larger produce requests: the broker's cost is per request more than per record)"},
 	{"wallet.backup_redis", "", "`wallet`: backup Redis of the live total (dual write); empty: none"},
+	{"wallet.namespace", "", "`wallet`: prefix of every wallet topic, group and Redis key (a unique one per test)"},
+	{"wallet.app_keys", "", "`wallet`: activity services' request keys, app:keyid:secret,... (base64 secrets of >= 16 bytes, `surge wallet keygen`; several per app for rotation); empty: one generated for app demo and logged at start"},
+	{"wallet.user_keys", "", "`wallet`: user-token keys, keyid:secret,... (the first issues, all verify); empty: one generated and logged at start"},
+	{"wallet.token_ttl", 24 * time.Hour, "`wallet token`: lifetime of an issued user token"},
 	{"uin.namespace", "", "uin recycling: prefix of every uin topic, group and Redis key (shadow. for load tests)"},
 	{"uin.dir", "", "uin recycling: Pebble stores live here; empty is a temporary directory"},
 	{"uin.checkpoints", "1h,24h,168h,720h", "uin recycling: registration checkpoints after allocation (comma-separated durations)"},
@@ -112,6 +116,8 @@ func loadConfig(name string, args []string, extra func(*pflag.FlagSet)) (*viper.
 			fs.Duration(o.key, d, o.help)
 		case float64:
 			fs.Float64(o.key, d, o.help)
+		case bool:
+			fs.Bool(o.key, d, o.help)
 		}
 	}
 	if extra != nil {

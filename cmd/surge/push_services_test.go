@@ -78,6 +78,11 @@ func (w lockedWriter) Write(p []byte) (int, error) {
 }
 
 func runService(t *testing.T, env []string, name string, args ...string) *service {
+	return runCommand(t, env, name, append([]string{"run"}, args...)...)
+}
+
+// runCommand starts `surge ARGS...` as a process named name.
+func runCommand(t *testing.T, env []string, name string, args ...string) *service {
 	s := &service{t: t, name: name, args: args, env: env, log: &bytes.Buffer{}, mu: &sync.Mutex{}}
 	s.start()
 	t.Cleanup(func() {
@@ -93,7 +98,7 @@ func runService(t *testing.T, env []string, name string, args ...string) *servic
 
 func (s *service) start() {
 	s.t.Helper()
-	s.cmd = exec.Command(binary(s.t), append(append([]string{"run"}, s.args...), "--metrics.addr=")...)
+	s.cmd = exec.Command(binary(s.t), append(s.args, "--metrics.addr=")...)
 	s.cmd.Env = append(os.Environ(), s.env...)
 	w := lockedWriter{s.mu, s.log}
 	s.cmd.Stdout, s.cmd.Stderr = w, w

@@ -4,15 +4,21 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/spf13/pflag"
+	"github.com/spf13/viper"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"surge/processors/wallet/api"
+	"surge/processors/wallet/auth"
 	"surge/processors/wallet/config"
 	"surge/processors/wallet/counter"
 	"surge/processors/wallet/grant"
@@ -42,11 +48,26 @@ func demoTree() *config.Tree {
 // cmdWallet runs the wallet service in one process: intake behind the
 // HTTP API, the ledger, the live total.
 func cmdWallet(ctx context.Context, args []string) error {
+	if len(args) > 0 {
+		switch args[0] {
+		case "keygen":
+			fmt.Println(auth.NewSecret())
+			return nil
+		case "token":
+			return cmdWalletToken(args[1:])
+		case "sign":
+			return cmdWalletSign(args[1:])
+		}
+	}
 	v, _, err := loadConfig("wallet", args, nil)
 	if err != nil {
 		return err
 	}
 	log := newLogger(v)
+	apps, users, err := walletAuth(v, log)
+	if err != nil {
+		return err
+	}
 	bs, redisAddr, stop, err := kafkaAndRedis(v, log)
 	if err != nil {
 		return err
@@ -80,10 +101,12 @@ func cmdWallet(ctx context.Context, args []string) error {
 		return err
 	}
 	defer cl.Close()
+	ns := v.GetString("wallet.namespace")
 	var topics []schemas.Topic
 	for _, n := range []string{schemas.TopicGrants, schemas.TopicTokens, schemas.TopicLedger, schemas.TopicWithdrawals,
 		schemas.TopicWithdrawResult, schemas.TopicStock, schemas.TopicDeadLetter} {
 		t, _ := schemas.TopicByName(n)
+		t.Name = ns + t.Name
 		topics = append(topics, t)
 	}
 	if err := streams.EnsureTopics(ctx, cl, int16(v.GetInt("kafka.replication")), topics...); err != nil {
@@ -97,25 +120,32 @@ func cmdWallet(ctx context.Context, args []string) error {
 		defer bc.Close()
 		backup = bc
 	}
-	total := counter.New(rdb, backup, "wallet:total", log)
+	total := counter.New(rdb, backup, ns+totalKey, log)
 	go total.Run(ctx, time.Second)
-	in := grant.New(grant.Deps{Config: src, Keys: keys, Redis: rdb, Producer: cl, Counter: total, Log: log, Metrics: metrics.Default})
+	in := grant.New(grant.Deps{Config: src, Keys: keys, Redis: rdb, Producer: cl, Log: log, Metrics: metrics.Default, Namespace: ns})
 	advertise := v.GetString("wallet.advertise")
 	if advertise == "" {
 		advertise = defaultAdvertise(v.GetString("wallet.http_addr"))
 	}
-	led := ledger.New(ledger.Config{Dir: dir, Source: src, Keys: keys, Tokens: in.Tokens(), Log: log, Metrics: metrics.Default,
-		ExpectedKeys: v.GetInt("wallet.ledger_keys"), Advertise: advertise}, bs)
+	led := ledger.New(ledger.Config{Namespace: ns, Dir: dir, Source: src, Keys: keys, Tokens: in.Tokens(), Log: log, Metrics: metrics.Default,
+		ExpectedKeys: v.GetInt("wallet.ledger_keys"), Advertise: advertise, Total: total, InstanceID: v.GetString("processor.instance_id")}, bs)
 	opts, err := runnerOptions(v, log)
 	if err != nil {
 		return err
+	}
+	if v.GetString("processor.instance_id") != "" && !v.GetBool("processor.static_membership") {
+		// A wallet instance restarts in place (kill -9, upgrade): as a
+		// static member it takes its partitions back at once and serves
+		// reads within seconds, instead of after the old session's timeout
+		// and a rebalance of every instance.
+		opts = append(opts, streams.StaticMembership())
 	}
 	ledDone := make(chan error, 1)
 	go func() { ledDone <- led.Run(ctx, opts...) }()
 	batcher := grant.NewBatcher(in, v.GetInt("wallet.batch_size"), v.GetDuration("wallet.batch_linger"), v.GetInt("wallet.batchers"))
 	defer batcher.Close()
 	srv := &api.Server{Intake: in, Batcher: batcher, Ledger: led, Counter: total, Producer: cl, Redis: rdb, Config: src, Log: log,
-		Advertise: advertise}
+		Advertise: advertise, Apps: apps, Users: users, Namespace: ns}
 	if err := srv.FollowResults(ctx, bs); err != nil {
 		return err
 	}
@@ -149,4 +179,90 @@ func defaultAdvertise(listen string) string {
 		}
 	}
 	return "http://" + net.JoinHostPort(host, port)
+}
+
+// totalKey is the Redis hash of the live total's per-partition sums.
+const totalKey = "wallet:total:partitions"
+
+// walletAuth reads the app and user keys; either missing is generated for
+// this process and logged, so a first run works, and warned about.
+func walletAuth(v *viper.Viper, log *slog.Logger) (*auth.Apps, *auth.Users, error) {
+	apps, err := auth.ParseAppKeys(v.GetString("wallet.app_keys"))
+	if err != nil {
+		return nil, nil, fmt.Errorf("wallet.app_keys: %w", err)
+	}
+	if len(apps) == 0 {
+		secret := auth.NewSecret()
+		apps, _ = auth.ParseAppKeys("demo:demo-1:" + secret)
+		log.Warn("wallet: no wallet.app_keys; generated one for this process (grants signed with it fail after a restart)",
+			"app_keys", "demo:demo-1:"+secret)
+	}
+	users, err := auth.ParseUserKeys(v.GetString("wallet.user_keys"))
+	if err != nil {
+		return nil, nil, fmt.Errorf("wallet.user_keys: %w", err)
+	}
+	if len(users) == 0 {
+		secret := auth.NewSecret()
+		users, _ = auth.ParseUserKeys("u-1:" + secret)
+		log.Warn("wallet: no wallet.user_keys; generated one for this process (user tokens fail after a restart)",
+			"user_keys", "u-1:"+secret)
+	}
+	return auth.NewApps(apps), auth.NewUsers(users), nil
+}
+
+// cmdWalletToken issues a user token: what the login service does with
+// the same key, for operators and tests.
+func cmdWalletToken(args []string) error {
+	var sub string
+	v, _, err := loadConfig("wallet token", args, func(fs *pflag.FlagSet) {
+		fs.StringVar(&sub, "sub", "", "the user (actID) the token is for")
+	})
+	if err != nil {
+		return err
+	}
+	keys, err := auth.ParseUserKeys(v.GetString("wallet.user_keys"))
+	if err != nil {
+		return fmt.Errorf("wallet.user_keys: %w", err)
+	}
+	tok, err := auth.NewUsers(keys).Issue(sub, v.GetDuration("wallet.token_ttl"), time.Now())
+	if err != nil {
+		return err
+	}
+	fmt.Println(tok)
+	return nil
+}
+
+// cmdWalletSign prints the headers that sign an app's request (the body
+// is read from stdin), for curl and for checking a client's signer.
+func cmdWalletSign(args []string) error {
+	var app, method, path string
+	v, _, err := loadConfig("wallet sign", args, func(fs *pflag.FlagSet) {
+		fs.StringVar(&app, "key", "", "the key id to sign with (one of wallet.app_keys)")
+		fs.StringVar(&method, "method", http.MethodPost, "the request's method")
+		fs.StringVar(&path, "path", "/v1/grants", "the request's path and query")
+	})
+	if err != nil {
+		return err
+	}
+	keys, err := auth.ParseAppKeys(v.GetString("wallet.app_keys"))
+	if err != nil {
+		return fmt.Errorf("wallet.app_keys: %w", err)
+	}
+	i := slices.IndexFunc(keys, func(k auth.Key) bool { return k.ID == app })
+	if i < 0 {
+		return fmt.Errorf("no app key %q in wallet.app_keys", app)
+	}
+	body, err := io.ReadAll(os.Stdin)
+	if err != nil {
+		return err
+	}
+	req, err := http.NewRequest(method, "http://wallet"+path, nil)
+	if err != nil {
+		return err
+	}
+	auth.Sign(req, body, keys[i], time.Now())
+	for _, h := range []string{auth.HeaderKey, auth.HeaderTimestamp, auth.HeaderSignature} {
+		fmt.Printf("%s: %s\n", h, req.Header.Get(h))
+	}
+	return nil
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"surge/processors/wallet/auth"
 	"surge/processors/wallet/config"
 	"surge/processors/wallet/counter"
 	"surge/processors/wallet/grant"
@@ -55,6 +56,12 @@ type Server struct {
 	// Config.Advertise), named on the reads it sends on to the owner of
 	// their user.
 	Advertise string
+	// Apps verifies the activity services' signed grant requests, Users
+	// the users' tokens. Both nil turns authentication off (benchmarks of
+	// its cost only; `surge wallet` always sets them).
+	Apps  *auth.Apps
+	Users *auth.Users
+	Now   func() time.Time
 
 	forwarded atomic.Int64
 
@@ -85,11 +92,84 @@ func (s *Server) FollowResults(ctx context.Context, brokers []string) error {
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/grants", s.grant)
-	mux.HandleFunc("GET /v1/users/{act}/balance", s.balance)
-	mux.HandleFunc("GET /v1/users/{act}/flow", s.flow)
-	mux.HandleFunc("POST /v1/users/{act}/withdrawals", s.withdraw)
-	mux.HandleFunc("GET /v1/total", s.total)
+	mux.HandleFunc("GET /v1/users/{act}/balance", s.user(s.balance))
+	mux.HandleFunc("GET /v1/users/{act}/flow", s.user(s.flow))
+	mux.HandleFunc("POST /v1/users/{act}/withdrawals", s.user(s.withdraw))
+	mux.HandleFunc("GET /v1/total", s.anyone(s.total))
 	return mux
+}
+
+func (s *Server) now() time.Time {
+	if s.Now != nil {
+		return s.Now()
+	}
+	return time.Now()
+}
+
+func (s *Server) authOff() bool { return s.Apps == nil && s.Users == nil }
+
+// denied answers a refused caller: 401 for no or bad credentials, 403
+// for good credentials that do not open this.
+func denied(w http.ResponseWriter, err error) {
+	if errors.Is(err, auth.ErrForbidden) {
+		fail(w, http.StatusForbidden, err)
+		return
+	}
+	w.Header().Set("WWW-Authenticate", `Bearer realm="surge-wallet"`)
+	fail(w, http.StatusUnauthorized, err)
+}
+
+// userOf returns the subject of the request's user token.
+func (s *Server) userOf(r *http.Request) (string, error) {
+	tok := auth.Bearer(r)
+	if tok == "" {
+		return "", fmt.Errorf("%w: no user token (want Authorization: Bearer <token>)", auth.ErrUnauthenticated)
+	}
+	if s.Users == nil {
+		return "", fmt.Errorf("%w: no user keys configured", auth.ErrUnauthenticated)
+	}
+	c, err := s.Users.Verify(tok, s.now())
+	return c.Sub, err
+}
+
+// user lets through only the holder of a user token for the path's actID.
+func (s *Server) user(next http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if s.authOff() {
+			next(w, r)
+			return
+		}
+		sub, err := s.userOf(r)
+		if err == nil && sub != r.PathValue("act") {
+			err = fmt.Errorf("%w: the token is %s's, not %s's", auth.ErrForbidden, sub, r.PathValue("act"))
+		}
+		if err != nil {
+			denied(w, err)
+			return
+		}
+		next(w, r)
+	}
+}
+
+// anyone lets through any authenticated caller: a user or an app.
+func (s *Server) anyone(next http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if s.authOff() {
+			next(w, r)
+			return
+		}
+		var err error
+		if r.Header.Get(auth.HeaderSignature) != "" && s.Apps != nil {
+			_, err = s.Apps.Verify(r, nil, s.now())
+		} else {
+			_, err = s.userOf(r)
+		}
+		if err != nil {
+			denied(w, err)
+			return
+		}
+		next(w, r)
+	}
 }
 
 func reply(w http.ResponseWriter, code int, body any) {
@@ -105,7 +185,30 @@ func fail(w http.ResponseWriter, code int, err error) {
 func (s *Server) grant(w http.ResponseWriter, r *http.Request) {
 	var g pb.RewardGrant
 	body, err := io.ReadAll(io.LimitReader(r.Body, 64<<10))
-	if err == nil {
+	if err == nil && !s.authOff() {
+		// The signature covers the body: verified before it is parsed.
+		var app string
+		if s.Apps == nil {
+			err = fmt.Errorf("%w: no app keys configured", auth.ErrUnauthenticated)
+		} else if app, err = s.Apps.Verify(r, body, s.now()); err == nil {
+			err = protojson.Unmarshal(body, &g)
+			if err != nil {
+				fail(w, http.StatusBadRequest, fmt.Errorf("malformed grant: %w", err))
+				return
+			}
+			switch g.AppId {
+			case "":
+				g.AppId = app
+			case app:
+			default:
+				err = fmt.Errorf("%w: app %s may not grant as app %s", auth.ErrForbidden, app, g.AppId)
+			}
+		}
+		if err != nil {
+			denied(w, err)
+			return
+		}
+	} else if err == nil {
 		err = protojson.Unmarshal(body, &g)
 	}
 	if err != nil {
@@ -118,6 +221,8 @@ func (s *Server) grant(w http.ResponseWriter, r *http.Request) {
 	}
 	res, err := granter.Grant(r.Context(), &g)
 	switch {
+	case errors.Is(err, grant.ErrConflict):
+		fail(w, http.StatusConflict, err)
 	case errors.Is(err, grant.ErrInvalid), errors.Is(err, grant.ErrOverCap):
 		fail(w, http.StatusBadRequest, err)
 	case errors.Is(err, grant.ErrRateLimited):
@@ -159,6 +264,7 @@ func (s *Server) readFailed(w http.ResponseWriter, r *http.Request, err error) {
 	}
 	req, _ := http.NewRequestWithContext(r.Context(), http.MethodGet, strings.TrimSuffix(owner, "/")+r.URL.RequestURI(), nil)
 	req.Header.Set(forwardedHeader, s.Advertise)
+	req.Header.Set("Authorization", r.Header.Get("Authorization")) // the owner checks the caller again
 	resp, ferr := ownerClient.Do(req)
 	if ferr != nil {
 		fail(w, http.StatusServiceUnavailable, fmt.Errorf("owner %s: %w", owner, ferr))

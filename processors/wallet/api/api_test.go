@@ -2,6 +2,7 @@ package api_test
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -17,6 +18,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"surge/processors/wallet/api"
+	"surge/processors/wallet/auth"
 	"surge/processors/wallet/config"
 	"surge/processors/wallet/grant"
 	"surge/processors/wallet/ledger"
@@ -31,12 +33,52 @@ func tree() *config.Tree {
 	now := time.Now()
 	return &config.Tree{Activities: []config.Activity{{ID: "spring",
 		Children: []config.Child{{ID: "spring-live", Phase: config.PhaseOfficial, Start: now.Add(-time.Hour), End: now.Add(time.Hour)}},
-		Scenes:   []config.Scene{{ID: "rain", Award: "cash", MaxAmount: 1000}}}}}
+		Scenes:   []config.Scene{{ID: "rain", Award: "cash", MaxAmount: 1000}, {ID: "coupon", Award: "coupon", MaxAmount: 5}}}}}
+}
+
+// The test's credentials: app "app" signs grants with appKey, user
+// tokens are issued with users' first key.
+var (
+	appKey  = auth.Key{ID: "app-1", App: "app", Secret: []byte("0123456789abcdef0123456789abcdef")}
+	userKey = auth.Key{ID: "u-1", Secret: []byte("fedcba9876543210fedcba9876543210")}
+	apps    = auth.NewApps([]auth.Key{appKey})
+	users   = auth.NewUsers([]auth.Key{userKey})
+)
+
+// credentials signs a request as the deployed callers do: a grant with
+// the app's key, a user's endpoint with a token for the path's user.
+func credentials(t *testing.T) func(*http.Request, []byte) {
+	return func(req *http.Request, body []byte) {
+		p := req.URL.Path
+		switch {
+		case p == "/v1/grants":
+			auth.Sign(req, body, appKey, time.Now())
+		case strings.HasPrefix(p, "/v1/users/"):
+			act := strings.SplitN(strings.TrimPrefix(p, "/v1/users/"), "/", 2)[0]
+			tok, err := users.Issue(act, time.Hour, time.Now())
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Header.Set("Authorization", "Bearer "+tok)
+		default:
+			tok, _ := users.Issue("reader", time.Hour, time.Now())
+			req.Header.Set("Authorization", "Bearer "+tok)
+		}
+	}
 }
 
 func call(t *testing.T, srv *httptest.Server, method, path, body string) (int, map[string]any) {
 	t.Helper()
+	return callWith(t, srv, method, path, body, credentials(t))
+}
+
+// callWith sends a request with the credentials sign sets (nil: none).
+func callWith(t *testing.T, srv *httptest.Server, method, path, body string, sign func(*http.Request, []byte)) (int, map[string]any) {
+	t.Helper()
 	req, _ := http.NewRequest(method, srv.URL+path, strings.NewReader(body))
+	if sign != nil {
+		sign(req, []byte(body))
+	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -85,7 +127,8 @@ func TestAPI(t *testing.T) {
 		t.Cleanup(func() { cancel(); <-done })
 		batcher := grant.NewBatcher(in, 64, time.Millisecond, 2) // as `surge wallet` serves grants
 		defer batcher.Close()
-		s := &api.Server{Intake: in, Batcher: batcher, Ledger: led, Producer: cl, Redis: rdb, Config: src, Namespace: ns, Log: log}
+		s := &api.Server{Intake: in, Batcher: batcher, Ledger: led, Producer: cl, Redis: rdb, Config: src, Namespace: ns, Log: log,
+			Apps: apps, Users: users}
 		if err := s.FollowResults(ctx, b.Brokers); err != nil {
 			t.Fatal(err)
 		}
@@ -134,8 +177,105 @@ func TestAPI(t *testing.T) {
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
-
+		refusals(t, srv)
+		conflicts(t, srv)
 	})
+}
+
+// refusals: every caller without the right credentials gets 401 or 403
+// and changes nothing (u1's balance is 100 before and after).
+func refusals(t *testing.T, srv *httptest.Server) {
+	t.Helper()
+	balance := func() float64 {
+		code, out := call(t, srv, "GET", "/v1/users/u1/balance", "")
+		if code != 200 {
+			t.Fatalf("balance: %d %v", code, out)
+		}
+		return out["balance"].(float64)
+	}
+	before := balance()
+	grant := `{"orderNo":"u1_rain_r9_1_1","actId":"u1","activityId":"spring","sceneId":"rain","rainId":"r9","awardType":"CASH","stage":1,"amount":700}`
+	bearer := func(tok string) func(*http.Request, []byte) {
+		return func(r *http.Request, _ []byte) { r.Header.Set("Authorization", "Bearer "+tok) }
+	}
+	tokenFor := func(act string, ttl time.Duration, k auth.Key) string {
+		tok, err := auth.NewUsers([]auth.Key{k}).Issue(act, ttl, time.Now().Add(-2*time.Hour))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tok
+	}
+	forgedKey := auth.Key{ID: userKey.ID, Secret: []byte("not-the-real-secret-at-all-00000")}
+	otherApp := auth.Key{ID: "evil-1", App: "evil", Secret: []byte("0123456789abcdef0123456789abcdef")}
+	none := "eyJhbGciOiJub25lIiwia2lkIjoidS0xIn0." + strings.TrimRight(base64URL(`{"sub":"u1","exp":9999999999}`), "=") + "."
+	for _, c := range []struct {
+		name, method, path, body string
+		sign                     func(*http.Request, []byte)
+		want                     int
+	}{
+		{"unsigned grant", "POST", "/v1/grants", grant, nil, 401},
+		{"grant signed with an unknown key", "POST", "/v1/grants", grant, func(r *http.Request, b []byte) { auth.Sign(r, b, otherApp, time.Now()) }, 401},
+		{"grant whose body is not what was signed", "POST", "/v1/grants", grant, func(r *http.Request, _ []byte) {
+			auth.Sign(r, []byte(strings.Replace(grant, "700", "7", 1)), appKey, time.Now())
+		}, 401},
+		{"grant signed 10 minutes ago (a replay)", "POST", "/v1/grants", grant, func(r *http.Request, b []byte) { auth.Sign(r, b, appKey, time.Now().Add(-10*time.Minute)) }, 401},
+		{"grant as another app", "POST", "/v1/grants", strings.Replace(grant, `"amount"`, `"appId":"other","amount"`, 1), credentials(t), 403},
+		{"balance without a token", "GET", "/v1/users/u1/balance", "", nil, 401},
+		{"balance with another user's token", "GET", "/v1/users/u1/balance", "", bearer(tokenFor("u2", 3*time.Hour, userKey)), 403},
+		{"balance with an expired token", "GET", "/v1/users/u1/balance", "", bearer(tokenFor("u1", time.Hour, userKey)), 401},
+		{"balance with a forged token", "GET", "/v1/users/u1/balance", "", bearer(tokenFor("u1", 3*time.Hour, forgedKey)), 401},
+		{"balance with an unsigned (alg none) token", "GET", "/v1/users/u1/balance", "", bearer(none), 401},
+		{"balance with garbage", "GET", "/v1/users/u1/balance", "", bearer("garbage"), 401},
+		{"flow with another user's token", "GET", "/v1/users/u1/flow", "", bearer(tokenFor("u2", 3*time.Hour, userKey)), 403},
+		{"withdrawal with another user's token", "POST", "/v1/users/u1/withdrawals", `{"withdraw_id":"steal","amount":100}`, bearer(tokenFor("u2", 3*time.Hour, userKey)), 403},
+		{"withdrawal with a forged token", "POST", "/v1/users/u1/withdrawals", `{"withdraw_id":"steal2","amount":100}`, bearer(tokenFor("u1", 3*time.Hour, forgedKey)), 401},
+		{"total without credentials", "GET", "/v1/total", "", nil, 401},
+	} {
+		code, out := callWith(t, srv, c.method, c.path, c.body, c.sign)
+		if code != c.want || out["error"] == nil {
+			t.Errorf("%s: %d %v, want %d with an error", c.name, code, out, c.want)
+		}
+	}
+	if after := balance(); after != before {
+		t.Fatalf("refused callers changed u1's balance: %v -> %v", before, after)
+	}
+	if code, out := call(t, srv, "GET", "/v1/total", ""); code != 200 && code != 503 {
+		t.Fatalf("total with a token: %d %v", code, out)
+	}
+}
+
+func base64URL(s string) string { return base64.URLEncoding.EncodeToString([]byte(s)) }
+
+// conflicts: an order number repeated with the same grant is a
+// duplicate; with a different one it is refused with 409, for a cash
+// grant (claimed by its token) and a coupon (claimed by key).
+func conflicts(t *testing.T, srv *httptest.Server) {
+	t.Helper()
+	cash := `{"orderNo":"u1_rain_r1_1_1","actId":"u1","activityId":"spring","sceneId":"rain","rainId":"r1","awardType":"CASH","stage":1,"amount":300}`
+	coupon := `{"orderNo":"u3_coupon_c1_2_1","actId":"u3","activityId":"spring","sceneId":"coupon","rainId":"c1","awardType":"COUPON","stage":1,"amount":1}`
+	if code, out := call(t, srv, "POST", "/v1/grants", coupon); code != 200 || out["duplicate"] != false {
+		t.Fatalf("coupon: %d %v", code, out)
+	}
+	for _, c := range []struct {
+		name, body string
+		want       int
+	}{
+		{"cash repeated", cash, 200},
+		{"cash, other amount", strings.Replace(cash, `"amount":300`, `"amount":301`, 1), 409},
+		{"coupon repeated", coupon, 200},
+		{"coupon, other amount", strings.Replace(coupon, `"amount":1`, `"amount":2`, 1), 409},
+	} {
+		code, out := call(t, srv, "POST", "/v1/grants", c.body)
+		if code != c.want {
+			t.Errorf("%s: %d %v, want %d", c.name, code, out, c.want)
+		}
+		if c.want == 200 && out["duplicate"] != true {
+			t.Errorf("%s: %v, want a duplicate", c.name, out)
+		}
+		if c.want == 409 && !strings.Contains(fmt.Sprint(out["error"]), "order number reused") {
+			t.Errorf("%s: %v, want a clear error", c.name, out)
+		}
+	}
 }
 
 // TestReadsGoToThePartitionOwner runs two instances, each a ledger behind
@@ -166,7 +306,8 @@ func TestReadsGoToThePartitionOwner(t *testing.T) {
 			done := make(chan error, 1)
 			go func() { done <- led.Run(ctx, streams.InstanceID(name)) }()
 			t.Cleanup(func() { cancel(); <-done })
-			s := &api.Server{Intake: in, Ledger: led, Producer: cl, Redis: rdb, Config: src, Namespace: ns, Log: log, Advertise: srv.URL}
+			s := &api.Server{Intake: in, Ledger: led, Producer: cl, Redis: rdb, Config: src, Namespace: ns, Log: log, Advertise: srv.URL,
+				Apps: apps, Users: users}
 			handler.Store(s.Handler())
 			return instance{led, s, srv}
 		}
@@ -225,6 +366,7 @@ func TestReadsGoToThePartitionOwner(t *testing.T) {
 			answered := 0
 			for _, via := range []instance{a, bi} {
 				req, _ := http.NewRequest("GET", via.srv.URL+"/v1/users/"+act+"/balance", nil)
+				credentials(t)(req, nil)
 				req.Header.Set("X-Surge-Forwarded-By", "test")
 				resp, err := http.DefaultClient.Do(req)
 				if err != nil {

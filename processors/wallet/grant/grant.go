@@ -9,11 +9,13 @@ package grant
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -22,7 +24,6 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"surge/processors/wallet/config"
-	"surge/processors/wallet/counter"
 	"surge/processors/wallet/guard"
 	"surge/processors/wallet/order"
 	"surge/processors/wallet/stock"
@@ -40,6 +41,10 @@ var (
 	ErrOverBudget  = errors.New("activity budget exhausted")
 	ErrRateLimited = errors.New("rate limited")
 	ErrDegraded    = errors.New("switched off")
+	// ErrConflict: the order number was accepted before with a different
+	// grant (amount, scene, rain, app). An order number is an idempotency
+	// key: a retry must repeat the request, not change it.
+	ErrConflict = errors.New("order number reused with a different grant")
 )
 
 // Deps are the intake's dependencies.
@@ -48,7 +53,6 @@ type Deps struct {
 	Keys     *token.Keyring
 	Redis    redis.UniversalClient
 	Producer *kgo.Client
-	Counter  *counter.Counter // may be nil
 	Log      *slog.Logger
 	Metrics  *metrics.Registry
 	Now      func() time.Time
@@ -138,6 +142,7 @@ type pending struct {
 	phase    config.Child
 	scene    config.Scene
 	idem     string      // the order number's claim key; "" when the token is the claim
+	mark     string      // what this grant's claim key holds (claim)
 	tok      *pb.Token   // cash grants: the signed token
 	tokBytes []byte      // the token as the user's Redis hash keeps it (without its grant)
 	tokRec   *kgo.Record // cash grants' one record: the token with its grant
@@ -199,7 +204,7 @@ func (in *Intake) GrantBatch(ctx context.Context, gs []*pb.RewardGrant) []Outcom
 	in.answerKnown(ctx, tokened)
 	fresh = in.takeStock(ctx, tree, fresh)
 	fresh = in.sign(ctx, fresh, now)
-	fresh = in.claimTokens(ctx, fresh)
+	fresh = in.claimTokens(ctx, fresh, now)
 	in.publish(ctx, tree, fresh)
 	return outs
 }
@@ -257,12 +262,15 @@ func (in *Intake) validate(ctx context.Context, tree *config.Tree, g *pb.RewardG
 // ones this batch set are released, or the caller's retry would be taken
 // for a duplicate of a grant that was never published.
 func (in *Intake) claim(ctx context.Context, ps []*pending) error {
-	mark := ps[0].phase.ID + " " + batchMark()
+	batch := batchMark()
 	pipe := in.d.Redis.Pipeline()
 	cmds := make([]*redis.BoolCmd, len(ps))
+	held := make([]*redis.StringCmd, len(ps))
 	marked := map[*keyedCashClaims]bool{}
 	for i, p := range ps {
-		cmds[i] = pipe.SetNX(ctx, p.idem, mark, claimTTL)
+		p.mark = p.phase.ID + " " + batch + " " + fingerprint(p.g)
+		cmds[i] = pipe.SetNX(ctx, p.idem, p.mark, claimTTL)
+		held[i] = pipe.Get(ctx, p.idem)                                           // ours if fresh, the first grant's if not
 		if k := p.l.keyedCash; p.g.AwardType == pb.AwardType_CASH && !marked[k] { // token Redis is switched off
 			pipe.Set(ctx, k.marker, 1, keyedCashWindow)
 			k.seen()
@@ -272,23 +280,52 @@ func (in *Intake) claim(ctx context.Context, ps []*pending) error {
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		release := in.d.Redis.Pipeline()
 		for _, p := range ps {
-			releaseClaimScript.Eval(context.WithoutCancel(ctx), release, []string{p.idem}, mark)
+			releaseClaimScript.Eval(context.WithoutCancel(ctx), release, []string{p.idem}, p.mark)
 		}
 		_, _ = release.Exec(context.WithoutCancel(ctx))
 		return fmt.Errorf("grant: idempotency check: %w", err)
 	}
-	var dups []*pending
 	for i, p := range ps {
-		p.fresh = cmds[i].Val()
-		if !p.fresh {
-			dups = append(dups, p)
+		if p.fresh = cmds[i].Val(); !p.fresh {
+			// No token: a cash grant claims by key only while token Redis is off.
+			in.duplicate(p, sameClaim(held[i].Val(), p.g), nil)
 		}
 	}
-	for _, p := range dups { // no token: a cash grant claims by key only while token Redis is off
-		in.mResult.With("duplicate").Inc()
-		*p.out = Outcome{Result: &Result{Duplicate: true, Activity: p.phase.ID}}
-	}
 	return nil
+}
+
+// duplicate answers a grant whose order number was claimed before: the
+// first grant's answer if this one repeats it, a conflict if it differs.
+func (in *Intake) duplicate(p *pending, same bool, tok *pb.Token) {
+	if !same {
+		in.mResult.With("conflict").Inc()
+		*p.out = Outcome{Err: fmt.Errorf("%w: %s was granted before with different fields (amount, scene, rain or app)", ErrConflict, p.g.OrderNo)}
+		return
+	}
+	in.mResult.With("duplicate").Inc()
+	*p.out = Outcome{Result: &Result{Duplicate: true, Activity: p.phase.ID, Token: tok}}
+}
+
+// fingerprint is what makes two grants of one order number the same
+// request: every field but the time.
+func fingerprint(g *pb.RewardGrant) string {
+	h := sha256.New()
+	fmt.Fprintf(h, "%q %q %q %q %d %d %d %q", g.ActId, g.ParentActivityId, g.SceneId, g.RainId, g.AwardType, g.Amount, g.Stage, g.AppId)
+	return hex.EncodeToString(h.Sum(nil)[:12])
+}
+
+// sameClaim reports whether a claim key's value (phase, batch mark,
+// fingerprint) was set by a grant equal to g. A claim without a
+// fingerprint (set by an earlier build) is taken as equal.
+func sameClaim(held string, g *pb.RewardGrant) bool {
+	f := strings.Fields(held)
+	return len(f) < 3 || f[2] == fingerprint(g)
+}
+
+// sameToken reports whether tok, the token an order number already has,
+// was made from a grant equal to g.
+func sameToken(tok *pb.Token, g *pb.RewardGrant) bool {
+	return tok.ActId == g.ActId && tok.SceneId == g.SceneId && tok.RainId == g.RainId && tok.Amount == g.Amount && tok.AppId == g.AppId
 }
 
 // claimTTL is how long a claim key holds its order number.
@@ -351,20 +388,19 @@ func (in *Intake) claimedByKey(ctx context.Context, tokened []*pending, now time
 		return tokened
 	}
 	pipe := in.d.Redis.Pipeline()
-	cmds := make(map[*pending]*redis.IntCmd, len(look))
+	cmds := make(map[*pending]*redis.StringCmd, len(look))
 	for _, p := range look {
-		cmds[p] = pipe.Exists(ctx, p.l.keys+"wgrant:"+p.g.OrderNo)
+		cmds[p] = pipe.Get(ctx, p.l.keys+"wgrant:"+p.g.OrderNo)
 	}
-	if _, err := pipe.Exec(ctx); err != nil {
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		for _, p := range look {
 			*p.out = Outcome{Err: fmt.Errorf("grant: idempotency check: %w", err)}
 		}
 		return slices.DeleteFunc(tokened, func(p *pending) bool { return cmds[p] != nil })
 	}
 	return slices.DeleteFunc(tokened, func(p *pending) bool {
-		if cmd := cmds[p]; cmd != nil && cmd.Val() > 0 {
-			in.mResult.With("duplicate").Inc()
-			*p.out = Outcome{Result: &Result{Duplicate: true, Activity: p.phase.ID}}
+		if cmd := cmds[p]; cmd != nil && cmd.Err() == nil {
+			in.duplicate(p, sameClaim(cmd.Val(), p.g), nil)
 			return true
 		}
 		return false
@@ -502,9 +538,7 @@ func (in *Intake) answerKnown(ctx context.Context, tokened []*pending) {
 	}
 	for i, tok := range in.knownTokens(ctx, refused) {
 		if tok != nil {
-			p := refused[i]
-			in.mResult.With("duplicate").Inc()
-			*p.out = Outcome{Result: &Result{Duplicate: true, Activity: p.phase.ID, Token: tok}}
+			in.duplicate(refused[i], sameToken(tok, refused[i].g), tok)
 		}
 	}
 }
@@ -569,7 +603,7 @@ func (in *Intake) sign(ctx context.Context, ps []*pending, now time.Time) []*pen
 // the claim: HSETNX of each token into its user's hash, one pipeline. A
 // grant whose order number is taken is a duplicate: it gets the token
 // already there and its budget back.
-func (in *Intake) claimTokens(ctx context.Context, ps []*pending) []*pending {
+func (in *Intake) claimTokens(ctx context.Context, ps []*pending, now time.Time) []*pending {
 	pipe := in.d.Redis.Pipeline()
 	cmds := map[*pending]*redis.BoolCmd{}
 	for _, p := range ps {
@@ -601,13 +635,37 @@ func (in *Intake) claimTokens(ctx context.Context, ps []*pending) []*pending {
 			}
 		}
 	}
+	var again []*kgo.Record
+	var againFor []*pending
 	for i, tok := range in.knownTokens(ctx, dups) {
 		p := dups[i]
-		in.mResult.With("duplicate").Inc()
-		*p.out = Outcome{Result: &Result{Duplicate: true, Activity: p.phase.ID, Token: tok}}
+		in.duplicate(p, tok == nil || sameToken(tok, p.g), tok)
+		if tok != nil && tok.Status == pb.TokenStatus_PROCESSING && p.out.Err == nil && now.Sub(time.UnixMilli(tok.OpenTime)) > republishAfter {
+			// Not booked yet, and perhaps never published: the first
+			// attempt may have died between its claim and its produce.
+			// The retry publishes the token held in Redis again; the
+			// ledger books an order number once.
+			if g, err := proto.Marshal(p.g); err == nil {
+				again = append(again, streams.NewEncodedRecord(p.tokRec.Topic, p.tokRec.Key, tok, token.WithGrant(token.Marshal(tok), g)))
+				againFor = append(againFor, p)
+			}
+		}
+	}
+	if len(again) > 0 {
+		if err := in.d.Producer.ProduceSync(ctx, again...).FirstErr(); err != nil {
+			for _, p := range againFor {
+				*p.out = Outcome{Err: fmt.Errorf("grant: publish again: %w", err)}
+			}
+		}
 	}
 	return in.keep(ctx, ps, failed)
 }
+
+// republishAfter: a retry of a grant whose token is this old and not yet
+// booked publishes the token again (its first attempt may have died
+// between claim and produce). Younger, the first attempt is taken to be
+// still on its way: concurrent duplicates publish nothing.
+const republishAfter = 2 * time.Second
 
 // publish produces the batch's records (a cash grant's token with its
 // grant, any other grant alone) in one produce. The tokens are already in
@@ -625,17 +683,26 @@ func (in *Intake) publish(ctx context.Context, tree *config.Tree, ps []*pending)
 		}
 		*p.out = Outcome{Result: &Result{Activity: p.phase.ID, Token: p.tok}}
 	}
-	if err := in.d.Producer.ProduceSync(ctx, recs...).FirstErr(); err != nil {
-		in.undo(ctx, ps) // not published: the caller may retry the same order numbers
-		for _, p := range ps {
-			*p.out = Outcome{Err: fmt.Errorf("grant: publish: %w", err)}
+	// Only the records that failed are undone: the others are published,
+	// and undoing them would let a retry publish its order number again.
+	failed := map[*kgo.Record]error{}
+	for _, res := range in.d.Producer.ProduceSync(ctx, recs...) {
+		if res.Err != nil {
+			failed[res.Record] = res.Err
 		}
-		return
 	}
+	var undone []*pending
 	for _, p := range ps {
-		if in.d.Counter != nil && p.g.AwardType == pb.AwardType_CASH && !tree.Degraded(guard.Counter) && !p.g.Shadow {
-			in.d.Counter.Add(p.g.Amount)
+		rec := p.rec
+		if p.tokRec != nil {
+			rec = p.tokRec
+		}
+		if err, bad := failed[rec]; bad {
+			undone = append(undone, p) // not published: the caller may retry the same order number
+			*p.out = Outcome{Err: fmt.Errorf("grant: publish: %w", err)}
+			continue
 		}
 		in.mResult.With("accepted").Inc()
 	}
+	in.undo(ctx, undone)
 }

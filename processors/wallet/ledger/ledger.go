@@ -15,6 +15,7 @@ package ledger
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -31,6 +32,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"surge/processors/wallet/config"
+	"surge/processors/wallet/counter"
 	"surge/processors/wallet/grant"
 	"surge/processors/wallet/guard"
 	"surge/processors/wallet/token"
@@ -54,6 +56,12 @@ type Config struct {
 	// told to the other instances through the consumer group so they can
 	// send it the reads of the users it owns (see Owner).
 	Advertise string
+	// InstanceID is this instance's stable id (processor.instance_id);
+	// with it a restarted instance names itself as before.
+	InstanceID string
+	// Total receives the cumulative sum of booked grants per partition,
+	// once a second (nil: not published). See package counter.
+	Total *counter.Counter
 	// ExpectedKeys sizes the filter of the store's keys (two per booking);
 	// past it lookups of new order numbers slowly fall back to Pebble.
 	// Default 8M (16 MiB).
@@ -92,6 +100,7 @@ type Ledger struct {
 	rebuild                   *pebble.Batch
 	rebuildAccts              *accounts
 	ready                     atomic.Bool
+	totals                    *totals
 	Bookings, Forged, Refused atomic.Int64
 
 	mBooked, mForged, mRefused metrics.Counter
@@ -127,6 +136,7 @@ func New(cfg Config, brokers []string) *Ledger {
 func (l *Ledger) resetStore() {
 	l.keys = localstore.NewKeyFilter(l.cfg.ExpectedKeys)
 	l.accts = newAccounts(l.db, maxCachedAccounts, l.keys)
+	l.totals = newTotals()
 }
 
 func (l *Ledger) topic(name string) string { return l.cfg.Namespace + name }
@@ -211,6 +221,9 @@ func (l *Ledger) apply(w *pebble.Batch, accts *accounts, e *pb.LedgerEntry) ([]b
 	if e.Amount > 0 {
 		acc.income += e.Amount
 	}
+	if e.Kind == pb.LedgerKind_GRANT {
+		l.totals.add(w == l.rebuild, int32(streams.PartitionFor([]byte(e.ActId), l.partitions)), e.Amount)
+	}
 	accts.stage(e.ActId, acc)
 	ek, ak := entryKey(e.ActId, e.OrderNo), acctKey(e.ActId)
 	l.keys.Add(ek) // before the keys can be read
@@ -228,6 +241,7 @@ func (l *Ledger) commitBatch(w *pebble.Batch, accts *accounts) error {
 	if err := w.Commit(pebble.NoSync); err != nil {
 		return err
 	}
+	l.totals.commit(w == l.rebuild)
 	return accts.commit()
 }
 
@@ -247,7 +261,7 @@ func (l *Ledger) Run(ctx context.Context, opts ...streams.Option) error {
 	}
 	l.restore = streams.NewRestorer(l.brokers, l.clearPartitions, l.applyRestored, l.ledgerTopic)
 	l.owners = &owners{brokers: l.brokers, group: l.cfg.Namespace + "wallet-ledger", topic: l.topic(schemas.TopicTokens),
-		self: l.cfg.Advertise + "#" + instanceNonce()}
+		self: l.cfg.Advertise + "#" + cmp.Or(l.cfg.InstanceID, instanceNonce())}
 	defer l.owners.close()
 	l.restore.AfterAssign = l.owners.invalidate
 	l.restore.AfterRebuild = l.finishRebuild
@@ -304,6 +318,10 @@ func (l *Ledger) Run(ctx context.Context, opts ...streams.Option) error {
 	marked := make(chan struct{})
 	go l.markBooked(marked)
 	defer func() { close(l.marks); <-marked }()
+	published := make(chan struct{})
+	pctx, stopPublishing := context.WithCancel(context.WithoutCancel(ctx))
+	go l.publishTotals(pctx, published)
+	defer func() { stopPublishing(); <-published }()
 	return r.Run(ctx)
 }
 
@@ -326,6 +344,39 @@ func (l *Ledger) markBooked(done chan<- struct{}) {
 	}
 }
 
+// publishTotals writes the committed sums of booked grants to the live
+// total once a second, and once more when the ledger stops.
+func (l *Ledger) publishTotals(ctx context.Context, done chan<- struct{}) {
+	defer close(done)
+	if l.cfg.Total == nil {
+		return
+	}
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	publish := func(ctx context.Context) {
+		if l.cfg.Source.Tree().Degraded(guard.Counter) {
+			return // switched off: the sums are cumulative, they catch up when it is back on
+		}
+		sums := l.totals.dirty()
+		if err := l.cfg.Total.Publish(ctx, sums); err != nil {
+			l.totals.redirty(sums)
+			l.cfg.Log.Warn("ledger: live total not published; retried in a second", "err", err)
+		}
+	}
+	publish(ctx) // the rebuilt sums, at once
+	for {
+		select {
+		case <-ctx.Done():
+			fctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			publish(fctx)
+			cancel()
+			return
+		case <-t.C:
+			publish(ctx)
+		}
+	}
+}
+
 // clearPartitions drops the store's keys of the users in partitions ps.
 func (l *Ledger) clearPartitions(ps map[int32]bool) error {
 	// Balances live in memory until evicted: every cached balance goes to
@@ -342,6 +393,7 @@ func (l *Ledger) clearPartitions(ps map[int32]bool) error {
 		return err
 	}
 	l.startRebuild()
+	l.totals.clear(ps)
 	return nil
 }
 
@@ -402,6 +454,7 @@ func (l *Ledger) batchEnd(committed bool) {
 	} else {
 		_ = l.staged.Close()
 		l.accts.drop()
+		l.totals.drop()
 	}
 	l.staged = l.db.NewBatch()
 	clear(l.stagedOrders)
