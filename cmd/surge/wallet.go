@@ -187,27 +187,31 @@ const totalKey = "wallet:total:partitions"
 // walletAuth reads the app and user keys; either missing is generated for
 // this process and logged, so a first run works, and warned about.
 func walletAuth(v *viper.Viper, log *slog.Logger) (*auth.Apps, *auth.Users, error) {
-	apps, err := auth.ParseAppKeys(v.GetString("wallet.app_keys"))
+	apps, err := keysOrGenerated(v, log, "wallet.app_keys", "demo:demo-1:", auth.ParseAppKeys)
 	if err != nil {
-		return nil, nil, fmt.Errorf("wallet.app_keys: %w", err)
+		return nil, nil, err
 	}
-	if len(apps) == 0 {
-		secret := auth.NewSecret()
-		apps, _ = auth.ParseAppKeys("demo:demo-1:" + secret)
-		log.Warn("wallet: no wallet.app_keys; generated one for this process (grants signed with it fail after a restart)",
-			"app_keys", "demo:demo-1:"+secret)
-	}
-	users, err := auth.ParseUserKeys(v.GetString("wallet.user_keys"))
+	users, err := keysOrGenerated(v, log, "wallet.user_keys", "u-1:", auth.ParseUserKeys)
 	if err != nil {
-		return nil, nil, fmt.Errorf("wallet.user_keys: %w", err)
-	}
-	if len(users) == 0 {
-		secret := auth.NewSecret()
-		users, _ = auth.ParseUserKeys("u-1:" + secret)
-		log.Warn("wallet: no wallet.user_keys; generated one for this process (user tokens fail after a restart)",
-			"user_keys", "u-1:"+secret)
+		return nil, nil, err
 	}
 	return auth.NewApps(apps), auth.NewUsers(users), nil
+}
+
+// keysOrGenerated parses the keys of option key, or makes one (prefix and
+// a new secret) for this process when none are configured: what it
+// signs or verifies dies with the process.
+func keysOrGenerated(v *viper.Viper, log *slog.Logger, key, prefix string, parse func(string) ([]auth.Key, error)) ([]auth.Key, error) {
+	keys, err := parse(v.GetString(key))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", key, err)
+	}
+	if len(keys) == 0 {
+		generated := prefix + auth.NewSecret()
+		keys, _ = parse(generated)
+		log.Warn("wallet: no "+key+"; generated one for this process (what it signs fails after a restart)", key, generated)
+	}
+	return keys, nil
 }
 
 // cmdWalletToken issues a user token: what the login service does with

@@ -132,6 +132,17 @@ func (s *Server) userOf(r *http.Request) (string, error) {
 	return c.Sub, err
 }
 
+// appOf returns the app that signed r ("" with authentication off).
+func (s *Server) appOf(r *http.Request, body []byte) (string, error) {
+	if s.authOff() {
+		return "", nil
+	}
+	if s.Apps == nil {
+		return "", fmt.Errorf("%w: no app keys configured", auth.ErrUnauthenticated)
+	}
+	return s.Apps.Verify(r, body, s.now())
+}
+
 // user lets through only the holder of a user token for the path's actID.
 func (s *Server) user(next http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
@@ -159,8 +170,8 @@ func (s *Server) anyone(next http.HandlerFunc) http.HandlerFunc {
 			return
 		}
 		var err error
-		if r.Header.Get(auth.HeaderSignature) != "" && s.Apps != nil {
-			_, err = s.Apps.Verify(r, nil, s.now())
+		if r.Header.Get(auth.HeaderSignature) != "" {
+			_, err = s.appOf(r, nil)
 		} else {
 			_, err = s.userOf(r)
 		}
@@ -185,34 +196,26 @@ func fail(w http.ResponseWriter, code int, err error) {
 func (s *Server) grant(w http.ResponseWriter, r *http.Request) {
 	var g pb.RewardGrant
 	body, err := io.ReadAll(io.LimitReader(r.Body, 64<<10))
-	if err == nil && !s.authOff() {
-		// The signature covers the body: verified before it is parsed.
-		var app string
-		if s.Apps == nil {
-			err = fmt.Errorf("%w: no app keys configured", auth.ErrUnauthenticated)
-		} else if app, err = s.Apps.Verify(r, body, s.now()); err == nil {
-			err = protojson.Unmarshal(body, &g)
-			if err != nil {
-				fail(w, http.StatusBadRequest, fmt.Errorf("malformed grant: %w", err))
-				return
-			}
-			switch g.AppId {
-			case "":
-				g.AppId = app
-			case app:
-			default:
-				err = fmt.Errorf("%w: app %s may not grant as app %s", auth.ErrForbidden, app, g.AppId)
-			}
-		}
-		if err != nil {
-			denied(w, err)
-			return
-		}
-	} else if err == nil {
-		err = protojson.Unmarshal(body, &g)
-	}
 	if err != nil {
 		fail(w, http.StatusBadRequest, fmt.Errorf("malformed grant: %w", err))
+		return
+	}
+	// The signature covers the body: verified before it is parsed.
+	app, err := s.appOf(r, body)
+	if err != nil {
+		denied(w, err)
+		return
+	}
+	if err := protojson.Unmarshal(body, &g); err != nil {
+		fail(w, http.StatusBadRequest, fmt.Errorf("malformed grant: %w", err))
+		return
+	}
+	switch {
+	case app == "" || g.AppId == app:
+	case g.AppId == "":
+		g.AppId = app
+	default:
+		denied(w, fmt.Errorf("%w: app %s may not grant as app %s", auth.ErrForbidden, app, g.AppId))
 		return
 	}
 	var granter Granter = s.Intake

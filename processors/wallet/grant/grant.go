@@ -205,7 +205,7 @@ func (in *Intake) GrantBatch(ctx context.Context, gs []*pb.RewardGrant) []Outcom
 	fresh = in.takeStock(ctx, tree, fresh)
 	fresh = in.sign(ctx, fresh, now)
 	fresh = in.claimTokens(ctx, fresh, now)
-	in.publish(ctx, tree, fresh)
+	in.publish(ctx, fresh)
 	return outs
 }
 
@@ -670,7 +670,7 @@ const republishAfter = 2 * time.Second
 // publish produces the batch's records (a cash grant's token with its
 // grant, any other grant alone) in one produce. The tokens are already in
 // Redis (claimTokens); a failed produce takes them out again.
-func (in *Intake) publish(ctx context.Context, tree *config.Tree, ps []*pending) {
+func (in *Intake) publish(ctx context.Context, ps []*pending) {
 	if len(ps) == 0 {
 		return
 	}

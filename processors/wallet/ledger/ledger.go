@@ -318,6 +318,8 @@ func (l *Ledger) Run(ctx context.Context, opts ...streams.Option) error {
 	marked := make(chan struct{})
 	go l.markBooked(marked)
 	defer func() { close(l.marks); <-marked }()
+	// The publisher outlives ctx until the runner has committed its last
+	// batch, so its final publish includes it.
 	published := make(chan struct{})
 	pctx, stopPublishing := context.WithCancel(context.WithoutCancel(ctx))
 	go l.publishTotals(pctx, published)

@@ -80,14 +80,3 @@ func (t *totals) redirty(sums map[int32]int64) {
 		t.changed[p] = true
 	}
 }
-
-// sum is the committed total over every partition this store holds.
-func (t *totals) sum() int64 {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	var s int64
-	for _, v := range t.committed {
-		s += v
-	}
-	return s
-}
