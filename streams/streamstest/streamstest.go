@@ -158,8 +158,7 @@ func EachStack(t *testing.T, fn func(t *testing.T, b Backend, rdb *redis.Client)
 			t.Fatal(err)
 		}
 		t.Cleanup(k.Close)
-		m := miniredis.RunT(t)
-		rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+		rdb := redis.NewClient(&redis.Options{Addr: liveMiniredis(t).Addr()})
 		t.Cleanup(func() { rdb.Close() })
 		fn(t, Backend{Name: "kfake", Brokers: k.Brokers()}, rdb)
 	})
@@ -174,6 +173,29 @@ func EachStack(t *testing.T, fn func(t *testing.T, b Backend, rdb *redis.Client)
 		}
 		fn(t, b, rdb)
 	})
+}
+
+// liveMiniredis is a miniredis whose clock moves with the wall clock, so
+// keys expire as on a real server: miniredis otherwise only expires keys
+// on FastForward, and a lock left by a killed process would live forever.
+func liveMiniredis(t *testing.T) *miniredis.Miniredis {
+	m := miniredis.RunT(t)
+	stop := make(chan struct{})
+	t.Cleanup(func() { close(stop) })
+	go func() {
+		const step = 50 * time.Millisecond
+		tick := time.NewTicker(step)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+				m.FastForward(step)
+			}
+		}
+	}()
+	return m
 }
 
 // EachRedis runs fn on miniredis and on the real redis-server of the tests

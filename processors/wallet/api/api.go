@@ -322,6 +322,10 @@ func (s *Server) total(w http.ResponseWriter, _ *http.Request) {
 	reply(w, http.StatusOK, map[string]any{"total": s.Counter.Shown()})
 }
 
+// releaseLock deletes a withdrawal lock only while it is still the
+// caller's: after its TTL another withdrawal may hold it.
+var releaseLock = redis.NewScript(`if redis.call("GET", KEYS[1]) == ARGV[1] then return redis.call("DEL", KEYS[1]) end return 0`)
+
 func (s *Server) withdraw(w http.ResponseWriter, r *http.Request) {
 	act := r.PathValue("act")
 	var req struct {
@@ -339,11 +343,15 @@ func (s *Server) withdraw(w http.ResponseWriter, r *http.Request) {
 		lock := s.Namespace + "wlock:" + act
 		ok, err := s.Redis.SetNX(ctx, lock, req.WithdrawID, 10*time.Second).Result()
 		if err == nil && !ok {
-			fail(w, http.StatusConflict, errors.New("another withdrawal of this user is in progress"))
-			return
+			// A retry of the same withdrawal (its first try's instance
+			// died holding the lock) goes on: the ledger books an id once.
+			if holder, _ := s.Redis.Get(ctx, lock).Result(); holder != req.WithdrawID {
+				fail(w, http.StatusConflict, errors.New("another withdrawal of this user is in progress"))
+				return
+			}
 		}
 		if err == nil {
-			defer s.Redis.Del(context.WithoutCancel(ctx), lock)
+			defer releaseLock.Run(context.WithoutCancel(ctx), s.Redis, []string{lock}, req.WithdrawID)
 		}
 	}
 	ch := make(chan *pb.Withdrawal, 1)
