@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Wallet figures: grant intake, booking, balance reads under a 1M-token
-# backlog; on kfake and on the real broker, both with redis-server.
+# backlog, then grants and reads through the HTTP API with authentication
+# on and off;
+# on kfake and on the real broker, both with redis-server.
 # Writes bench/wallet.txt.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -11,7 +13,7 @@ scripts/kafka.sh start >/dev/null
 scripts/redis.sh start >/dev/null
 redis="127.0.0.1:${REDIS_PORT:-16379}"
 {
-  echo "# reward wallet: intake, booking, balance reads"
+  echo "# reward wallet: intake, booking, balance reads; the HTTP API with authentication on and off"
   echo "# made by: scripts/bench-wallet.sh (GRANTS=$grants) on $(date -u +%F), $(nproc) cores, $(go version | cut -d' ' -f3)"
   echo
   echo "\$ GOMAXPROCS=1 go test -run xxx -bench . ./processors/wallet/token/"

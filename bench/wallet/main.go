@@ -51,7 +51,10 @@ func main() {
 	reads := flag.Int("reads", 20_000, "balance reads")
 	batchers := flag.Int("batchers", 8, "intake batches in flight (Batcher workers; `surge wallet` default wallet.batchers)")
 	batch := flag.Int("batch", 512, "grants per intake batch (concurrent calls coalesced; `surge wallet` default wallet.batch_size)")
-	cpuprofile := flag.String("cpuprofile", "", "CPU profile of the intake phase (and of booking, with .booking added)")
+	httpGrants := flag.Int("http", 100_000, "grants per run through the HTTP API, auth on and off (0 skips the API runs)")
+	httpWorkers := flag.Int("http-workers", 256, "concurrent HTTP callers")
+	httpBatch := flag.Int("http-batch", 100, "grants per POST /v1/grants/batch request")
+	cpuprofile := flag.String("cpuprofile", "", "CPU profile of the intake phase (and of booking, with .booking added; of the HTTP grant runs, with .http added)")
 	traceOut := flag.String("trace", "", "execution trace of the booking phase (go tool trace)")
 	flag.Parse()
 
@@ -252,6 +255,34 @@ func main() {
 	readPass("read again (signatures cached)", 2)
 	readPass("read again (signatures cached)", 8)
 	fmt.Println("  (each read: the booked account from Pebble, the user's tokens from Redis, their signatures checked)")
+
+	// 4. Through the HTTP API as deployed, authentication on and off.
+	if *httpGrants > 0 {
+		h := httpBench{ns: ns, in: in, batcher: batcher, led: led, cl: cl, rdb: rdb, src: src, log: log, workers: *httpWorkers, users: *users}
+		h.start()
+		for _, readers := range []int{2, 8} {
+			for _, on := range []bool{false, true} {
+				h.reads(on, readers, *reads, backlogUsers)
+			}
+		}
+		stop() // the ledger's booking would take CPU from the intake runs
+		<-done
+		if *cpuprofile != "" {
+			f, err := os.Create(*cpuprofile + ".http")
+			must(err)
+			must(pprof.StartCPUProfile(f))
+		}
+		for _, size := range []int{1, *httpBatch} {
+			for _, on := range []bool{false, true} {
+				h.grants(on, size, *httpGrants)
+			}
+		}
+		if *cpuprofile != "" {
+			pprof.StopCPUProfile()
+		}
+		h.close()
+		return
+	}
 	stop()
 	<-done
 	_ = amount.Load()

@@ -48,6 +48,16 @@ func TestComposeFileParsesAndNamesRealComponents(t *testing.T) {
 			if s.Env["SURGE_REDIS_ADDR"] == "" {
 				t.Errorf("%s: the wallet needs redis", name)
 			}
+			// Keys from the deployer's environment, and required: never a
+			// secret in this file, never a throw-away key per instance.
+			if s.Env["SURGE_WALLET_REQUIRE_KEYS"] != "true" {
+				t.Errorf("%s: SURGE_WALLET_REQUIRE_KEYS must be \"true\"", name)
+			}
+			for _, k := range []string{"SURGE_WALLET_KEY_SEED", "SURGE_WALLET_APP_KEYS", "SURGE_WALLET_USER_KEYS"} {
+				if want := "${" + k + ":-}"; s.Env[k] != want {
+					t.Errorf("%s: %s is %v, want %s (from the environment)", name, k, s.Env[k], want)
+				}
+			}
 		case "uin":
 			if len(s.Command) < 2 || s.Command[1] != "run" && s.Command[1] != "classify" {
 				t.Errorf("%s: uin must run or classify, not %v", name, s.Command)

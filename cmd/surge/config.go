@@ -67,6 +67,7 @@ var options = []struct {
 	{"wallet.namespace", "", "`wallet`: prefix of every wallet topic, group and Redis key (a unique one per test)"},
 	{"wallet.app_keys", "", "`wallet`: activity services' request keys, app:keyid:secret,... (base64 secrets of >= 16 bytes, `surge wallet keygen`; several per app for rotation); empty: one generated for app demo and logged at start"},
 	{"wallet.user_keys", "", "`wallet`: user-token keys, keyid:secret,... (the first issues, all verify); empty: one generated and logged at start"},
+	{"wallet.require_keys", false, "`wallet`: refuse to start unless wallet.key_seed, wallet.app_keys and wallet.user_keys are all set (deployments: generated keys differ per instance and die with it)"},
 	{"wallet.token_ttl", 24 * time.Hour, "`wallet token`: lifetime of an issued user token"},
 	{"uin.namespace", "", "uin recycling: prefix of every uin topic, group and Redis key (shadow. for load tests)"},
 	{"uin.dir", "", "uin recycling: Pebble stores live here; empty is a temporary directory"},

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -187,6 +188,18 @@ const totalKey = "wallet:total:partitions"
 // walletAuth reads the app and user keys; either missing is generated for
 // this process and logged, so a first run works, and warned about.
 func walletAuth(v *viper.Viper, log *slog.Logger) (*auth.Apps, *auth.Users, error) {
+	if v.GetBool("wallet.require_keys") {
+		var missing []string
+		for _, k := range []string{"wallet.key_seed", "wallet.app_keys", "wallet.user_keys"} {
+			if v.GetString(k) == "" {
+				missing = append(missing, k)
+			}
+		}
+		if len(missing) > 0 {
+			return nil, nil, fmt.Errorf("wallet.require_keys is set but %s not configured (env SURGE_%s...; `surge wallet keygen` makes a secret)",
+				strings.Join(missing, ", "), strings.ToUpper(strings.ReplaceAll(missing[0], ".", "_")))
+		}
+	}
 	apps, err := keysOrGenerated(v, log, "wallet.app_keys", "demo:demo-1:", auth.ParseAppKeys)
 	if err != nil {
 		return nil, nil, err

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"os/exec"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -258,4 +260,24 @@ func TestWalletSurvivesKill9(t *testing.T) {
 		}
 		t.Logf("%d grants (%d cents), %d withdrawals paid, all exact after kill -9", grants, sum, len(paidIDs))
 	})
+}
+
+// A deployed wallet (wallet.require_keys, as docker-compose.yml sets it)
+// refuses to start without its keys, and says which are missing, instead
+// of generating throw-away ones.
+func TestWalletRequiresKeys(t *testing.T) {
+	cmd := exec.Command(binary(t), "wallet", "--metrics.addr=")
+	cmd.Env = append(os.Environ(), "SURGE_WALLET_REQUIRE_KEYS=true", "SURGE_WALLET_APP_KEYS=rain:rain-1:"+auth.NewSecret())
+	out, err := cmd.CombinedOutput()
+	if err == nil {
+		t.Fatalf("started without keys: %s", out)
+	}
+	for _, want := range []string{"wallet.key_seed", "wallet.user_keys"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("error does not name %s: %s", want, out)
+		}
+	}
+	if strings.Contains(string(out), "wallet.app_keys") {
+		t.Errorf("error names wallet.app_keys, which is set: %s", out)
+	}
 }

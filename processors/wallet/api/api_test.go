@@ -51,7 +51,7 @@ func credentials(t *testing.T) func(*http.Request, []byte) {
 	return func(req *http.Request, body []byte) {
 		p := req.URL.Path
 		switch {
-		case p == "/v1/grants":
+		case p == "/v1/grants", p == "/v1/grants/batch":
 			auth.Sign(req, body, appKey, time.Now())
 		case strings.HasPrefix(p, "/v1/users/"):
 			act := strings.SplitN(strings.TrimPrefix(p, "/v1/users/"), "/", 2)[0]
@@ -179,7 +179,60 @@ func TestAPI(t *testing.T) {
 		}
 		refusals(t, srv)
 		conflicts(t, srv)
+		batches(t, srv)
 	})
+}
+
+// batches: one signed request carries many grants, each answered on its
+// own and in order; an unsigned or tampered batch changes nothing.
+func batches(t *testing.T, srv *httptest.Server) {
+	t.Helper()
+	g := func(act, rain string, amount int, extra string) string {
+		return fmt.Sprintf(`{"orderNo":"%s_rain_%s_1_1","actId":"%s","activityId":"spring","sceneId":"rain","rainId":"%s","awardType":"CASH","stage":1,"amount":%d%s}`,
+			act, rain, act, rain, amount, extra)
+	}
+	body := `{"grants":[` + strings.Join([]string{
+		g("u5", "b1", 10, ""),
+		g("u5", "b2", 20, ""),
+		g("u1", "r1", 999, ""),             // u1's order r1 again with another amount
+		g("u5", "b3", 30, `,"appId":"x"`), // another app's grant
+		`{"orderNo":7}`,                   // malformed
+		g("u6", "b1", 40, ""),
+	}, ",") + `]}`
+	for _, c := range []struct {
+		name string
+		sign func(*http.Request, []byte)
+		want int
+	}{
+		{"unsigned batch", nil, 401},
+		{"tampered batch", func(r *http.Request, b []byte) { auth.Sign(r, append([]byte(nil), b[:len(b)-1]...), appKey, time.Now()) }, 401},
+	} {
+		if code, out := callWith(t, srv, "POST", "/v1/grants/batch", body, c.sign); code != c.want {
+			t.Fatalf("%s: %d %v, want %d", c.name, code, out, c.want)
+		}
+	}
+	if code, out := call(t, srv, "GET", "/v1/users/u5/balance", ""); code != 200 || out["balance"].(float64) != 0 {
+		t.Fatalf("refused batches granted: %d %v", code, out)
+	}
+	code, out := call(t, srv, "POST", "/v1/grants/batch", body)
+	if code != 200 {
+		t.Fatalf("batch: %d %v", code, out)
+	}
+	var got []float64
+	for _, r := range out["results"].([]any) {
+		got = append(got, r.(map[string]any)["code"].(float64))
+	}
+	if want := []float64{200, 200, 409, 403, 400, 200}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("batch answers %v, want %v: %v", got, want, out)
+	}
+	for act, want := range map[string]float64{"u5": 30, "u6": 40} {
+		if code, out := call(t, srv, "GET", "/v1/users/"+act+"/balance", ""); code != 200 || out["balance"].(float64) != want {
+			t.Fatalf("%s after the batch: %d %v, want %v", act, code, out, want)
+		}
+	}
+	if code, out := call(t, srv, "POST", "/v1/grants/batch", `{"grants":[]}`); code != 400 {
+		t.Fatalf("empty batch: %d %v", code, out)
+	}
 }
 
 // refusals: every caller without the right credentials gets 401 or 403

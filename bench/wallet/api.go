@@ -1,0 +1,199 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"surge/processors/wallet/api"
+	"surge/processors/wallet/auth"
+	"surge/processors/wallet/config"
+	"surge/processors/wallet/grant"
+	"surge/processors/wallet/ledger"
+)
+
+// httpBench drives the wallet's HTTP API on loopback, as the activity
+// services and the users' apps call it, with authentication on (signed
+// grants, user tokens) and off (the same server without keys).
+type httpBench struct {
+	ns      string
+	in      *grant.Intake
+	batcher *grant.Batcher
+	led     *ledger.Ledger
+	cl      *kgo.Client
+	rdb     *redis.Client
+	src     *config.Source
+	log     *slog.Logger
+	workers int
+	users   int
+
+	app     auth.Key
+	userSet *auth.Users
+	srv     [2]*http.Server // [0] auth off, [1] auth on
+	url     [2]string
+	hc      *http.Client
+	run     int // distinct order numbers per run
+}
+
+func (h *httpBench) start() {
+	h.app = auth.Key{ID: "bench-1", App: "bench", Secret: []byte(auth.NewSecret())}
+	h.userSet = auth.NewUsers([]auth.Key{{ID: "u-1", Secret: []byte(auth.NewSecret())}})
+	for i, on := range []bool{false, true} {
+		s := &api.Server{Intake: h.in, Batcher: h.batcher, Ledger: h.led, Producer: h.cl, Redis: h.rdb, Config: h.src, Namespace: h.ns, Log: h.log}
+		if on {
+			s.Apps, s.Users = auth.NewApps([]auth.Key{h.app}), h.userSet
+		}
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		must(err)
+		h.srv[i] = &http.Server{Handler: s.Handler()}
+		go func() { _ = h.srv[i].Serve(ln) }()
+		h.url[i] = "http://" + ln.Addr().String()
+	}
+	h.hc = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: h.workers, MaxConnsPerHost: h.workers}}
+}
+
+func (h *httpBench) close() {
+	for _, s := range h.srv {
+		_ = s.Close()
+	}
+}
+
+func label(on bool) string {
+	if on {
+		return "auth on "
+	}
+	return "auth off"
+}
+
+// do sends one request and fails the run on anything but 200.
+func (h *httpBench) do(req *http.Request) []byte {
+	resp, err := h.hc.Do(req)
+	must(err)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		must(fmt.Errorf("%s %s: %d %s", req.Method, req.URL.Path, resp.StatusCode, body))
+	}
+	return body
+}
+
+// parallel runs n calls of fn on h.workers callers and returns their
+// latencies, sorted, and the wall time.
+func (h *httpBench) parallel(n int, fn func(i int)) ([]time.Duration, time.Duration) {
+	lat := make([]time.Duration, n)
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	for range h.workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := int(next.Add(1) - 1); i < n; i = int(next.Add(1) - 1) {
+				t0 := time.Now()
+				fn(i)
+				lat[i] = time.Since(t0)
+			}
+		}()
+	}
+	wg.Wait()
+	el := time.Since(start)
+	sort.Slice(lat, func(a, b int) bool { return lat[a] < lat[b] })
+	return lat, el
+}
+
+func pct(lat []time.Duration, p int) time.Duration {
+	return lat[len(lat)*p/100].Round(time.Microsecond)
+}
+
+// grants posts n grants, size per request (1: POST /v1/grants, more:
+// POST /v1/grants/batch), signed when on.
+func (h *httpBench) grants(on bool, size, n int) {
+	h.run++
+	i := 0
+	if on {
+		i = 1
+	}
+	grantJSON := func(k int) string {
+		act := fmt.Sprintf("h%d", k%h.users)
+		return fmt.Sprintf(`{"orderNo":"%s_rain_h%d-%d_1_1","actId":"%s","activityId":"spring","sceneId":"rain","rainId":"h%d-%d","awardType":"CASH","stage":1,"amount":%d,"appId":"bench"}`,
+			act, h.run, k, act, h.run, k, 1+k%100)
+	}
+	reqs := (n + size - 1) / size
+	bodies := make([][]byte, reqs) // made before the clock starts
+	path := "/v1/grants"
+	for r := range bodies {
+		if size == 1 {
+			bodies[r] = []byte(grantJSON(r))
+			continue
+		}
+		path = "/v1/grants/batch"
+		var parts []string
+		for k := r * size; k < min(n, (r+1)*size); k++ {
+			parts = append(parts, grantJSON(k))
+		}
+		bodies[r] = []byte(`{"grants":[` + strings.Join(parts, ",") + `]}`)
+	}
+	// A batch is many callers' grants: a few times as many in flight as
+	// with single grants (the Batcher's batches fill), not size times more.
+	w := h.workers
+	if size > 1 {
+		h.workers = max(1, 4*w/size)
+	}
+	defer func() { h.workers = w }()
+	cpu0 := cpuTime()
+	lat, el := h.parallel(reqs, func(r int) {
+		req, _ := http.NewRequestWithContext(context.Background(), "POST", h.url[i]+path, bytes.NewReader(bodies[r]))
+		if on {
+			auth.Sign(req, bodies[r], h.app, time.Now())
+		}
+		body := h.do(req)
+		if size > 1 && bytes.Count(body, []byte(`"code":200`)) != bytes.Count(bodies[r], []byte(`"orderNo"`)) {
+			must(fmt.Errorf("batch not all granted: %.300s", body))
+		}
+	})
+	cpu := cpuTime() - cpu0
+	fmt.Printf("HTTP grants, %s, %4d per request (%s), %d callers: %d grants in %v = %.0f grants/s, request p50 %v, p99 %v; process CPU %.2f cores (server and callers)\n",
+		label(on), size, path, h.workers, n, el.Round(time.Millisecond), float64(n)/el.Seconds(), pct(lat, 50), pct(lat, 99), cpu.Seconds()/el.Seconds())
+}
+
+// reads gets n balances through GET /v1/users/{act}/balance, each with a
+// fresh user token when on (the token's check is part of the read).
+func (h *httpBench) reads(on bool, readers, n, backlogUsers int) {
+	i := 0
+	if on {
+		i = 1
+	}
+	w := h.workers
+	h.workers = readers
+	defer func() { h.workers = w }()
+	toks := make([]string, backlogUsers)
+	if on {
+		for u := range toks {
+			t, err := h.userSet.Issue(fmt.Sprintf("b%d", u), time.Hour, time.Now())
+			must(err)
+			toks[u] = t
+		}
+	}
+	lat, el := h.parallel(n, func(k int) {
+		u := k % backlogUsers
+		req, _ := http.NewRequest("GET", fmt.Sprintf("%s/v1/users/b%d/balance", h.url[i], u), nil)
+		if on {
+			req.Header.Set("Authorization", "Bearer "+toks[u])
+		}
+		h.do(req)
+	})
+	fmt.Printf("HTTP balance reads, %s, %d readers: %d reads in %v = %.0f/s, p50 %v, p99 %v\n",
+		label(on), readers, n, el.Round(time.Millisecond), float64(n)/el.Seconds(), pct(lat, 50), pct(lat, 99))
+}
