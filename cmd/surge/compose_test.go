@@ -27,7 +27,7 @@ func TestComposeFileParsesAndNamesRealComponents(t *testing.T) {
 		t.Fatalf("docker-compose.yml does not parse: %v", err)
 	}
 	for _, s := range []string{"kafka", "redis", "clickhouse", "topics", "push-planner-1", "push-planner-2",
-		"push-executor-1", "push-executor-2", "push-offline", "uin-tracker", "uin-recycle-1", "uin-recycle-2",
+		"push-executor-1", "push-executor-2", "push-offline", "push-timers", "uin-tracker", "uin-recycle-1", "uin-recycle-2",
 		"uin-timers", "uin-pool-1", "uin-pool-2"} {
 		if _, ok := f.Services[s]; !ok {
 			t.Errorf("service %s missing", s)
@@ -82,10 +82,9 @@ func TestComposeFileParsesAndNamesRealComponents(t *testing.T) {
 		}
 	}
 	// Not in compose, by design: push-presence is presence under a push
-	// namespace (load tests), push-timers a timer service for a namespaced
-	// push stack (compose's uin-timers fires the platform's timers).
+	// namespace (load tests).
 	for _, c := range components {
-		if !ran[c] && c != "push-presence" && c != "push-timers" {
+		if !ran[c] && c != "push-presence" {
 			t.Errorf("component %s runs in no compose service", c)
 		}
 	}

@@ -21,6 +21,7 @@ import (
 	"log/slog"
 	"os"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -78,6 +79,7 @@ type options struct {
 	txnID      string
 	partitions []int32
 	maxFire    int
+	targets    []string
 	now        func() time.Time
 	log        *slog.Logger
 	reg        *metrics.Registry
@@ -94,6 +96,13 @@ func Dir(d string) Option { return func(o *options) { o.dir = d } }
 
 // TransactionalID sets the id that fences another instance of the same shard.
 func TransactionalID(id string) Option { return func(o *options) { o.txnID = id } }
+
+// Targets limits the service to the timers whose target topic starts with
+// one of prefixes (default: all). Services of different systems share one
+// timer topic this way, each firing only its own system's timers under its
+// own TransactionalID: two services firing every timer would fire each
+// one twice, and two under one id would fence each other.
+func Targets(prefixes ...string) Option { return func(o *options) { o.targets = prefixes } }
 
 // Partitions limits the service to some partitions of the topic, so several
 // instances can share millions of timers; default all.
@@ -259,6 +268,9 @@ func (s *Service) apply(fs kgo.Fetches) error {
 			}
 			return
 		}
+		if !s.owns(t.TargetTopic) {
+			return // another system's timer service fires it
+		}
 		v, _ := proto.Marshal(&t)
 		_ = b.Set(dueKey(t.FireAtMs, id), v, nil)
 		_ = b.Set(idKey(id), binary.BigEndian.AppendUint64(nil, uint64(t.FireAtMs)), nil)
@@ -269,6 +281,18 @@ func (s *Service) apply(fs kgo.Fetches) error {
 	}
 	s.restore.Polled(fs.NumRecords())
 	return b.Commit(pebble.NoSync)
+}
+
+func (s *Service) owns(target string) bool {
+	if len(s.o.targets) == 0 {
+		return true
+	}
+	for _, p := range s.o.targets {
+		if strings.HasPrefix(target, p) {
+			return true
+		}
+	}
+	return false
 }
 
 func (s *Service) remove(b *pebble.Batch, id string) error {

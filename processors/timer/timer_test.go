@@ -90,3 +90,71 @@ func TestFiresOnceAcrossRestart(t *testing.T) {
 
 // fireOffset spreads timers: a third due at once, the rest over 6 s.
 func fireOffset(i uint64) time.Duration { return time.Duration(i%3*i) * 10 * time.Millisecond }
+
+// Two systems' timer services on one timer topic (push and uin in one
+// namespace), each with its own transactional id and its own targets,
+// run at once: every timer fires exactly once, by its own system's
+// service; neither fences the other.
+func TestTwoSystemsShareOneTimerTopic(t *testing.T) {
+	streamstest.Each(t, func(t *testing.T, b streamstest.Backend) {
+		ns := streamstest.Unique("tsys") + "."
+		timers := ns + "platform.timers"
+		targets := map[string]string{"push": ns + "push.jobs", "uin": ns + "uin.checks"}
+		streamstest.CreateTopics(t, b.Brokers, 3, timers, targets["push"], targets["uin"])
+		cl := streamstest.Client(t, b.Brokers)
+		const n = 100
+		now := time.Now()
+		var arms []*kgo.Record
+		for i := range n {
+			for sys, target := range targets {
+				rec, err := timer.Schedule(fmt.Sprintf("%s/%d", sys, i), now.Add(time.Duration(i%20)*100*time.Millisecond), target, nil,
+					&surgev1.LoginEvent{Uin: uint64(i)})
+				if err != nil {
+					t.Fatal(err)
+				}
+				rec.Topic = timers
+				arms = append(arms, rec)
+			}
+		}
+		streamstest.ProduceSync(t, cl, arms...)
+		ctx, cancel := context.WithCancel(context.Background())
+		var wg sync.WaitGroup
+		services := map[string]*timer.Service{}
+		for sys := range targets {
+			s := timer.New(b.Brokers, timer.Topic(timers), timer.Dir(t.TempDir()+"/db"),
+				timer.TransactionalID(ns+"surge-timer-"+sys), timer.Targets(ns+sys+"."))
+			services[sys] = s
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := s.Run(ctx); err != nil && ctx.Err() == nil {
+					t.Errorf("%s timers: %v", sys, err)
+				}
+			}()
+		}
+		for sys, target := range targets {
+			recs := streamstest.ReadN(t, b.Brokers, target, true, n, 30*time.Second, time.Second)
+			seen := map[uint64]int{}
+			for _, r := range recs {
+				id, _ := streams.Header(r, timer.HeaderTimerID)
+				var ev surgev1.LoginEvent
+				if err := streams.Decode(r, &ev); err != nil || id != fmt.Sprintf("%s/%d", sys, ev.Uin) {
+					t.Fatalf("%s: record of timer %q (%v)", target, id, err)
+				}
+				seen[ev.Uin]++
+			}
+			for i := range uint64(n) {
+				if seen[i] != 1 {
+					t.Fatalf("%s timer %d fired %d times, want 1", sys, i, seen[i])
+				}
+			}
+		}
+		cancel()
+		wg.Wait()
+		for sys, s := range services {
+			if s.Fired() != n || s.Pending() != 0 {
+				t.Fatalf("%s service fired %d, %d pending; want %d fired, none pending", sys, s.Fired(), s.Pending(), n)
+			}
+		}
+	})
+}

@@ -5,16 +5,23 @@
 // of equal partition counts), so the login of a uin and the batches holding
 // it are always on the same instance.
 //
-// Pebble is a cache: on start it is rebuilt from the topics (every queued
-// batch of push.offline, minus every DELIVERED_ON_LOGIN report). While
-// running, a batch's Pebble writes are staged in an indexed batch and
-// applied only once its Kafka transaction committed; a crash in between
-// loses nothing, because the restart rebuilds from what committed.
+// Pebble is a cache of the topics (every queued batch of push.offline,
+// minus every DELIVERED_ON_LOGIN report). While running, a batch's Pebble
+// writes are staged in an indexed batch and applied only once its Kafka
+// transaction committed, together with the next offset of every input
+// partition the batch read ("applied offsets"). On start, and whenever
+// partitions are assigned, the applied offsets are compared with the
+// group's committed ones: when they match, the store is exactly what the
+// topics say and is used as it is (a restart in place reads nothing back);
+// when any differs (a crash between the Kafka commit and Pebble's, or
+// another instance consumed a partition meanwhile) the store is rebuilt
+// from the topics.
 package offline
 
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -23,6 +30,7 @@ import (
 
 	"github.com/RoaringBitmap/roaring/v2"
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/protobuf/proto"
 
@@ -56,9 +64,22 @@ type Queues struct {
 	online *roaring.Bitmap
 	onStg  map[uint32]bool
 
+	// stgNext: the next offset of each input partition this batch read;
+	// committed: the group's committed offsets of the partitions last
+	// assigned, what a rebuild's applied offsets are set to.
+	stgNext   map[topicPartition]int64
+	committed map[topicPartition]int64
+
 	queued, delivered  atomic.Int64
 	stgQueued, stgDone int64
 	mQueued, mDone     metrics.Counter
+	// Rebuilds counts rebuilds of the store from the topics.
+	Rebuilds atomic.Int64
+}
+
+type topicPartition struct {
+	topic     string
+	partition int32
 }
 
 // New returns the processor.
@@ -70,7 +91,7 @@ func New(cfg Config, brokers []string) *Queues {
 		cfg.Metrics = metrics.NewRegistry()
 	}
 	c := cfg.Metrics.NewCounterVec("surge_push_offline_total", "offline messages", "event")
-	return &Queues{cfg: cfg, brokers: brokers, online: roaring.New(), onStg: map[uint32]bool{},
+	return &Queues{cfg: cfg, brokers: brokers, online: roaring.New(), onStg: map[uint32]bool{}, stgNext: map[topicPartition]int64{},
 		mQueued: c.With("queued"), mDone: c.With("delivered_on_login")}
 }
 
@@ -83,14 +104,29 @@ func (q *Queues) Stats() (queued, delivered int64) { return q.queued.Load(), q.d
 // queue's inputs.
 var offlineBatchSchema = schemas.Of(&pb.OfflineBatch{}).Name
 
+// The store's keys: a queued message, an online user, an applied offset.
+const (
+	prefixEntry   = 'e' // uin (4 bytes) + job id
+	prefixOnline  = 'o' // uin (4 bytes)
+	prefixApplied = 'a' // topic + 0 + partition (4 bytes); value: next offset (8 bytes)
+)
+
 func entryKey(uin uint32, jobID string) []byte {
-	return append(binary.BigEndian.AppendUint32(make([]byte, 0, 4+len(jobID)), uin), jobID...)
+	return append(binary.BigEndian.AppendUint32(append(make([]byte, 0, 5+len(jobID)), prefixEntry), uin), jobID...)
+}
+
+func onlineKey(uin uint32) []byte {
+	return binary.BigEndian.AppendUint32([]byte{prefixOnline}, uin)
+}
+
+func appliedKey(tp topicPartition) []byte {
+	return binary.BigEndian.AppendUint32(append(append([]byte{prefixApplied}, tp.topic...), 0), uint32(tp.partition))
 }
 
 // Pending returns the job ids queued for uin (committed state).
 func (q *Queues) Pending(uin uint32) ([]string, error) {
 	var out []string
-	err := q.scan(q.db, uin, func(k []byte, _ []byte) { out = append(out, string(k[4:])) })
+	err := q.scan(q.db, uin, func(k []byte, _ []byte) { out = append(out, string(k[5:])) })
 	return out, err
 }
 
@@ -99,11 +135,10 @@ type reader interface {
 }
 
 func (q *Queues) scan(r reader, uin uint32, fn func(k, v []byte)) error {
-	lo := binary.BigEndian.AppendUint32(nil, uin)
-	hi := binary.BigEndian.AppendUint32(nil, uin+1)
-	opts := &pebble.IterOptions{LowerBound: lo}
+	opts := &pebble.IterOptions{LowerBound: binary.BigEndian.AppendUint32([]byte{prefixEntry}, uin),
+		UpperBound: []byte{prefixEntry + 1}}
 	if uin != presence.MaxUin {
-		opts.UpperBound = hi
+		opts.UpperBound = binary.BigEndian.AppendUint32([]byte{prefixEntry}, uin+1)
 	}
 	it, err := r.NewIter(opts)
 	if err != nil {
@@ -117,24 +152,33 @@ func (q *Queues) scan(r reader, uin uint32, fn func(k, v []byte)) error {
 
 // Run rebuilds the queues and serves until ctx ends.
 func (q *Queues) Run(ctx context.Context, opts ...streams.Option) error {
-	db, err := localstore.Open(q.cfg.Dir, true, q.cfg.Log)
+	// Kept across restarts (with its write-ahead log): whether it is
+	// current is decided against the group's offsets on assignment.
+	db, err := localstore.Open(q.cfg.Dir, false, q.cfg.Log)
 	if err != nil {
 		return err
 	}
 	q.db = db
 	defer db.Close()
 	q.staged = db.NewIndexedBatch()
-	q.stale = true
+	if err := q.loadOnline(); err != nil {
+		return err
+	}
+	group := q.cfg.Namespace + "push-offline"
 	opts = append([]streams.Option{
 		streams.Brokers(q.brokers...),
 		streams.Inputs(q.topic(schemas.TopicOffline), q.topic(schemas.TopicLogin)),
-		streams.Group(q.cfg.Namespace + "push-offline"),
+		streams.Group(group),
 		streams.WithGuarantee(streams.ExactlyOnce),
 		streams.DeadLetterTopic(q.topic(schemas.TopicDeadLetter)),
 		streams.ClientOpts(kgo.Balancers(kgo.RangeBalancer()), // co-partitioned
-			kgo.OnPartitionsAssigned(func(context.Context, *kgo.Client, map[string][]int32) {
+			kgo.OnPartitionsAssigned(func(ctx context.Context, cl *kgo.Client, assigned map[string][]int32) {
+				current, err := q.current(ctx, cl, group, assigned)
+				if err != nil {
+					q.cfg.Log.Warn("offline: cannot compare the store with the group's offsets; rebuilding", "err", err)
+				}
 				q.mu.Lock()
-				q.stale = true
+				q.stale = q.stale || !current
 				q.mu.Unlock()
 			})),
 		streams.OnBatchEnd(q.batchEnd),
@@ -146,8 +190,80 @@ func (q *Queues) Run(ctx context.Context, opts ...streams.Option) error {
 	return r.Run(ctx)
 }
 
-// rebuild empties the store and restores it from the topics.
+// current tells whether the store holds exactly what the topics say for
+// the assigned partitions: each one's applied offset is the group's
+// committed offset. It remembers the committed offsets for a rebuild.
+func (q *Queues) current(ctx context.Context, cl *kgo.Client, group string, assigned map[string][]int32) (bool, error) {
+	fetched, err := kadm.NewClient(cl).FetchOffsets(ctx, group)
+	if err == nil {
+		err = fetched.Error()
+	}
+	if err != nil {
+		return false, err
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.committed = map[topicPartition]int64{}
+	current := true
+	for topic, parts := range assigned {
+		for _, p := range parts {
+			tp := topicPartition{topic, p}
+			committed := int64(-1)
+			if o, ok := fetched.Lookup(topic, p); ok && o.Err == nil {
+				committed = o.At
+			}
+			q.committed[tp] = committed
+			applied, ok, err := q.applied(tp)
+			if err != nil {
+				return false, err
+			}
+			if committed < 0 && !ok {
+				continue // never consumed by anyone: nothing to disagree on
+			}
+			if !ok || applied != committed {
+				current = false
+			}
+		}
+	}
+	return current, nil
+}
+
+func (q *Queues) applied(tp topicPartition) (int64, bool, error) {
+	v, closer, err := q.db.Get(appliedKey(tp))
+	if errors.Is(err, pebble.ErrNotFound) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, err
+	}
+	defer closer.Close()
+	if len(v) != 8 {
+		return 0, false, nil
+	}
+	return int64(binary.BigEndian.Uint64(v)), true, nil
+}
+
+// loadOnline reads the online users the store holds.
+func (q *Queues) loadOnline() error {
+	q.online = roaring.New()
+	it, err := q.db.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixOnline}, UpperBound: []byte{prefixOnline + 1}})
+	if err != nil {
+		return err
+	}
+	for ok := it.First(); ok; ok = it.Next() {
+		if k := it.Key(); len(k) == 5 {
+			q.online.Add(binary.BigEndian.Uint32(k[1:]))
+		}
+	}
+	return it.Close()
+}
+
+// rebuild empties the store and restores it from the topics; its applied
+// offsets become the group's committed ones (records after them that the
+// rebuild already reflects are applied again on top, which changes
+// nothing: a queued message is set again, a delivered one is gone).
 func (q *Queues) rebuild(ctx context.Context) error {
+	q.Rebuilds.Add(1)
 	start := time.Now()
 	b := q.db.NewBatch()
 	_ = b.DeleteRange([]byte{0}, []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, nil)
@@ -224,7 +340,23 @@ func (q *Queues) restore(ctx context.Context) (int, error) {
 		}
 		return nil
 	})
-	return n, err
+	if err != nil {
+		return 0, err
+	}
+	b = q.db.NewBatch()
+	it := q.online.Iterator()
+	for it.HasNext() {
+		_ = b.Set(onlineKey(it.Next()), nil, nil)
+		if err := flush(); err != nil {
+			return 0, err
+		}
+	}
+	for tp, o := range q.committed {
+		if o >= 0 {
+			_ = b.Set(appliedKey(tp), binary.BigEndian.AppendUint64(nil, uint64(o)), nil)
+		}
+	}
+	return n, b.Commit(pebble.Sync)
 }
 
 func entry(ob *pb.OfflineBatch, uin uint32) *pb.OfflineEntry {
@@ -250,6 +382,7 @@ func (q *Queues) Handle() streams.Handler {
 			}
 			q.stale = false
 		}
+		q.stgNext[topicPartition{in.Topic, in.Partition}] = in.Offset + 1
 		now := time.Now().UnixMilli()
 		deliver := func(e *pb.OfflineEntry) error {
 			q.stgDone++
@@ -272,6 +405,11 @@ func (q *Queues) Handle() streams.Handler {
 				e := entry(&ob, uin)
 				if q.isOnline(uin) { // logged in since the executor looked
 					if err := deliver(e); err != nil {
+						return err
+					}
+					// A rebuild that read this batch queued it: delivered
+					// now, it must not be delivered again on a later login.
+					if err := q.staged.Delete(entryKey(uin, ob.JobId), nil); err != nil {
 						return err
 					}
 					continue
@@ -328,6 +466,18 @@ func (q *Queues) batchEnd(committed bool) {
 		q.delivered.Add(q.stgDone)
 		q.mQueued.Add(float64(q.stgQueued))
 		q.mDone.Add(float64(q.stgDone))
+		for uin, on := range q.onStg {
+			if on {
+				_ = q.staged.Set(onlineKey(uin), nil, nil)
+			} else {
+				_ = q.staged.Delete(onlineKey(uin), nil)
+			}
+		}
+		for tp, next := range q.stgNext {
+			_ = q.staged.Set(appliedKey(tp), binary.BigEndian.AppendUint64(nil, uint64(next)), nil)
+		}
+		// The batch's writes and the offsets they reach, atomically: after
+		// a crash the store is either as of this commit or as of the last.
 		if err := q.staged.Commit(pebble.NoSync); err != nil {
 			// Pebble refused a write: the cache no longer matches the
 			// topics. Stop; the restart rebuilds it from them.
@@ -345,6 +495,7 @@ func (q *Queues) batchEnd(committed bool) {
 		_ = q.staged.Close()
 	}
 	clear(q.onStg)
+	clear(q.stgNext)
 	q.stgQueued, q.stgDone = 0, 0
 	q.staged = q.db.NewIndexedBatch()
 }

@@ -167,7 +167,7 @@ func (s *Stack) Start(ctx context.Context) error {
 	}
 	if s.runs(Timers) {
 		s.Timers = timer.New(s.Brokers, timer.Topic(ns+schemas.TopicTimers), timer.Dir(filepath.Join(s.Opts.Dir, "timers")),
-			timer.TransactionalID(ns+"surge-timer"), timer.Logger(s.Opts.Log), timer.Metrics(s.Opts.Metrics))
+			timer.TransactionalID(ns+"surge-timer-push"), timer.Targets(ns+"push."), timer.Logger(s.Opts.Log), timer.Metrics(s.Opts.Metrics))
 		s.Go(ctx, "timers", s.Timers.Run)
 	}
 	if s.runs(CTR) {

@@ -132,7 +132,7 @@ func (s *Stack) Start(ctx context.Context) {
 	}
 	if s.runs(Timers) {
 		s.Timers = timer.New(s.Brokers, timer.Topic(ns+schemas.TopicTimers), timer.Dir(filepath.Join(s.Opts.Dir, "timers")),
-			timer.TransactionalID(ns+"surge-timer"), timer.Logger(s.Opts.Log), timer.Metrics(s.Opts.Metrics))
+			timer.TransactionalID(ns+"surge-timer-uin"), timer.Targets(ns+"uin."), timer.Logger(s.Opts.Log), timer.Metrics(s.Opts.Metrics))
 		s.Go(ctx, "timers", s.Timers.Run)
 	}
 	if s.runs(PoolAPI) {

@@ -194,7 +194,7 @@ func batches(t *testing.T, srv *httptest.Server) {
 	body := `{"grants":[` + strings.Join([]string{
 		g("u5", "b1", 10, ""),
 		g("u5", "b2", 20, ""),
-		g("u1", "r1", 999, ""),             // u1's order r1 again with another amount
+		g("u1", "r1", 999, ""),            // u1's order r1 again with another amount
 		g("u5", "b3", 30, `,"appId":"x"`), // another app's grant
 		`{"orderNo":7}`,                   // malformed
 		g("u6", "b1", 40, ""),
@@ -205,7 +205,9 @@ func batches(t *testing.T, srv *httptest.Server) {
 		want int
 	}{
 		{"unsigned batch", nil, 401},
-		{"tampered batch", func(r *http.Request, b []byte) { auth.Sign(r, append([]byte(nil), b[:len(b)-1]...), appKey, time.Now()) }, 401},
+		{"tampered batch", func(r *http.Request, b []byte) {
+			auth.Sign(r, append([]byte(nil), b[:len(b)-1]...), appKey, time.Now())
+		}, 401},
 	} {
 		if code, out := callWith(t, srv, "POST", "/v1/grants/batch", body, c.sign); code != c.want {
 			t.Fatalf("%s: %d %v, want %d", c.name, code, out, c.want)
