@@ -42,7 +42,6 @@ const (
 	TopicLedger         = "wallet.ledger"
 	TopicWithdrawals    = "wallet.withdrawals"
 	TopicWithdrawResult = "wallet.withdrawal-results"
-	TopicStock          = "wallet.stock"
 	TopicRegistrations  = "uin.registrations"
 	TopicUsage          = "uin.usage"
 	TopicRecycleSteps   = "uin.recycle-steps"
@@ -88,7 +87,6 @@ var Topics = []Topic{
 	{TopicLedger, "surge.v1.LedgerEntry", "act_id", 12, false, 365 * day, "booked ledger entries; the account store is rebuilt from it"},
 	{TopicWithdrawals, "surge.v1.Withdrawal", "act_id", 12, false, 365 * day, "withdrawal requests"},
 	{TopicWithdrawResult, "surge.v1.Withdrawal", "act_id", 12, false, 30 * day, "the ledger's answer to each withdrawal: booked or refused with a reason"},
-	{TopicStock, "surge.v1.StockChange", "template_id", 6, false, 30 * day, "coupon stock consumption"},
 	{TopicRegistrations, "surge.v1.UinRegistration", "uin (4-byte big-endian)", 12, false, 400 * day, "uin allocations and registration completion"},
 	{TopicUsage, "surge.v1.UsageEvent", "uin (4-byte big-endian)", 12, false, 30 * day, "usage events that prove an account alive"},
 	{TopicRecycleSteps, "surge.v1.RecycleStep", "uin (4-byte big-endian)", 12, false, 400 * day, "every applied step of every recycle ticket; the recycle controller's changelog"},

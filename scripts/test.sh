@@ -14,3 +14,9 @@ export SURGE_TEST_KAFKA="127.0.0.1:${KAFKA_PORT:-19092}" SURGE_TEST_REDIS="127.0
 export SURGE_TEST_REQUIRE_REAL=1
 go vet ./...
 go test -count=1 -timeout 40m "$@" ./...
+# The README's main job, bounded, so it cannot break unnoticed (only on a
+# full run: arguments narrow the run to some tests).
+if [ $# -eq 0 ]; then
+  echo "test.sh: the main job (scripts/embedded.sh), bounded at 15 minutes"
+  timeout 900 scripts/embedded.sh
+fi

@@ -31,6 +31,9 @@ func (o *Output) EmitMsg(topic string, key []byte, msg proto.Message) error {
 	return nil
 }
 
+// Records are the records queued so far (data-driven tests print them).
+func (o *Output) Records() []*kgo.Record { return o.recs }
+
 // Len is the number of records queued.
 func (o *Output) Len() int { return len(o.recs) }
 

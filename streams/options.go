@@ -68,6 +68,8 @@ type config struct {
 	beforeCommit   func(ctx context.Context) error
 	afterBatch     func(ctx context.Context, out *Output) error
 	onIdle         func(ctx context.Context)
+	spec           *Spec  // Declare: the topics it may consume and produce
+	namespace      string // prefix of every topic in spec
 }
 
 func defaults(name string) config {

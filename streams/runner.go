@@ -25,6 +25,7 @@ type Runner struct {
 
 	attempts map[recordID]int // transient failures per input, cleared on commit
 	out      Output
+	declared map[string]bool // output topics found in the spec (checked once each)
 
 	mIn, mOut, mDLQ, mCommitted, mAborted, mRetries, mRestarts metrics.Counter
 	// Waits of a transaction's first request for the previous
@@ -59,12 +60,16 @@ func New(name string, h Handler, opts ...Option) (*Runner, error) {
 	case cfg.guarantee == ExactlyOnce && cfg.instanceID == "":
 		return nil, errors.New("streams: exactly-once needs an instance id")
 	}
+	if err := cfg.checkInputs(); err != nil {
+		return nil, err
+	}
 	reg := cfg.registry
 	r := &Runner{
 		cfg:        cfg,
 		handler:    h,
 		log:        cfg.logger.With("processor", name, "guarantee", cfg.guarantee.String()),
 		attempts:   map[recordID]int{},
+		declared:   map[string]bool{},
 		mIn:        reg.NewCounterVec("surge_records_in_total", "input records processed and committed", "processor").With(name),
 		mOut:       reg.NewCounterVec("surge_records_out_total", "output records produced and committed", "processor").With(name),
 		mDLQ:       reg.NewCounterVec("surge_dead_letters_total", "input records sent to the dead-letter topic", "processor").With(name),
@@ -88,6 +93,11 @@ func (r *Runner) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			r.log.Info("processor stopped")
 			return nil
+		}
+		var undeclared *UndeclaredError
+		if errors.As(err, &undeclared) {
+			r.log.Error("processor stopped: it produced to an undeclared topic", "err", err)
+			return err // a bug: restarting would do it again
 		}
 		r.mRestarts.Inc()
 		r.log.Warn("session failed; restarting from the last commit", "err", err, "retry_in", backoff)
@@ -273,6 +283,10 @@ func (r *Runner) runBatch(work, ctx context.Context, c committer, recs []*kgo.Re
 		_ = c.abort(work)
 		return false, ctx.Err()
 	}
+	if err := r.checkDeclared(); err != nil {
+		_ = c.abort(work)
+		return false, err
+	}
 	if err := c.produce(work, r.out.recs); err != nil {
 		_ = c.abort(work)
 		return false, fmt.Errorf("produce: %w", err)
@@ -294,6 +308,22 @@ func (r *Runner) runBatch(work, ctx context.Context, c committer, recs []*kgo.Re
 		r.cfg.onCommit(len(recs), len(r.out.recs)-dlq)
 	}
 	return true, nil
+}
+
+// checkDeclared refuses a batch with a record bound for a topic the
+// processor's spec does not declare.
+func (r *Runner) checkDeclared() error {
+	return r.cfg.checkOutputs(func(yield func(string) bool) {
+		for _, rec := range r.out.recs {
+			if r.declared[rec.Topic] {
+				continue
+			}
+			if !yield(rec.Topic) {
+				return
+			}
+			r.declared[rec.Topic] = true
+		}
+	})
 }
 
 // retryUntil calls fn until it succeeds, backing off exponentially between

@@ -23,7 +23,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/protobuf/proto"
 
-	"surge/processors/presence"
 	"surge/processors/push/directory"
 	"surge/processors/push/filter"
 	"surge/processors/push/pipeline"
@@ -74,7 +73,7 @@ func main() {
 			continue // offline
 		}
 		online.Add(u)
-		rec, err := streams.NewRecord(ns+schemas.TopicPresence, presence.Key(u), &pb.LoginEvent{Uin: uint64(u), Online: true})
+		rec, err := streams.NewRecord(ns+schemas.TopicPresence, schemas.UinKey(u), &pb.LoginEvent{Uin: uint64(u), Online: true})
 		must(err)
 		cl.Produce(ctx, rec, func(_ *kgo.Record, err error) { must(err) })
 	}

@@ -29,7 +29,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/protobuf/proto"
 
-	"surge/processors/presence"
 	"surge/processors/push/directory"
 	"surge/processors/push/numpkg"
 	push "surge/processors/push/pipeline"
@@ -118,7 +117,7 @@ func main() {
 	pres := svc("presence", "push-presence")
 	online := int(float64(*users) * *onlineShare)
 	for u := 1; u <= online; u++ {
-		r, err := streams.NewRecord(ns+schemas.TopicLogin, presence.Key(uint32(u)), &pb.LoginEvent{Uin: uint64(u), Online: true})
+		r, err := streams.NewRecord(ns+schemas.TopicLogin, schemas.UinKey(uint32(u)), &pb.LoginEvent{Uin: uint64(u), Online: true})
 		must(err)
 		cl.Produce(ctx, r, func(_ *kgo.Record, err error) { must(err) })
 	}

@@ -22,9 +22,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"surge/processors/uin/synth"
 	"surge/sinks/clickhouse"
 	"surge/streams/embedded"
+	synth "surge/tools/uinsynth"
 )
 
 // benchDB is the Redis database the bench writes to.

@@ -28,14 +28,14 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"surge/processors/wallet/config"
-	"surge/processors/wallet/grant"
-	"surge/processors/wallet/ledger"
 	"surge/processors/wallet/order"
+	"surge/processors/wallet/stack"
 	"surge/processors/wallet/token"
 	"surge/schemas"
 	pb "surge/schemas/surgev1"
 	"surge/streams"
 	"surge/streams/embedded"
+	"surge/streams/metrics"
 )
 
 // benchDB is the Redis database the bench writes to.
@@ -91,9 +91,14 @@ func main() {
 	keys, err := token.Generate("bench")
 	must(err)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	in := grant.New(grant.Deps{Config: src, Keys: keys, Redis: rdb, Producer: cl, Log: log, Namespace: ns})
-	batcher := grant.NewBatcher(in, *batch, time.Millisecond, *batchers)
-	defer batcher.Close()
+	// The instance `surge wallet` runs (without the live total, which the
+	// bench does not read), its parts driven one phase at a time.
+	w, err := stack.New(stack.Options{Brokers: brokers, Namespace: ns, Dir: must2(os.MkdirTemp("", "wbench-ledger-")), Source: src,
+		Keys: keys, Redis: rdb, Producer: cl, BatchSize: *batch, BatchLinger: time.Millisecond, Batchers: *batchers, NoTotal: true,
+		Log: log, Metrics: metrics.NewRegistry()})
+	must(err)
+	defer w.Close()
+	in, batcher, led := w.Intake, w.Batcher, w.Ledger
 	fmt.Printf("backend: %s, redis-server %s; %d cores, %s\n", backend, *redisAddr, runtime.NumCPU(), runtime.Version())
 
 	// 1. Intake.
@@ -144,8 +149,6 @@ func main() {
 	fmt.Printf("  %s\n", produced.String())
 
 	// 2. Booking: the ledger drains the tokens at full speed (no limit).
-	led := ledger.New(ledger.Config{Namespace: ns, Dir: must2(os.MkdirTemp("", "wbench-ledger-")), Source: src, Keys: keys,
-		Tokens: in.Tokens(), Log: log}, brokers)
 	lctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	cpu0 = cpuTime()

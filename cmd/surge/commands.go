@@ -14,8 +14,8 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	push "surge/processors/push/pipeline"
+	"surge/processors/topology"
 	uinpipe "surge/processors/uin/pipeline"
-	"surge/processors/uin/recycle"
 	"surge/schemas"
 	"surge/sinks/clickhouse"
 	"surge/streams"
@@ -83,12 +83,27 @@ func cmdRun(ctx context.Context, args []string) error {
 }
 
 func cmdTopics(ctx context.Context, args []string) error {
-	var create bool
+	var create, graph bool
+	var format string
 	v, _, err := loadConfig("topics", args, func(fs *pflag.FlagSet) {
 		fs.BoolVar(&create, "create", false, "create every registry topic that does not exist")
+		fs.BoolVar(&graph, "graph", false, "print who produces and who consumes each topic (every processor's declared spec)")
+		fs.StringVar(&format, "format", "text", "with --graph: text, mermaid or dot")
 	})
 	if err != nil {
 		return err
+	}
+	if graph {
+		uses := topology.Describe()
+		switch format {
+		case "text":
+			return streams.WriteText(os.Stdout, uses)
+		case "mermaid":
+			return streams.WriteMermaid(os.Stdout, topology.All(), uses)
+		case "dot":
+			return streams.WriteDOT(os.Stdout, topology.All(), uses)
+		}
+		return fmt.Errorf("topics --graph: unknown --format %q (text, mermaid or dot)", format)
 	}
 	if !create {
 		fmt.Printf("%-22s %-26s %-5s %-12s %s\n", "TOPIC", "SCHEMA", "PARTS", "RETENTION", "KEY")
@@ -147,7 +162,7 @@ func cmdProduce(ctx context.Context, args []string) error {
 		if key != "" {
 			return fmt.Errorf("give --key or --key-uin, not both")
 		}
-		key = string(recycle.Key(keyUin))
+		key = string(schemas.UinKey(keyUin))
 	}
 	tp, err := schemas.TopicByName(topic)
 	if err != nil {

@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"go.yaml.in/yaml/v3"
+
+	"surge/processors/topology"
 )
 
 // docker-compose.yml parses (anchors and merge keys resolved), has the
@@ -86,6 +88,23 @@ func TestComposeFileParsesAndNamesRealComponents(t *testing.T) {
 	for _, c := range components {
 		if !ran[c] && c != "push-presence" {
 			t.Errorf("component %s runs in no compose service", c)
+		}
+	}
+}
+
+// Every component `surge run` starts has a declared spec in the topology
+// (push-presence is presence behind push.namespace).
+func TestEveryComponentIsDeclared(t *testing.T) {
+	declared := map[string]bool{}
+	for _, s := range topology.Processors() {
+		declared[s.Name] = true
+	}
+	for _, name := range components {
+		if name == "push-presence" {
+			name = "presence"
+		}
+		if !declared[name] {
+			t.Errorf("surge run %s: no spec in processors/topology", name)
 		}
 	}
 }

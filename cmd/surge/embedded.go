@@ -11,10 +11,10 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"surge/processors/presence"
 	"surge/schemas"
 	"surge/schemas/surgev1"
 	"surge/streams"
+	"surge/tools/progress"
 )
 
 // cmdEmbedded runs the whole pipeline on in-process servers and, unless
@@ -90,7 +90,7 @@ func cmdEmbedded(ctx context.Context, args []string) error {
 	fmt.Fprintf(os.Stderr, "driving %d login events for %d users (%d malformed or out of range)\n", total, users, len(traffic.bad))
 	go func() {
 		for i, ev := range traffic.events {
-			rec, _ := streams.NewRecord(schemas.TopicLogin, presence.Key(uint32(ev.Uin)), ev)
+			rec, _ := streams.NewRecord(schemas.TopicLogin, schemas.UinKey(uint32(ev.Uin)), ev)
 			cl.Produce(ctx, rec, nil)
 			if i == len(traffic.events)/2 {
 				for _, b := range traffic.bad {
@@ -101,19 +101,19 @@ func cmdEmbedded(ctx context.Context, args []string) error {
 		_ = cl.Flush(ctx)
 	}()
 
-	bar := newProgress("logins processed", total)
+	bar := progress.New("logins processed", total)
 	for presenceIn.Load() < total {
 		if ctx.Err() != nil {
-			bar.done()
+			bar.Done()
 			stopPipeline()
 			_ = p.wait()
 			return fmt.Errorf("interrupted with %d of %d processed", presenceIn.Load(), total)
 		}
-		bar.set(presenceIn.Load())
+		bar.Set(presenceIn.Load())
 		time.Sleep(100 * time.Millisecond)
 	}
-	bar.set(presenceIn.Load())
-	bar.done()
+	bar.Set(presenceIn.Load())
+	bar.Done()
 	processed := time.Since(start)
 
 	// Wait for the sinks to land every change and dead letter in ClickHouse.
@@ -216,25 +216,3 @@ func generateLogins(users int, seed uint64) loginTraffic {
 	}
 	return t
 }
-
-// progress draws a one-line bar on stderr.
-type progress struct {
-	label string
-	total int64
-	start time.Time
-}
-
-func newProgress(label string, total int64) *progress {
-	return &progress{label: label, total: total, start: time.Now()}
-}
-
-func (p *progress) set(n int64) {
-	const width = 30
-	frac := float64(n) / float64(max(p.total, 1))
-	filled := int(frac * width)
-	rate := float64(n) / max(time.Since(p.start).Seconds(), 1e-9)
-	fmt.Fprintf(os.Stderr, "\r[%s%s] %5.1f%% %d/%d %s  %.0f/s ", strings.Repeat("#", filled),
-		strings.Repeat(".", width-filled), 100*frac, n, p.total, p.label, rate)
-}
-
-func (p *progress) done() { fmt.Fprintln(os.Stderr) }

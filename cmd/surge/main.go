@@ -50,7 +50,8 @@ commands:
   recon      reconciliation over ClickHouse: "recon report [--json]" (status
              per hour, open mismatches, totals), "recon run --hour TIME"
              (one hour now), "recon serve" (h+1, h+2 fallback, every minute)
-  topics     list the topic registry; --create creates the topics
+  topics     list the topic registry; --create creates the topics;
+             --graph [--format text|mermaid|dot] who produces and consumes each
   produce    produce one record: --topic T --json '{...}' [--key K]
   consume    print a topic's records as JSON: --topic T [--max N]
   replay     re-read a topic from --offset N or --since TIME into --into TOPIC

@@ -17,7 +17,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/protobuf/proto"
 
-	"surge/processors/presence"
 	"surge/processors/push/directory"
 	"surge/processors/push/numpkg"
 	push "surge/processors/push/pipeline"
@@ -154,7 +153,7 @@ func TestPushServicesSurviveKill9(t *testing.T) {
 		for u := uint32(1); u <= users; u++ {
 			if u%3 != 0 {
 				online.Add(u)
-				r, _ := streams.NewRecord(ns+schemas.TopicLogin, presence.Key(u), &pb.LoginEvent{Uin: uint64(u), Online: true})
+				r, _ := streams.NewRecord(ns+schemas.TopicLogin, schemas.UinKey(u), &pb.LoginEvent{Uin: uint64(u), Online: true})
 				recs = append(recs, r)
 			}
 		}
@@ -221,7 +220,7 @@ func TestPushServicesSurviveKill9(t *testing.T) {
 		it := offlineTargets.Iterator()
 		for it.HasNext() {
 			u := it.Next()
-			r, _ := streams.NewRecord(ns+schemas.TopicLogin, presence.Key(u), &pb.LoginEvent{Uin: uint64(u), Online: true})
+			r, _ := streams.NewRecord(ns+schemas.TopicLogin, schemas.UinKey(u), &pb.LoginEvent{Uin: uint64(u), Online: true})
 			recs = append(recs, r)
 		}
 		streamstest.ProduceSync(t, cl, recs...)

@@ -25,12 +25,14 @@ import (
 	"surge/processors/uin/pool"
 	"surge/processors/uin/recycle"
 	"surge/processors/uin/restore"
-	"surge/processors/uin/synth"
 	"surge/processors/uin/tracker"
 	"surge/schemas"
+	"surge/schemas/recycling"
 	pb "surge/schemas/surgev1"
 	"surge/streams"
 	"surge/streams/metrics"
+	"surge/tools/progress"
+	synth "surge/tools/uinsynth"
 )
 
 const uinUsage = `surge uin ACTION: uin recycling
@@ -87,7 +89,7 @@ func uinOptions(v *viper.Viper, log *slog.Logger) (uinpipe.Options, error) {
 		}
 		cps = append(cps, d)
 	}
-	cats := []string{recycle.Abandoned, recycle.Spam, recycle.Inactive}
+	cats := []string{recycling.Abandoned, recycling.Spam, recycling.Inactive}
 	pol := recycle.Policy{Ban: map[string]time.Duration{}, CoolDown: map[string]time.Duration{}, TicketTTL: v.GetDuration("uin.ticket_ttl"),
 		EndedRetention: v.GetDuration("uin.ended_ticket_retention")}
 	for _, c := range cats {
@@ -381,21 +383,21 @@ func uinDemo(ctx context.Context, v *viper.Viper, log *slog.Logger) error {
 	}
 	defer cleanup()
 	quiet := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	var bar *progress
+	var bar *progress.Bar
 	phase := ""
 	res, err := synth.Run(ctx, bs, rdb, st, synth.Options{Accounts: v.GetInt("uin.accounts"), Controllers: max(v.GetInt("uin.controllers"), 2),
 		Seed: rand.Uint64(), Dir: dir, Namespace: v.GetString("uin.namespace") + fmt.Sprintf("demo%d.", time.Now().UnixNano()), Log: quiet,
 		Progress: func(p string, done, total int64) {
 			if p != phase {
 				if bar != nil {
-					bar.done()
+					bar.Done()
 				}
-				phase, bar = p, newProgress(p, total)
+				phase, bar = p, progress.New(p, total)
 			}
-			bar.set(done)
+			bar.Set(done)
 		}})
 	if bar != nil {
-		bar.done()
+		bar.Done()
 	}
 	if err != nil {
 		return err

@@ -22,8 +22,8 @@ import (
 
 	uinpipe "surge/processors/uin/pipeline"
 	"surge/processors/uin/pool"
-	"surge/processors/uin/recycle"
 	"surge/schemas"
+	"surge/schemas/recycling"
 	pb "surge/schemas/surgev1"
 	"surge/streams"
 	"surge/streams/streamstest"
@@ -126,7 +126,7 @@ func TestUinServicesSurviveKill9(t *testing.T) {
 		now := time.Now()
 		var recs []*kgo.Record
 		add := func(topic string, uin uint64, m proto.Message) {
-			rec, err := streams.NewRecord(ns+topic, recycle.Key(uint32(uin)), m)
+			rec, err := streams.NewRecord(ns+topic, schemas.UinKey(uint32(uin)), m)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -137,7 +137,7 @@ func TestUinServicesSurviveKill9(t *testing.T) {
 		}
 		for u := uint64(40_001); u <= 40_000+active; u++ {
 			add(schemas.TopicRegistrations, u, &pb.UinRegistration{Uin: u, Username: fmt.Sprintf("a%d", u), AtMs: now.UnixMilli(), Completed: true})
-			add(schemas.TopicUsage, u, &pb.UsageEvent{Uin: u, Kind: recycle.KindLogin, AtMs: now.Add(25 * time.Hour).UnixMilli(), Source: "auth"})
+			add(schemas.TopicUsage, u, &pb.UsageEvent{Uin: u, Kind: recycling.KindLogin, AtMs: now.Add(25 * time.Hour).UnixMilli(), Source: "auth"})
 		}
 		// Bad input on the input topics: dead-lettered, nothing crashes.
 		for _, topic := range []string{schemas.TopicRegistrations, schemas.TopicUsage, schemas.TopicPool} {
@@ -244,7 +244,7 @@ func TestUinServicesSurviveKill9(t *testing.T) {
 		for len(logins) < 20 && ctx.Err() == nil {
 			for u := uint64(30_001); len(logins) < 20 && u <= 30_000+abandoned; u++ {
 				if !loggedIn[u] && bannedSince(u) < time.Second {
-					rec, _ := streams.NewRecord(ns+schemas.TopicUsage, recycle.Key(uint32(u)), &pb.UsageEvent{Uin: u, Kind: recycle.KindLogin, AtMs: time.Now().UnixMilli(), Source: "auth"})
+					rec, _ := streams.NewRecord(ns+schemas.TopicUsage, schemas.UinKey(uint32(u)), &pb.UsageEvent{Uin: u, Kind: recycling.KindLogin, AtMs: time.Now().UnixMilli(), Source: "auth"})
 					logins = append(logins, rec)
 					loggedIn[u] = true
 				}

@@ -18,14 +18,10 @@ import (
 	"github.com/spf13/viper"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"surge/processors/wallet/api"
 	"surge/processors/wallet/auth"
 	"surge/processors/wallet/config"
-	"surge/processors/wallet/counter"
-	"surge/processors/wallet/grant"
-	"surge/processors/wallet/ledger"
+	"surge/processors/wallet/stack"
 	"surge/processors/wallet/token"
-	"surge/schemas"
 	"surge/streams"
 	"surge/streams/metrics"
 )
@@ -102,17 +98,6 @@ func cmdWallet(ctx context.Context, args []string) error {
 		return err
 	}
 	defer cl.Close()
-	ns := v.GetString("wallet.namespace")
-	var topics []schemas.Topic
-	for _, n := range []string{schemas.TopicGrants, schemas.TopicTokens, schemas.TopicLedger, schemas.TopicWithdrawals,
-		schemas.TopicWithdrawResult, schemas.TopicStock, schemas.TopicDeadLetter} {
-		t, _ := schemas.TopicByName(n)
-		t.Name = ns + t.Name
-		topics = append(topics, t)
-	}
-	if err := streams.EnsureTopics(ctx, cl, int16(v.GetInt("kafka.replication")), topics...); err != nil {
-		return err
-	}
 	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
 	defer rdb.Close()
 	var backup redis.UniversalClient // nil interface when there is none
@@ -121,15 +106,22 @@ func cmdWallet(ctx context.Context, args []string) error {
 		defer bc.Close()
 		backup = bc
 	}
-	total := counter.New(rdb, backup, ns+totalKey, log)
-	go total.Run(ctx, time.Second)
-	in := grant.New(grant.Deps{Config: src, Keys: keys, Redis: rdb, Producer: cl, Log: log, Metrics: metrics.Default, Namespace: ns})
 	advertise := v.GetString("wallet.advertise")
 	if advertise == "" {
 		advertise = defaultAdvertise(v.GetString("wallet.http_addr"))
 	}
-	led := ledger.New(ledger.Config{Namespace: ns, Dir: dir, Source: src, Keys: keys, Tokens: in.Tokens(), Log: log, Metrics: metrics.Default,
-		ExpectedKeys: v.GetInt("wallet.ledger_keys"), Advertise: advertise, Total: total, InstanceID: v.GetString("processor.instance_id")}, bs)
+	w, err := stack.New(stack.Options{Brokers: bs, Namespace: v.GetString("wallet.namespace"), Dir: dir, Source: src, Keys: keys,
+		Redis: rdb, BackupRedis: backup, Producer: cl, Apps: apps, Users: users, Advertise: advertise,
+		InstanceID: v.GetString("processor.instance_id"), ExpectedKeys: v.GetInt("wallet.ledger_keys"),
+		BatchSize: v.GetInt("wallet.batch_size"), BatchLinger: v.GetDuration("wallet.batch_linger"), Batchers: v.GetInt("wallet.batchers"),
+		Log: log, Metrics: metrics.Default})
+	if err != nil {
+		return err
+	}
+	defer w.Close()
+	if err := w.EnsureTopics(ctx, int16(v.GetInt("kafka.replication"))); err != nil {
+		return err
+	}
 	opts, err := runnerOptions(v, log)
 	if err != nil {
 		return err
@@ -142,16 +134,12 @@ func cmdWallet(ctx context.Context, args []string) error {
 		opts = append(opts, streams.StaticMembership())
 	}
 	ledDone := make(chan error, 1)
-	go func() { ledDone <- led.Run(ctx, opts...) }()
-	batcher := grant.NewBatcher(in, v.GetInt("wallet.batch_size"), v.GetDuration("wallet.batch_linger"), v.GetInt("wallet.batchers"))
-	defer batcher.Close()
-	srv := &api.Server{Intake: in, Batcher: batcher, Ledger: led, Counter: total, Producer: cl, Redis: rdb, Config: src, Log: log,
-		Advertise: advertise, Apps: apps, Users: users, Namespace: ns}
-	if err := srv.FollowResults(ctx, bs); err != nil {
+	go func() { ledDone <- w.Run(ctx, opts...) }()
+	if err := w.Start(ctx); err != nil {
 		return err
 	}
 	serveMetrics(ctx, v, log)
-	hs := &http.Server{Addr: v.GetString("wallet.http_addr"), Handler: srv.Handler(), ReadHeaderTimeout: 5 * time.Second}
+	hs := &http.Server{Addr: v.GetString("wallet.http_addr"), Handler: w.Handler(), ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		<-ctx.Done()
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -181,9 +169,6 @@ func defaultAdvertise(listen string) string {
 	}
 	return "http://" + net.JoinHostPort(host, port)
 }
-
-// totalKey is the Redis hash of the live total's per-partition sums.
-const totalKey = "wallet:total:partitions"
 
 // walletAuth reads the app and user keys; either missing is generated for
 // this process and logged, so a first run works, and warned about.

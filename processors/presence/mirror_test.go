@@ -10,6 +10,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
+	"surge/schemas"
 	"surge/schemas/surgev1"
 	"surge/streams"
 	"surge/streams/metrics"
@@ -22,7 +23,7 @@ func feed(t *testing.T, p *Processor, events ...*surgev1.LoginEvent) {
 	t.Helper()
 	var out streams.Output
 	for _, ev := range events {
-		r, err := streams.NewRecord("login", Key(uint32(ev.Uin)), ev)
+		r, err := streams.NewRecord("login", schemas.UinKey(uint32(ev.Uin)), ev)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -44,7 +45,7 @@ func TestRedisMirrorMatchesTheCommittedBitmap(t *testing.T) {
 		for i := uint64(0); i < 5000; i++ {
 			evs = append(evs, &surgev1.LoginEvent{Uin: i * 858993, Online: true})
 		}
-		evs = append(evs, &surgev1.LoginEvent{Uin: MaxUin, Online: true})
+		evs = append(evs, &surgev1.LoginEvent{Uin: schemas.MaxUin, Online: true})
 		feed(t, p, evs...)
 		feed(t, p, &surgev1.LoginEvent{Uin: 858993, Online: false}, &surgev1.LoginEvent{Uin: 7, Online: true})
 		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -62,7 +63,7 @@ func TestRedisMirrorMatchesTheCommittedBitmap(t *testing.T) {
 		for _, c := range []struct {
 			uin  uint32
 			want bool
-		}{{0, true}, {858993, false}, {2 * 858993, true}, {7, true}, {8, false}, {MaxUin, true}} {
+		}{{0, true}, {858993, false}, {2 * 858993, true}, {7, true}, {8, false}, {schemas.MaxUin, true}} {
 			got, err := m.IsOnline(ctx, c.uin)
 			if err != nil || got != c.want {
 				t.Errorf("uin %d: redis says %v (%v), want %v", c.uin, got, err, c.want)

@@ -8,8 +8,8 @@ package presence
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
+	"strings"
 	"sync"
 
 	"github.com/RoaringBitmap/roaring/v2"
@@ -19,9 +19,6 @@ import (
 	"surge/schemas/surgev1"
 	"surge/streams"
 )
-
-// MaxUin is the largest valid uin.
-const MaxUin = 1<<32 - 1
 
 // Processor holds the online bitmap. The bitmap is a cache: changes made
 // while a batch is in flight are staged and applied only when it commits.
@@ -46,13 +43,10 @@ func New(outTopic string) *Processor {
 	return &Processor{online: roaring.New(), staged: map[uint32]bool{}, outTopic: outTopic}
 }
 
-// Key is the record key of a uin: 4 bytes big-endian.
-func Key(uin uint32) []byte { return binary.BigEndian.AppendUint32(nil, uin) }
-
 // Handle is the streams handler.
 func (p *Processor) Handle() streams.Handler {
 	return streams.Typed(func(_ context.Context, in *kgo.Record, ev *surgev1.LoginEvent, out *streams.Output) error {
-		if ev.Uin > MaxUin {
+		if ev.Uin > schemas.MaxUin {
 			return streams.Reject(fmt.Sprintf("uin %d outside the 32-bit space", ev.Uin), nil)
 		}
 		uin := uint32(ev.Uin)
@@ -60,7 +54,7 @@ func (p *Processor) Handle() streams.Handler {
 			return nil // no change, nothing to say
 		}
 		p.staged[uin] = ev.Online
-		return out.EmitMsg(p.outTopic, Key(uin), ev)
+		return out.EmitMsg(p.outTopic, schemas.UinKey(uin), ev)
 	})
 }
 
@@ -112,7 +106,7 @@ func (p *Processor) Restore(ctx context.Context, brokers []string, topic string)
 	n := 0
 	err := streams.ReadToEnd(ctx, brokers, topic, func(r *kgo.Record) error {
 		var ev surgev1.LoginEvent
-		if err := streams.Decode(r, &ev); err != nil || ev.Uin > MaxUin {
+		if err := streams.Decode(r, &ev); err != nil || ev.Uin > schemas.MaxUin {
 			return nil // the processor never wrote such a record; ignore
 		}
 		n++
@@ -137,8 +131,8 @@ func (p *Processor) Run(ctx context.Context, brokers []string, opts ...streams.O
 	}
 	opts = append([]streams.Option{
 		streams.Brokers(brokers...),
-		streams.Inputs(schemas.TopicLogin),
-		streams.WithGuarantee(streams.ExactlyOnce),
+		// behind the namespace of its output (push-presence: push.namespace)
+		streams.Declare(Spec, strings.TrimSuffix(p.outTopic, schemas.TopicPresence)),
 		streams.OnBatchEnd(p.BatchEnd),
 	}, opts...)
 	r, err := streams.New("presence", p.Handle(), opts...)

@@ -10,6 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"surge/processors/presence"
+	"surge/schemas"
 	"surge/schemas/surgev1"
 	"surge/streams"
 	"surge/streams/metrics"
@@ -17,7 +18,7 @@ import (
 )
 
 func login(t *testing.T, topic string, uin uint64, online bool) *kgo.Record {
-	r, err := streams.NewRecord(topic, presence.Key(uint32(uin)), &surgev1.LoginEvent{Uin: uin, Online: online})
+	r, err := streams.NewRecord(topic, schemas.UinKey(uint32(uin)), &surgev1.LoginEvent{Uin: uin, Online: online})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -38,7 +39,7 @@ func TestPresenceFollowsLoginsAndRestoresByReplay(t *testing.T) {
 		for u := uint64(0); u < 1000; u += 2 {
 			recs = append(recs, login(t, in, u, false), login(t, in, u, false)) // repeated logout: one change
 		}
-		recs = append(recs, login(t, in, 1<<32, true), login(t, in, presence.MaxUin, true))
+		recs = append(recs, login(t, in, 1<<32, true), login(t, in, schemas.MaxUin, true))
 		streamstest.ProduceSync(t, cl, recs...)
 
 		p := presence.New(out)
@@ -57,14 +58,14 @@ func TestPresenceFollowsLoginsAndRestoresByReplay(t *testing.T) {
 		cancel()
 		<-done
 
-		if len(changes) != 1501 { // 1000 logins + 500 logouts + MaxUin
+		if len(changes) != 1501 { // 1000 logins + 500 logouts + schemas.MaxUin
 			t.Fatalf("%d changes, want 1501", len(changes))
 		}
 		if len(dead) != 1 {
 			t.Fatalf("%d dead letters, want the out-of-range uin", len(dead))
 		}
 		online := p.Online()
-		if online.GetCardinality() != 501 || !online.Contains(1) || online.Contains(2) || !online.Contains(presence.MaxUin) {
+		if online.GetCardinality() != 501 || !online.Contains(1) || online.Contains(2) || !online.Contains(schemas.MaxUin) {
 			t.Fatalf("online bitmap: %d users", online.GetCardinality())
 		}
 

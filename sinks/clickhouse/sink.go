@@ -115,11 +115,18 @@ func (s *Sink) flush(ctx context.Context) error {
 	return nil
 }
 
+// Spec is the sink's topology: one topic into one table, at least once
+// (the tables dedupe or the checks tolerate repeats).
+func (s *Sink) Spec() streams.Spec {
+	return streams.Spec{Name: s.Name, Group: s.Name, Guarantee: streams.AtLeastOnce,
+		Inputs: []string{s.Topic}, Stores: []string{"clickhouse: " + s.Table},
+		Doc: "writes " + s.Topic + " into the " + s.Table + " table"}
+}
+
 // Options are the runtime options a sink needs.
 func (s *Sink) Options() []streams.Option {
 	return []streams.Option{
-		streams.Inputs(s.Topic),
-		streams.WithGuarantee(streams.AtLeastOnce),
+		streams.Declare(s.Spec(), ""),
 		streams.BeforeCommit(s.flush),
 		streams.OnBatchEnd(func(bool) { s.writer().Reset() }),
 	}

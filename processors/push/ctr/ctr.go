@@ -57,9 +57,7 @@ func (p *Processor) Group() string { return p.ns + "push-ctr" }
 func (p *Processor) Run(ctx context.Context, opts ...streams.Option) error {
 	opts = append([]streams.Option{
 		streams.Brokers(p.brokers...),
-		streams.Inputs(p.ns+schemas.TopicClicks, p.ns+schemas.TopicJobTransitions),
-		streams.Group(p.Group()),
-		streams.WithGuarantee(streams.ExactlyOnce),
+		streams.Declare(Spec, p.ns),
 		streams.DeadLetterTopic(p.ns + schemas.TopicDeadLetter),
 		// clicks, transitions and the changelog are co-partitioned by job id
 		streams.ClientOpts(kgo.Balancers(kgo.RangeBalancer())),

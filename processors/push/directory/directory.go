@@ -19,8 +19,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/protobuf/proto"
 
-	"surge/processors/push/fanlist"
 	"surge/processors/push/filter"
+	"surge/processors/push/internal/fanlist"
 	"surge/schemas"
 	pb "surge/schemas/surgev1"
 	"surge/streams"

@@ -25,7 +25,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"surge/processors/presence"
 	"surge/schemas"
 	pb "surge/schemas/surgev1"
 	"surge/streams"
@@ -168,6 +167,7 @@ func (x *Executor) Run(ctx context.Context, opts ...streams.Option) error {
 
 	opts = append([]streams.Option{
 		streams.Brokers(x.brokers...),
+		streams.Declare(Spec, x.cfg.Namespace),
 		streams.Inputs(x.UnitsTopic()),
 		streams.Group(x.cfg.Namespace + "push-executor-" + x.cfg.Name),
 		// The group has one member, this executor: as a static member a
@@ -175,7 +175,6 @@ func (x *Executor) Run(ctx context.Context, opts ...streams.Option) error {
 		// waiting out the killed one's session.
 		streams.InstanceID(x.cfg.Namespace + "push-executor-" + x.cfg.Name),
 		streams.StaticMembership(),
-		streams.WithGuarantee(streams.ExactlyOnce),
 		streams.DeadLetterTopic(x.topic(schemas.TopicDeadLetter)),
 	}, opts...)
 	r, err := streams.New("push-executor", x.Handle(), opts...)
@@ -239,7 +238,7 @@ func samePartitions(ctx context.Context, cl *kgo.Client, a, b string) (int, erro
 
 func (x *Executor) applyPresence(r *kgo.Record) {
 	var ev pb.LoginEvent
-	if streams.Decode(r, &ev) != nil || ev.Uin > presence.MaxUin {
+	if streams.Decode(r, &ev) != nil || ev.Uin > schemas.MaxUin {
 		return
 	}
 	x.mu.Lock()
@@ -369,7 +368,7 @@ func (x *Executor) queueOffline(u *pb.SendTaskUnit, offline *roaring.Bitmap, now
 		if err != nil {
 			return err
 		}
-		if err := out.EmitMsg(x.topic(schemas.TopicOffline), presence.Key(set.Minimum()), &pb.OfflineBatch{
+		if err := out.EmitMsg(x.topic(schemas.TopicOffline), schemas.UinKey(set.Minimum()), &pb.OfflineBatch{
 			JobId: u.JobId, UnitId: u.UnitId, ContentId: u.ContentId, DisplayAtMs: u.DisplayAtMs, Uins: buf, AtMs: now}); err != nil {
 			return err
 		}

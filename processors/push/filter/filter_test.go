@@ -7,7 +7,7 @@ import (
 
 	"github.com/RoaringBitmap/roaring/v2"
 
-	"surge/processors/push/quota"
+	"surge/processors/push/internal/quota"
 	pb "surge/schemas/surgev1"
 )
 

@@ -34,7 +34,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/protobuf/proto"
 
-	"surge/processors/presence"
 	"surge/schemas"
 	pb "surge/schemas/surgev1"
 	"surge/streams"
@@ -137,7 +136,7 @@ type reader interface {
 func (q *Queues) scan(r reader, uin uint32, fn func(k, v []byte)) error {
 	opts := &pebble.IterOptions{LowerBound: binary.BigEndian.AppendUint32([]byte{prefixEntry}, uin),
 		UpperBound: []byte{prefixEntry + 1}}
-	if uin != presence.MaxUin {
+	if uin != schemas.MaxUin {
 		opts.UpperBound = binary.BigEndian.AppendUint32([]byte{prefixEntry}, uin+1)
 	}
 	it, err := r.NewIter(opts)
@@ -167,9 +166,7 @@ func (q *Queues) Run(ctx context.Context, opts ...streams.Option) error {
 	group := q.cfg.Namespace + "push-offline"
 	opts = append([]streams.Option{
 		streams.Brokers(q.brokers...),
-		streams.Inputs(q.topic(schemas.TopicOffline), q.topic(schemas.TopicLogin)),
-		streams.Group(group),
-		streams.WithGuarantee(streams.ExactlyOnce),
+		streams.Declare(Spec, q.cfg.Namespace),
 		streams.DeadLetterTopic(q.topic(schemas.TopicDeadLetter)),
 		streams.ClientOpts(kgo.Balancers(kgo.RangeBalancer()), // co-partitioned
 			kgo.OnPartitionsAssigned(func(ctx context.Context, cl *kgo.Client, assigned map[string][]int32) {
@@ -331,7 +328,7 @@ func (q *Queues) restore(ctx context.Context) (int, error) {
 	}
 	err = streams.ReadToEnd(ctx, q.brokers, q.topic(schemas.TopicPresence), func(r *kgo.Record) error {
 		var ev pb.LoginEvent
-		if streams.Decode(r, &ev) == nil && ev.Uin <= presence.MaxUin {
+		if streams.Decode(r, &ev) == nil && ev.Uin <= schemas.MaxUin {
 			if ev.Online {
 				q.online.Add(uint32(ev.Uin))
 			} else {
@@ -426,7 +423,7 @@ func (q *Queues) Handle() streams.Handler {
 		if err := streams.Decode(in, &ev); err != nil {
 			return err
 		}
-		if ev.Uin > presence.MaxUin {
+		if ev.Uin > schemas.MaxUin {
 			return streams.Reject(fmt.Sprintf("uin %d outside the 32-bit space", ev.Uin), nil)
 		}
 		uin := uint32(ev.Uin)

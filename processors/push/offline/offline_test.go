@@ -12,7 +12,6 @@ import (
 	"github.com/RoaringBitmap/roaring/v2"
 	"google.golang.org/protobuf/proto"
 
-	"surge/processors/presence"
 	"surge/processors/push/offline"
 	"surge/schemas"
 	pb "surge/schemas/surgev1"
@@ -52,7 +51,7 @@ func TestRestartKeepsTheStoreWhenCurrent(t *testing.T) {
 		cl := streamstest.Client(t, b.Brokers)
 		produce := func(topic string, uin uint32, m proto.Message) {
 			t.Helper()
-			r, err := streams.NewRecord(ns+topic, presence.Key(uin), m)
+			r, err := streams.NewRecord(ns+topic, schemas.UinKey(uin), m)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -143,7 +143,6 @@ func (s *Stack) Start(ctx context.Context) error {
 		s.Presence = presence.New(ns + schemas.TopicPresence)
 		s.Go(ctx, "presence", func(ctx context.Context) error {
 			return s.Presence.Run(ctx, s.Brokers, append(s.streamOpts("presence"),
-				streams.Inputs(ns+schemas.TopicLogin), streams.Group(ns+"presence"),
 				streams.DeadLetterTopic(ns+schemas.TopicDeadLetter))...)
 		})
 	}

@@ -12,12 +12,11 @@ import (
 	"github.com/RoaringBitmap/roaring/v2"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"surge/processors/presence"
 	"surge/processors/push/filter"
+	"surge/processors/push/internal/quota"
 	"surge/processors/push/numpkg"
 	"surge/processors/push/pipeline"
 	"surge/processors/push/planner"
-	"surge/processors/push/quota"
 	"surge/processors/push/recovery"
 	"surge/schemas"
 	pb "surge/schemas/surgev1"
@@ -25,6 +24,7 @@ import (
 	"surge/streams/streamstest"
 
 	"google.golang.org/protobuf/proto"
+
 	"surge/processors/push/directory"
 )
 
@@ -91,7 +91,7 @@ func (e *env) logins(online bool, uins ...uint32) {
 	e.t.Helper()
 	var recs []*kgo.Record
 	for _, u := range uins {
-		r, err := streams.NewRecord(e.ns+schemas.TopicLogin, presence.Key(u), &pb.LoginEvent{Uin: uint64(u), Online: online, AtMs: time.Now().UnixMilli()})
+		r, err := streams.NewRecord(e.ns+schemas.TopicLogin, schemas.UinKey(u), &pb.LoginEvent{Uin: uint64(u), Online: online, AtMs: time.Now().UnixMilli()})
 		if err != nil {
 			e.t.Fatal(err)
 		}
@@ -300,7 +300,7 @@ func TestDeliveryOnlineOfflineAndRefusals(t *testing.T) {
 }
 
 func mustRecord(t *testing.T, topic string, m *pb.LoginEvent) *kgo.Record {
-	r, err := streams.NewRecord(topic, presence.Key(uint32(m.Uin)), m)
+	r, err := streams.NewRecord(topic, schemas.UinKey(uint32(m.Uin)), m)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,7 +9,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/protobuf/proto"
 
-	"surge/processors/push/job"
+	"surge/processors/push/internal/job"
 	"surge/schemas"
 	pb "surge/schemas/surgev1"
 	"surge/streams"
@@ -142,10 +142,9 @@ func (p *Planner) Run(ctx context.Context, brokers []string, opts ...streams.Opt
 	inputs := append([]string{p.topic(schemas.TopicJobs), p.topic(schemas.TopicExecutors)}, p.deps.Directory.Topics()...)
 	opts = append([]streams.Option{
 		streams.Brokers(brokers...),
+		streams.Declare(Spec, p.deps.Namespace), // group: pipeline.PlannerGroup
 		streams.Inputs(inputs...),
-		streams.Group(p.deps.Namespace + "push-planner"), // pipeline.PlannerGroup
 		streams.DeadLetterTopic(p.topic(schemas.TopicDeadLetter)),
-		streams.WithGuarantee(streams.ExactlyOnce),
 		streams.SingleActive(),
 		streams.ClientOpts(
 			kgo.SessionTimeout(SessionTimeout), kgo.HeartbeatInterval(SessionTimeout/6),

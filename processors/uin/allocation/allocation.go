@@ -231,12 +231,9 @@ func (s *Service) handlePool(w http.ResponseWriter, _ *http.Request) {
 // once (pool.Central.Release keeps the applied offsets with the effect);
 // one an account holds is refused to the dead-letter topic with a reason.
 func (s *Service) consumeReleases(ctx context.Context, opts ...streams.Option) error {
-	topic := s.cfg.Namespace + schemas.TopicPool
 	opts = append([]streams.Option{
 		streams.Brokers(s.brokers...),
-		streams.Inputs(topic),
-		streams.Group(s.cfg.Namespace + "uin-pool"),
-		streams.WithGuarantee(streams.AtLeastOnce), // the effect is in Redis, applied once by offset
+		streams.Declare(Spec, s.cfg.Namespace), // at least once: the effect is in Redis, applied once by offset
 		streams.DeadLetterTopic(s.cfg.Namespace + schemas.TopicDeadLetter),
 		streams.Logger(s.cfg.Log.With("processor", "uin-pool")),
 		streams.Metrics(s.cfg.Metrics),

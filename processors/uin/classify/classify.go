@@ -29,8 +29,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"surge/processors/uin/recycle"
 	"surge/schemas"
+	"surge/schemas/recycling"
 	"surge/sinks/clickhouse"
 	"surge/streams"
 )
@@ -96,9 +96,9 @@ ORDER BY r.uin`, born, idle, GroupNeverCompleted, GroupNeverLoggedIn, GroupInact
 }
 
 var categoryOf = map[string]string{
-	GroupNeverCompleted: recycle.Abandoned,
-	GroupNeverLoggedIn:  recycle.Spam,
-	GroupInactive:       recycle.Inactive,
+	GroupNeverCompleted: recycling.Abandoned,
+	GroupNeverLoggedIn:  recycling.Spam,
+	GroupInactive:       recycling.Inactive,
 }
 
 // Candidates runs the classification query.
@@ -180,8 +180,8 @@ func Run(ctx context.Context, st clickhouse.Store, cl *kgo.Client, o Options) (R
 				continue
 			}
 		}
-		rec, err := streams.NewRecord(topic, recycle.Key(c.Uin),
-			recycle.Grant(c.Uin, c.Category, c.Username, "stock group "+c.Group, c.LastLogin, now))
+		rec, err := streams.NewRecord(topic, schemas.UinKey(c.Uin),
+			recycling.Grant(c.Uin, c.Category, c.Username, "stock group "+c.Group, c.LastLogin, now))
 		if err != nil {
 			return rep, err
 		}

@@ -17,8 +17,8 @@ import (
 
 	"surge/processors/uin/classify"
 	"surge/processors/uin/pipeline"
-	"surge/processors/uin/recycle"
 	"surge/schemas"
+	"surge/schemas/recycling"
 	pb "surge/schemas/surgev1"
 	"surge/sinks/clickhouse"
 	"surge/streams"
@@ -28,7 +28,7 @@ import (
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
 func rec(t *testing.T, topic string, uin uint32, m proto.Message) *kgo.Record {
-	r, err := streams.NewRecord(topic, recycle.Key(uin), m)
+	r, err := streams.NewRecord(topic, schemas.UinKey(uin), m)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +81,7 @@ func TestStockClassification(t *testing.T) {
 			recs = append(recs, rec(t, ns+schemas.TopicRegistrations, uin, &pb.UinRegistration{Uin: uint64(uin), Username: "u" + strconv.Itoa(int(uin)), Completed: completed, AtMs: at}))
 		}
 		login := func(uin uint32, source string, at int64) {
-			recs = append(recs, rec(t, ns+schemas.TopicUsage, uin, &pb.UsageEvent{Uin: uint64(uin), Kind: recycle.KindLogin, Source: source, AtMs: at}))
+			recs = append(recs, rec(t, ns+schemas.TopicUsage, uin, &pb.UsageEvent{Uin: uint64(uin), Kind: recycling.KindLogin, Source: source, AtMs: at}))
 		}
 		regd(7001, false, ago(200)) // never completed
 		regd(7002, true, ago(200))  // never logged in
@@ -119,7 +119,7 @@ func TestStockClassification(t *testing.T) {
 		t.Cleanup(func() { stop(); _ = s.Wait() })
 		// 7007 logs in now: only the controller's live index sees it.
 		streamstest.ProduceSync(t, cl, rec(t, ns+schemas.TopicUsage, 7007,
-			&pb.UsageEvent{Uin: 7007, Kind: recycle.KindLogin, Source: "device", AtMs: now.UnixMilli()}))
+			&pb.UsageEvent{Uin: 7007, Kind: recycling.KindLogin, Source: "device", AtMs: now.UnixMilli()}))
 		deadline := time.Now().Add(30 * time.Second)
 		for {
 			l, err := c.LastLogin(7007)
@@ -150,7 +150,7 @@ func TestStockClassification(t *testing.T) {
 			got[st.Uin] = append(got[st.Uin], &st)
 		}
 		granted := []pb.RecycleStepKind{pb.RecycleStepKind_TICKET_GRANTED, pb.RecycleStepKind_BAN}
-		for uin, cat := range map[uint64]string{7001: recycle.Abandoned, 7002: recycle.Spam, 7003: recycle.Inactive} {
+		for uin, cat := range map[uint64]string{7001: recycling.Abandoned, 7002: recycling.Spam, 7003: recycling.Inactive} {
 			var kinds []pb.RecycleStepKind
 			for _, s := range got[uin] {
 				kinds = append(kinds, s.Step)

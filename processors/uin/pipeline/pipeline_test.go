@@ -19,6 +19,7 @@ import (
 	"surge/processors/uin/recycle"
 	"surge/processors/uin/tracker"
 	"surge/schemas"
+	"surge/schemas/recycling"
 	pb "surge/schemas/surgev1"
 	"surge/streams"
 	"surge/streams/metrics"
@@ -31,8 +32,8 @@ var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 // own timestamps (not the wall clock) say what a user did when.
 func testPolicy(ban time.Duration) recycle.Policy {
 	return recycle.Policy{
-		Ban:       map[string]time.Duration{recycle.Abandoned: ban, recycle.Spam: ban, recycle.Inactive: ban},
-		CoolDown:  map[string]time.Duration{recycle.Abandoned: 300 * time.Millisecond, recycle.Spam: 300 * time.Millisecond, recycle.Inactive: 300 * time.Millisecond},
+		Ban:       map[string]time.Duration{recycling.Abandoned: ban, recycling.Spam: ban, recycling.Inactive: ban},
+		CoolDown:  map[string]time.Duration{recycling.Abandoned: 300 * time.Millisecond, recycling.Spam: 300 * time.Millisecond, recycling.Inactive: 300 * time.Millisecond},
 		TicketTTL: time.Minute,
 	}
 }
@@ -70,7 +71,7 @@ func start(t *testing.T, s *pipeline.Stack) context.Context {
 
 func rec(t testing.TB, topic string, uin uint64, m proto.Message) *kgo.Record {
 	t.Helper()
-	r, err := streams.NewRecord(topic, recycle.Key(uint32(uin)), m)
+	r, err := streams.NewRecord(topic, schemas.UinKey(uint32(uin)), m)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,7 +152,7 @@ func TestRegistrationTrackingToPool(t *testing.T) {
 		live := []uint64{3001, 3002, 3003}
 		for _, u := range live {
 			reg(u, fmt.Sprintf("user%d", u), true)
-			use(u, recycle.KindLogin, now+2*day) // came back after the first day
+			use(u, recycling.KindLogin, now+2*day) // came back after the first day
 			use(u, tracker.KindMessage, now+3*day)
 			if err := s.Accounts.Create(ctx, account.Account{Uin: uint32(u), Username: fmt.Sprintf("user%d", u)}); err != nil {
 				t.Fatal(err)
@@ -160,7 +161,7 @@ func TestRegistrationTrackingToPool(t *testing.T) {
 		// Bad input.
 		reg(1<<32, "too-big", false)                                                                // out of range
 		reg(3001, "someone-else", false)                                                            // duplicate registration
-		use(3002, recycle.KindLogin, now-day)                                                       // before its registration
+		use(3002, recycling.KindLogin, now-day)                                                     // before its registration
 		recs = append(recs, rec(t, ns+schemas.TopicChecks, 9999, &pb.RegistrationCheck{Uin: 9999})) // untracked
 		recs = append(recs, rec(t, ns+schemas.TopicRecycleReqs, 3003, &pb.RecycleStep{Uin: 3003, TicketId: "forged",
 			Step: pb.RecycleStepKind_DELETE, ExpectedPrev: pb.RecycleStepKind_BACKUP})) // unknown ticket
@@ -201,7 +202,7 @@ func TestRegistrationTrackingToPool(t *testing.T) {
 			if ok, _ := s.Accounts.Exists(ctx, uint32(u)); ok {
 				t.Errorf("spam account %d not deleted", u)
 			}
-			if cat := got[u][0].Category; cat != recycle.Spam {
+			if cat := got[u][0].Category; cat != recycling.Spam {
 				t.Errorf("uin %d recycled as %q, want spam", u, cat)
 			}
 		}
@@ -288,7 +289,7 @@ func TestRecyclingStopsForLiveUsers(t *testing.T) {
 			}
 		}
 		// 5004 logs in; then a check that did not see that login wants it recycled.
-		recs = append(recs, rec(t, ns+schemas.TopicUsage, 5004, &pb.UsageEvent{Uin: 5004, Kind: recycle.KindLogin, AtMs: now.UnixMilli(), Source: "device"}))
+		recs = append(recs, rec(t, ns+schemas.TopicUsage, 5004, &pb.UsageEvent{Uin: 5004, Kind: recycling.KindLogin, AtMs: now.UnixMilli(), Source: "device"}))
 		streamstest.ProduceSync(t, cl, recs...)
 		start(t, s)
 		for deadline := time.Now().Add(30 * time.Second); ; {
@@ -301,16 +302,16 @@ func TestRecyclingStopsForLiveUsers(t *testing.T) {
 			time.Sleep(20 * time.Millisecond)
 		}
 		streamstest.ProduceSync(t, cl, rec(t, ns+schemas.TopicRecycleReqs, 5004,
-			recycle.Grant(5004, recycle.Inactive, "user5004", "test", now.Add(-200*24*time.Hour).UnixMilli(), now)))
+			recycling.Grant(5004, recycling.Inactive, "user5004", "test", now.Add(-200*24*time.Hour).UnixMilli(), now)))
 		for _, u := range []uint32{5001, 5002, 5003} {
 			waitStep(t, s, u, pb.RecycleStepKind_BAN)
 		}
 		at := time.Now().UnixMilli()
 		streamstest.ProduceSync(t, cl,
-			rec(t, ns+schemas.TopicUsage, 5001, &pb.UsageEvent{Uin: 5001, Kind: recycle.KindLogin, AtMs: at, Source: "auth"}),
-			rec(t, ns+schemas.TopicUsage, 5002, &pb.UsageEvent{Uin: 5002, Kind: recycle.KindUnban, AtMs: at, Source: "ops"}),
-			rec(t, ns+schemas.TopicUsage, 5003, &pb.UsageEvent{Uin: 5003, Kind: recycle.KindLoginRefused, AtMs: at, Source: "auth"}),
-			rec(t, ns+schemas.TopicUsage, 5003, &pb.UsageEvent{Uin: 5003, Kind: recycle.KindLoginRefused, AtMs: at + 1, Source: "auth"}))
+			rec(t, ns+schemas.TopicUsage, 5001, &pb.UsageEvent{Uin: 5001, Kind: recycling.KindLogin, AtMs: at, Source: "auth"}),
+			rec(t, ns+schemas.TopicUsage, 5002, &pb.UsageEvent{Uin: 5002, Kind: recycling.KindUnban, AtMs: at, Source: "ops"}),
+			rec(t, ns+schemas.TopicUsage, 5003, &pb.UsageEvent{Uin: 5003, Kind: recycling.KindLoginRefused, AtMs: at, Source: "auth"}),
+			rec(t, ns+schemas.TopicUsage, 5003, &pb.UsageEvent{Uin: 5003, Kind: recycling.KindLoginRefused, AtMs: at + 1, Source: "auth"}))
 
 		got := steps(t, s, 3+3+6+1, 3*time.Second)
 		stopped := []pb.RecycleStepKind{pb.RecycleStepKind_TICKET_GRANTED, pb.RecycleStepKind_BAN, pb.RecycleStepKind_STOPPED}
@@ -328,7 +329,7 @@ func TestRecyclingStopsForLiveUsers(t *testing.T) {
 		if k := kinds(got[5004]); !slices.Equal(k, []pb.RecycleStepKind{pb.RecycleStepKind_STOPPED}) || !strings.Contains(got[5004][0].Reason, "refused: logged in") {
 			t.Errorf("uin 5004: %v", got[5004])
 		}
-		banned := reg.NewCounterVec("surge_uin_banned_logins_total", "", "category").With(recycle.Abandoned).Value()
+		banned := reg.NewCounterVec("surge_uin_banned_logins_total", "", "category").With(recycling.Abandoned).Value()
 		if banned != 2 {
 			t.Errorf("banned logins counted %v, want 2", banned)
 		}
@@ -356,7 +357,7 @@ func TestLoginIndexSurvivesARestart(t *testing.T) {
 		ns := s.Opts.Namespace
 		cl := streamstest.Client(t, b.Brokers)
 		now := time.Now()
-		streamstest.ProduceSync(t, cl, rec(t, ns+schemas.TopicUsage, 5100, &pb.UsageEvent{Uin: 5100, Kind: recycle.KindLogin, AtMs: now.UnixMilli(), Source: "auth"}))
+		streamstest.ProduceSync(t, cl, rec(t, ns+schemas.TopicUsage, 5100, &pb.UsageEvent{Uin: 5100, Kind: recycling.KindLogin, AtMs: now.UnixMilli(), Source: "auth"}))
 		ctx := start(t, s)
 		for deadline := time.Now().Add(30 * time.Second); ; {
 			if l, _ := s.Controllers[0].LastLogin(5100); l.Auth == now.UnixMilli() {
@@ -371,7 +372,7 @@ func TestLoginIndexSurvivesARestart(t *testing.T) {
 		time.Sleep(500 * time.Millisecond)
 		c := s.StartController(ctx, 0) // a fresh store
 		streamstest.ProduceSync(t, cl, rec(t, ns+schemas.TopicRecycleReqs, 5100,
-			recycle.Grant(5100, recycle.Inactive, "user5100", "stale check", now.Add(-300*24*time.Hour).UnixMilli(), now)))
+			recycling.Grant(5100, recycling.Inactive, "user5100", "stale check", now.Add(-300*24*time.Hour).UnixMilli(), now)))
 		got := steps(t, s, 1, 2*time.Second)
 		if k := kinds(got[5100]); !slices.Equal(k, []pb.RecycleStepKind{pb.RecycleStepKind_STOPPED}) {
 			t.Fatalf("uin 5100 after the restart: %v, want the ticket refused", got[5100])

@@ -38,25 +38,11 @@ import (
 	"surge/processors/uin/account"
 	"surge/processors/uin/pool"
 	"surge/schemas"
+	"surge/schemas/recycling"
 	pb "surge/schemas/surgev1"
 	"surge/streams"
 	"surge/streams/localstore"
 	"surge/streams/metrics"
-)
-
-// Categories of recyclable uins (seed 003: gaps need no queue; they were
-// never allocated and go straight to the pool).
-const (
-	Abandoned = "abandoned" // registration never completed
-	Spam      = "spam"      // spam registration
-	Inactive  = "inactive"  // inactive stock account
-)
-
-// Usage event kinds the controller reacts to.
-const (
-	KindLogin        = "login"         // a successful login (source: auth or device)
-	KindUnban        = "unban"         // the account was unbanned (appeal, operator)
-	KindLoginRefused = "login_refused" // a banned account tried to log in
 )
 
 // Policy is how long each category is banned and cooled down, and how
@@ -77,8 +63,8 @@ type Policy struct {
 // month, a cool-down of up to half a year.
 func DefaultPolicy() Policy {
 	return Policy{
-		Ban:       map[string]time.Duration{Abandoned: 24 * time.Hour, Spam: 7 * 24 * time.Hour, Inactive: 30 * 24 * time.Hour},
-		CoolDown:  map[string]time.Duration{Abandoned: 7 * 24 * time.Hour, Spam: 30 * 24 * time.Hour, Inactive: 180 * 24 * time.Hour},
+		Ban:       map[string]time.Duration{recycling.Abandoned: 24 * time.Hour, recycling.Spam: 7 * 24 * time.Hour, recycling.Inactive: 30 * 24 * time.Hour},
+		CoolDown:  map[string]time.Duration{recycling.Abandoned: 7 * 24 * time.Hour, recycling.Spam: 30 * 24 * time.Hour, recycling.Inactive: 180 * 24 * time.Hour},
 		TicketTTL: 24 * time.Hour, EndedRetention: 30 * 24 * time.Hour,
 	}
 }
@@ -149,9 +135,6 @@ func New(cfg Config, brokers []string) *Controller {
 func (c *Controller) topic(name string) string { return c.cfg.Namespace + name }
 func (c *Controller) group() string            { return c.cfg.Namespace + "uin-recycle" }
 
-// Key is the record key of everything about uin.
-func Key(uin uint32) []byte { return binary.BigEndian.AppendUint32(nil, uin) }
-
 // Run serves until ctx ends.
 func (c *Controller) Run(ctx context.Context, opts ...streams.Option) error {
 	db, err := localstore.Open(c.cfg.Dir, true, c.cfg.Log)
@@ -165,9 +148,7 @@ func (c *Controller) Run(ctx context.Context, opts ...streams.Option) error {
 	c.mu.Unlock()
 	opts = append([]streams.Option{
 		streams.Brokers(c.brokers...),
-		streams.Inputs(c.topic(schemas.TopicRecycleReqs), c.topic(schemas.TopicUsage)),
-		streams.Group(c.group()),
-		streams.WithGuarantee(streams.ExactlyOnce),
+		streams.Declare(Spec, c.cfg.Namespace), // group: c.group()
 		streams.DeadLetterTopic(c.topic(schemas.TopicDeadLetter)),
 		streams.ClientOpts(kgo.Balancers(kgo.RangeBalancer())), // requests and usage co-partitioned by uin
 		streams.BeforeBatch(c.prefetchBatch),
@@ -331,14 +312,14 @@ func (s *step) usage(u *pb.UsageEvent) error {
 		return nil // the check already knew of it (usage is consumed late, and replayed)
 	}
 	switch u.Kind {
-	case KindLogin, KindUnban:
+	case recycling.KindLogin, recycling.KindUnban:
 		if cur.Step == pb.RecycleStepKind_TICKET_GRANTED || cur.Step == pb.RecycleStepKind_BAN {
 			return s.stop(cur, fmt.Sprintf("%s at %d (%s) before backup", u.Kind, u.AtMs, u.Source))
 		}
-		if u.Kind == KindLogin {
+		if u.Kind == recycling.KindLogin {
 			c.mBannedLogins.With(cur.Category).Inc()
 		}
-	case KindLoginRefused:
+	case recycling.KindLoginRefused:
 		c.mBannedLogins.With(cur.Category).Inc()
 	}
 	return nil
@@ -472,7 +453,7 @@ func (s *step) backup(cur *pb.RecycleStep) error {
 func (s *step) delete(cur *pb.RecycleStep) error {
 	c := s.c
 	uin := uint32(cur.Uin)
-	if err := s.out.EmitMsg(c.topic(schemas.TopicDeletions), Key(uin), &pb.DeletionNotice{Uin: cur.Uin,
+	if err := s.out.EmitMsg(c.topic(schemas.TopicDeletions), schemas.UinKey(uin), &pb.DeletionNotice{Uin: cur.Uin,
 		Username: cur.Username, TicketId: cur.TicketId, Category: cur.Category, AtMs: s.now.UnixMilli()}); err != nil {
 		return err
 	}
@@ -547,7 +528,7 @@ func (s *step) advance(cur *pb.RecycleStep, to pb.RecycleStepKind, due time.Time
 // apply records an applied step: the changelog record and the staged state.
 func (s *step) apply(st *pb.RecycleStep) error {
 	st.AtMs = s.now.UnixMilli()
-	if err := s.out.EmitMsg(s.c.topic(schemas.TopicRecycleSteps), Key(uint32(st.Uin)), st); err != nil {
+	if err := s.out.EmitMsg(s.c.topic(schemas.TopicRecycleSteps), schemas.UinKey(uint32(st.Uin)), st); err != nil {
 		return err
 	}
 	s.c.staged.setState(st)
@@ -557,12 +538,12 @@ func (s *step) apply(st *pb.RecycleStep) error {
 
 // requestNext asks for the step after done, now.
 func (s *step) requestNext(done *pb.RecycleStep, to pb.RecycleStepKind) error {
-	return s.out.EmitMsg(s.c.topic(schemas.TopicRecycleReqs), Key(uint32(done.Uin)), Request(done, to))
+	return s.out.EmitMsg(s.c.topic(schemas.TopicRecycleReqs), schemas.UinKey(uint32(done.Uin)), recycling.Request(done, to))
 }
 
 // schedule asks for the step after done at a time, through the timer service.
 func (s *step) schedule(done *pb.RecycleStep, what string, at time.Time, to pb.RecycleStepKind) error {
-	rec, err := timer.Schedule(timerID(done.TicketId, what), at, s.c.topic(schemas.TopicRecycleReqs), Key(uint32(done.Uin)), Request(done, to))
+	rec, err := timer.Schedule(timerID(done.TicketId, what), at, s.c.topic(schemas.TopicRecycleReqs), schemas.UinKey(uint32(done.Uin)), recycling.Request(done, to))
 	if err != nil {
 		return err
 	}
@@ -572,18 +553,3 @@ func (s *step) schedule(done *pb.RecycleStep, what string, at time.Time, to pb.R
 }
 
 func timerID(ticket, what string) string { return "recycle/" + ticket + "/" + what }
-
-// Request is the request for step to follow done, under done's ticket.
-func Request(done *pb.RecycleStep, to pb.RecycleStepKind) *pb.RecycleStep {
-	return &pb.RecycleStep{Uin: done.Uin, TicketId: done.TicketId, Step: to, ExpectedPrev: done.Step,
-		Category: done.Category, Username: done.Username}
-}
-
-// Grant is the request that opens a ticket for uin: what a check sends
-// once it finds the uin recyclable. lastLogin is the newest login the
-// check saw; the controller refuses the ticket if it knows a newer one.
-func Grant(uin uint32, category, username, reason string, lastLogin int64, at time.Time) *pb.RecycleStep {
-	return &pb.RecycleStep{Uin: uint64(uin), Step: pb.RecycleStepKind_TICKET_GRANTED, Category: category,
-		Username: username, Reason: reason, LastLoginMs: lastLogin, AtMs: at.UnixMilli(),
-		TicketId: fmt.Sprintf("%s-%d-%d", category, uin, at.UnixMilli())}
-}

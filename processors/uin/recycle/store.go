@@ -8,6 +8,7 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 	"google.golang.org/protobuf/proto"
 
+	"surge/schemas/recycling"
 	pb "surge/schemas/surgev1"
 )
 
@@ -85,7 +86,7 @@ func (s *store) login(uin uint32) (LastLogin, error) {
 
 // noteLogin keeps the newest login per source.
 func (s *store) noteLogin(u *pb.UsageEvent) error {
-	if u.Kind != KindLogin {
+	if u.Kind != recycling.KindLogin {
 		return nil
 	}
 	l, err := s.login(uint32(u.Uin))

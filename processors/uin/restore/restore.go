@@ -22,7 +22,6 @@ import (
 
 	"surge/processors/uin/account"
 	"surge/processors/uin/pool"
-	"surge/processors/uin/recycle"
 	"surge/processors/uin/tracker"
 	"surge/schemas"
 	pb "surge/schemas/surgev1"
@@ -120,7 +119,7 @@ func (t *Tool) Restore(ctx context.Context, username string) (Result, error) {
 		return res, err
 	}
 	defer cl.Close()
-	rec, err := streams.NewRecord(t.Namespace+schemas.TopicRegistrations, recycle.Key(res.Uin), &pb.UinRegistration{
+	rec, err := streams.NewRecord(t.Namespace+schemas.TopicRegistrations, schemas.UinKey(res.Uin), &pb.UinRegistration{
 		Uin: uint64(res.Uin), Username: username, Channel: tracker.ChannelRestore, Completed: true, AtMs: now().UnixMilli()})
 	if err != nil {
 		return res, err

@@ -34,8 +34,8 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"surge/processors/timer"
-	"surge/processors/uin/recycle"
 	"surge/schemas"
+	"surge/schemas/recycling"
 	pb "surge/schemas/surgev1"
 	"surge/streams"
 	"surge/streams/localstore"
@@ -48,7 +48,7 @@ const (
 	HandedOver = "handed_over" // alive at the last checkpoint: stock classification's now
 )
 
-// Usage kinds the rules read (besides recycle.KindLogin).
+// Usage kinds the rules read (besides recycling.KindLogin).
 const (
 	KindMessage    = "message"
 	KindSpamReport = "spam_report"
@@ -136,10 +136,7 @@ func (t *Tracker) Run(ctx context.Context, opts ...streams.Option) error {
 	t.mu.Unlock()
 	opts = append([]streams.Option{
 		streams.Brokers(t.brokers...),
-		streams.Inputs(t.topic(schemas.TopicRegistrations), t.topic(schemas.TopicUsage), t.topic(schemas.TopicChecks),
-			t.topic(schemas.TopicRecycleSteps)),
-		streams.Group(t.cfg.Namespace + "uin-tracker"),
-		streams.WithGuarantee(streams.ExactlyOnce),
+		streams.Declare(Spec, t.cfg.Namespace),
 		streams.DeadLetterTopic(t.topic(schemas.TopicDeadLetter)),
 		streams.ClientOpts(kgo.Balancers(kgo.RangeBalancer())),
 		streams.OnBatchEnd(t.batchEnd),
@@ -252,7 +249,7 @@ func (t *Tracker) handle(ctx context.Context, in *kgo.Record, out *streams.Outpu
 func (t *Tracker) put(s *pb.Tracking, out *streams.Output) error {
 	v, _ := proto.Marshal(s)
 	_ = t.staged.Set(stateKey(uint32(s.Uin)), v, nil)
-	return out.EmitMsg(t.topic(schemas.TopicTracking), recycle.Key(uint32(s.Uin)), s)
+	return out.EmitMsg(t.topic(schemas.TopicTracking), schemas.UinKey(uint32(s.Uin)), s)
 }
 
 func (t *Tracker) register(r *pb.UinRegistration, out *streams.Output) error {
@@ -266,7 +263,7 @@ func (t *Tracker) register(r *pb.UinRegistration, out *streams.Output) error {
 	}
 	// A uin judged recyclable reaches a new registration only through the
 	// pool, after its release; the release may still be on its way here.
-	recycled := cur != nil && (cur.Verdict == recycle.Abandoned || cur.Verdict == recycle.Spam) && r.AtMs > cur.RegisteredAtMs
+	recycled := cur != nil && (cur.Verdict == recycling.Abandoned || cur.Verdict == recycling.Spam) && r.AtMs > cur.RegisteredAtMs
 	if cur != nil && !recycled {
 		switch {
 		case !r.Completed:
@@ -298,7 +295,7 @@ func (t *Tracker) scheduleCheck(s *pb.Tracking, idx int32, out *streams.Output) 
 	due := time.UnixMilli(s.RegisteredAtMs).Add(t.cfg.Checkpoints[idx])
 	s.NextCheckpoint = idx
 	rec, err := timer.Schedule(fmt.Sprintf("uin-check/%d/%d/%d", s.Uin, s.RegisteredAtMs, idx), due,
-		t.topic(schemas.TopicChecks), recycle.Key(uint32(s.Uin)),
+		t.topic(schemas.TopicChecks), schemas.UinKey(uint32(s.Uin)),
 		&pb.RegistrationCheck{Uin: s.Uin, Checkpoint: idx, RegisteredAtMs: s.RegisteredAtMs, DueAtMs: due.UnixMilli()})
 	if err != nil {
 		return err
@@ -320,7 +317,7 @@ func (t *Tracker) usage(u *pb.UsageEvent, out *streams.Output) error {
 		return streams.Reject(fmt.Sprintf("usage %q of uin %d at %d precedes its registration at %d", u.Kind, u.Uin, u.AtMs, cur.RegisteredAtMs), nil)
 	}
 	switch u.Kind {
-	case recycle.KindLogin:
+	case recycling.KindLogin:
 		cur.Logins++
 		cur.LastLoginMs = max(cur.LastLoginMs, u.AtMs)
 	case KindMessage:
@@ -339,13 +336,13 @@ func (t *Tracker) Judge(s *pb.Tracking, idx int) (category, reason string) {
 	last := idx == len(t.cfg.Checkpoints)-1
 	switch {
 	case !s.Completed:
-		return recycle.Abandoned, fmt.Sprintf("registration not completed at checkpoint %d", idx)
+		return recycling.Abandoned, fmt.Sprintf("registration not completed at checkpoint %d", idx)
 	case s.SpamReports >= r.SpamReports:
-		return recycle.Spam, fmt.Sprintf("%d spam reports", s.SpamReports)
+		return recycling.Spam, fmt.Sprintf("%d spam reports", s.SpamReports)
 	case idx >= 1 && s.Messages >= r.BurstMessages && s.Logins <= 1:
-		return recycle.Spam, fmt.Sprintf("burst sender: %d messages, %d logins", s.Messages, s.Logins)
+		return recycling.Spam, fmt.Sprintf("burst sender: %d messages, %d logins", s.Messages, s.Logins)
 	case last && s.LastUsageMs < s.RegisteredAtMs+24*time.Hour.Milliseconds():
-		return recycle.Spam, "no usage after the first day"
+		return recycling.Spam, "no usage after the first day"
 	}
 	return "", ""
 }
@@ -372,8 +369,8 @@ func (t *Tracker) check(c *pb.RegistrationCheck, out *streams.Output) error {
 	switch {
 	case category != "":
 		cur.Verdict = category
-		g := recycle.Grant(uint32(c.Uin), category, cur.Username, reason, cur.LastLoginMs, t.cfg.Now())
-		if err := out.EmitMsg(t.topic(schemas.TopicRecycleReqs), recycle.Key(uint32(c.Uin)), g); err != nil {
+		g := recycling.Grant(uint32(c.Uin), category, cur.Username, reason, cur.LastLoginMs, t.cfg.Now())
+		if err := out.EmitMsg(t.topic(schemas.TopicRecycleReqs), schemas.UinKey(uint32(c.Uin)), g); err != nil {
 			return err
 		}
 	case idx+1 < len(t.cfg.Checkpoints):
@@ -405,9 +402,9 @@ func (t *Tracker) recycled(s *pb.RecycleStep, out *streams.Output) error {
 			return nil // already a new registration on the released uin
 		}
 		_ = t.staged.Delete(stateKey(uint32(s.Uin)), nil)
-		out.Emit(&kgo.Record{Topic: t.topic(schemas.TopicTracking), Key: recycle.Key(uint32(s.Uin))}) // tombstone
+		out.Emit(&kgo.Record{Topic: t.topic(schemas.TopicTracking), Key: schemas.UinKey(uint32(s.Uin))}) // tombstone
 	case pb.RecycleStepKind_STOPPED:
-		if cur.Verdict == recycle.Abandoned || cur.Verdict == recycle.Spam {
+		if cur.Verdict == recycling.Abandoned || cur.Verdict == recycling.Spam {
 			cur.Verdict = Live
 			return t.put(cur, out)
 		}

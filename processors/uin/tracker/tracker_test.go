@@ -4,8 +4,8 @@ import (
 	"testing"
 	"time"
 
-	"surge/processors/uin/recycle"
 	"surge/processors/uin/tracker"
+	"surge/schemas/recycling"
 	pb "surge/schemas/surgev1"
 )
 
@@ -25,13 +25,13 @@ func TestJudge(t *testing.T) {
 	}{
 		{"live at the first checkpoint", func(*pb.Tracking) {}, 0, ""},
 		{"live at the last checkpoint", func(*pb.Tracking) {}, 3, ""},
-		{"never completed", func(s *pb.Tracking) { s.Completed = false }, 0, recycle.Abandoned},
-		{"spam reports", func(s *pb.Tracking) { s.SpamReports = 3 }, 0, recycle.Spam},
+		{"never completed", func(s *pb.Tracking) { s.Completed = false }, 0, recycling.Abandoned},
+		{"spam reports", func(s *pb.Tracking) { s.SpamReports = 3 }, 0, recycling.Spam},
 		{"two spam reports are not enough", func(s *pb.Tracking) { s.SpamReports = 2 }, 1, ""},
-		{"burst sender from the second checkpoint", func(s *pb.Tracking) { s.Messages, s.Logins = 80, 1 }, 1, recycle.Spam},
+		{"burst sender from the second checkpoint", func(s *pb.Tracking) { s.Messages, s.Logins = 80, 1 }, 1, recycling.Spam},
 		{"burst sender not judged at the first", func(s *pb.Tracking) { s.Messages, s.Logins = 80, 1 }, 0, ""},
 		{"many messages with logins are a user", func(s *pb.Tracking) { s.Messages, s.Logins = 80, 5 }, 2, ""},
-		{"quiet after the first day, at the last checkpoint", func(s *pb.Tracking) { s.LastUsageMs = reg + day/2 }, 3, recycle.Spam},
+		{"quiet after the first day, at the last checkpoint", func(s *pb.Tracking) { s.LastUsageMs = reg + day/2 }, 3, recycling.Spam},
 		{"quiet after the first day, not yet judged", func(s *pb.Tracking) { s.LastUsageMs = reg + day/2 }, 2, ""},
 	}
 	for _, c := range cases {

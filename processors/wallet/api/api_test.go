@@ -22,6 +22,7 @@ import (
 	"surge/processors/wallet/config"
 	"surge/processors/wallet/grant"
 	"surge/processors/wallet/ledger"
+	wstack "surge/processors/wallet/stack"
 	"surge/processors/wallet/token"
 	"surge/schemas"
 	pb "surge/schemas/surgev1"
@@ -119,19 +120,21 @@ func TestAPI(t *testing.T) {
 	streamstest.EachStack(t, func(t *testing.T, b streamstest.Backend, rdb *redis.Client) {
 		ns := streamstest.Unique("api") + "."
 		st := newStack(t, b, rdb, ns, 3)
-		log, keys, src, cl, in := st.log, st.keys, st.src, st.cl, st.in
-		led := ledger.New(ledger.Config{Namespace: ns, Dir: t.TempDir(), Source: src, Keys: keys, Tokens: in.Tokens(), Log: log}, b.Brokers)
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- led.Run(ctx) }()
-		t.Cleanup(func() { cancel(); <-done })
-		batcher := grant.NewBatcher(in, 64, time.Millisecond, 2) // as `surge wallet` serves grants
-		defer batcher.Close()
-		s := &api.Server{Intake: in, Batcher: batcher, Ledger: led, Producer: cl, Redis: rdb, Config: src, Namespace: ns, Log: log,
-			Apps: apps, Users: users}
-		if err := s.FollowResults(ctx, b.Brokers); err != nil {
+		// As `surge wallet` builds it: grants go through a batcher.
+		w, err := wstack.New(wstack.Options{Brokers: b.Brokers, Namespace: ns, Dir: t.TempDir(), Source: st.src, Keys: st.keys,
+			Redis: rdb, Producer: st.cl, Apps: apps, Users: users, BatchSize: 64, BatchLinger: time.Millisecond, Batchers: 2,
+			NoTotal: true, Log: st.log})
+		if err != nil {
 			t.Fatal(err)
 		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- w.Run(ctx) }()
+		t.Cleanup(func() { cancel(); <-done; w.Close() })
+		if err := w.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		s, led := w.API, w.Ledger
 		srv := httptest.NewServer(s.Handler())
 		defer srv.Close()
 		for led.Serving() < 3 {

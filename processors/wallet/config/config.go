@@ -71,6 +71,34 @@ type Tree struct {
 		GrantsGlobal      int `mapstructure:"grants_global"`       // per second over all instances
 		BookingsPerSecond int `mapstructure:"bookings_per_second"` // the ledger's capacity
 	} `mapstructure:"rate_limits"`
+	// GrantLag is how far a grant's at_ms (when the user earned it, which
+	// picks the phase) may lie behind the server's clock: a grant caught
+	// just before its phase closed still lands in it, but nobody grants
+	// into a phase closed long ago. 0 means DefaultGrantLag.
+	GrantLag time.Duration `mapstructure:"grant_lag"`
+}
+
+// DefaultGrantLag covers a request's delay and a client's retries after
+// a crash; a retry later than that is refused, not answered as a duplicate.
+const DefaultGrantLag = 10 * time.Minute
+
+// GrantLead is how far a grant's at_ms may lie ahead of the server's
+// clock (the callers' clocks are not exact).
+const GrantLead = time.Minute
+
+// AcceptsGrantAt reports whether a grant earned at at may be accepted now.
+func (t *Tree) AcceptsGrantAt(at, now time.Time) error {
+	lag := t.GrantLag
+	if lag <= 0 {
+		lag = DefaultGrantLag
+	}
+	switch {
+	case at.Before(now.Add(-lag)):
+		return fmt.Errorf("at_ms %s is more than %s before the server's time %s", at.UTC().Format(time.RFC3339), lag, now.UTC().Format(time.RFC3339))
+	case at.After(now.Add(GrantLead)):
+		return fmt.Errorf("at_ms %s is more than %s after the server's time %s", at.UTC().Format(time.RFC3339), GrantLead, now.UTC().Format(time.RFC3339))
+	}
+	return nil
 }
 
 // Award maps a scene's award name to the type.

@@ -24,9 +24,9 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"surge/processors/wallet/config"
-	"surge/processors/wallet/guard"
+	"surge/processors/wallet/internal/guard"
+	"surge/processors/wallet/internal/stock"
 	"surge/processors/wallet/order"
-	"surge/processors/wallet/stock"
 	"surge/processors/wallet/token"
 	"surge/schemas"
 	pb "surge/schemas/surgev1"
@@ -228,6 +228,11 @@ func (in *Intake) validate(ctx context.Context, tree *config.Tree, g *pb.RewardG
 	bad := func(kind string, err error) (*pending, error) { _, err = in.refuse(kind, err); return nil, err }
 	if g.AtMs == 0 {
 		g.AtMs = now.UnixMilli()
+	}
+	// The caller's at_ms picks the phase: checked against this clock, so a
+	// caller cannot grant into a phase that closed long ago or is not open.
+	if err := tree.AcceptsGrantAt(time.UnixMilli(g.AtMs), now); err != nil {
+		return bad("invalid", fmt.Errorf("%w: %v", ErrInvalid, err))
 	}
 	if err := order.Check(g); err != nil {
 		return bad("invalid", fmt.Errorf("%w: %v", ErrInvalid, err))

@@ -32,9 +32,9 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"surge/processors/wallet/config"
-	"surge/processors/wallet/counter"
 	"surge/processors/wallet/grant"
-	"surge/processors/wallet/guard"
+	"surge/processors/wallet/internal/counter"
+	"surge/processors/wallet/internal/guard"
 	"surge/processors/wallet/token"
 	"surge/schemas"
 	pb "surge/schemas/surgev1"
@@ -287,9 +287,7 @@ func (l *Ledger) Run(ctx context.Context, opts ...streams.Option) error {
 	l.ready.Store(true)
 	opts = append([]streams.Option{
 		streams.Brokers(l.brokers...),
-		streams.Inputs(l.topic(schemas.TopicTokens), l.topic(schemas.TopicWithdrawals)),
-		streams.Group(l.owners.group),
-		streams.WithGuarantee(streams.ExactlyOnce),
+		streams.Declare(Spec, l.cfg.Namespace), // group: l.owners.group
 		streams.DeadLetterTopic(l.topic(schemas.TopicDeadLetter)),
 		streams.ClientOpts(kgo.Balancers(kgo.RangeBalancer())), // co-partitioned by actID
 		streams.OnBatchEnd(func(committed bool) { l.batchEnd(committed); l.checking.wait() }),

@@ -21,7 +21,7 @@ import (
 
 	"surge/processors/wallet/config"
 	"surge/processors/wallet/grant"
-	"surge/processors/wallet/guard"
+	"surge/processors/wallet/internal/guard"
 	"surge/processors/wallet/ledger"
 	"surge/processors/wallet/order"
 	"surge/processors/wallet/token"
@@ -47,6 +47,7 @@ func tree(bookingsPerSecond int) *config.Tree {
 			{ID: "badge", Award: "pendant", MaxAmount: 1},
 		}}}}
 	t.RateLimits.BookingsPerSecond = bookingsPerSecond
+	t.GrantLag = 30 * 24 * time.Hour // the tests grant into a phase that closed 48 h ago
 	return t
 }
 
@@ -335,7 +336,11 @@ func TestIntakeRefusals(t *testing.T) {
 		w := newWallet(t, b, rdb, tree(0), false)
 		ctx := context.Background()
 		old := cash("u1", "r0", 5)
-		old.AtMs = time.Now().Add(-100 * 24 * time.Hour).UnixMilli()
+		old.AtMs = time.Now().Add(-80 * time.Hour).UnixMilli() // before the first phase, within the lag
+		longAgo := cash("u1", "r7", 5)
+		longAgo.AtMs = time.Now().Add(-31 * 24 * time.Hour).UnixMilli()
+		ahead := cash("u1", "r8", 5)
+		ahead.AtMs = time.Now().Add(2 * time.Minute).UnixMilli()
 		wrongType := cash("u1", "r1", 1)
 		wrongType.SceneId, wrongType.OrderNo = "coupon", order.Number{ActID: "u1", SceneID: "coupon", RainID: "r1", AwardType: pb.AwardType_CASH, Stage: 1}.String()
 		cases := map[string]struct {
@@ -343,14 +348,16 @@ func TestIntakeRefusals(t *testing.T) {
 			want error
 			text string
 		}{
-			"malformed order": {&pb.RewardGrant{OrderNo: "nope", ActId: "u1", ActivityId: "spring", SceneId: "rain", AwardType: pb.AwardType_CASH, Amount: 1}, grant.ErrInvalid, "want actID_sceneID"},
-			"mismatched":      {func() *pb.RewardGrant { g := cash("u1", "r2", 1); g.Stage = 9; return g }(), grant.ErrInvalid, "does not match"},
-			"negative":        {cash("u1", "r3", -5), grant.ErrInvalid, "must be positive"},
-			"oversized":       {cash("u1", "r4", 1001), grant.ErrOverCap, "1001 > 1000"},
-			"unknown scene":   {func() *pb.RewardGrant { g := cash("u1", "r5", 1); g.SceneId = "x"; g.OrderNo = "u1_x_r5_1_1"; return g }(), grant.ErrInvalid, "unknown scene"},
-			"unknown act":     {func() *pb.RewardGrant { g := cash("u1", "r6", 1); g.ActivityId = "autumn"; return g }(), grant.ErrInvalid, "unknown activity"},
-			"outside phases":  {old, grant.ErrInvalid, "outside every phase window"},
-			"wrong award":     {wrongType, grant.ErrInvalid, "grants coupon"},
+			"malformed order":      {&pb.RewardGrant{OrderNo: "nope", ActId: "u1", ActivityId: "spring", SceneId: "rain", AwardType: pb.AwardType_CASH, Amount: 1}, grant.ErrInvalid, "want actID_sceneID"},
+			"mismatched":           {func() *pb.RewardGrant { g := cash("u1", "r2", 1); g.Stage = 9; return g }(), grant.ErrInvalid, "does not match"},
+			"negative":             {cash("u1", "r3", -5), grant.ErrInvalid, "must be positive"},
+			"oversized":            {cash("u1", "r4", 1001), grant.ErrOverCap, "1001 > 1000"},
+			"unknown scene":        {func() *pb.RewardGrant { g := cash("u1", "r5", 1); g.SceneId = "x"; g.OrderNo = "u1_x_r5_1_1"; return g }(), grant.ErrInvalid, "unknown scene"},
+			"unknown act":          {func() *pb.RewardGrant { g := cash("u1", "r6", 1); g.ActivityId = "autumn"; return g }(), grant.ErrInvalid, "unknown activity"},
+			"outside phases":       {old, grant.ErrInvalid, "outside every phase window"},
+			"earned too long ago":  {longAgo, grant.ErrInvalid, "before the server's time"},
+			"earned in the future": {ahead, grant.ErrInvalid, "after the server's time"},
+			"wrong award":          {wrongType, grant.ErrInvalid, "grants coupon"},
 		}
 		for name, c := range cases {
 			_, err := w.intake.Grant(ctx, c.g)

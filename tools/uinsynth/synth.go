@@ -1,4 +1,4 @@
-// Package synth runs the stock recycling pipeline end to end on synthetic
+// Package uinsynth runs the stock recycling pipeline end to end on synthetic
 // accounts: it writes a stock of N accounts (their core data in Redis,
 // registrations and usage on the topics), sinks them into ClickHouse,
 // classifies them, and recycles every candidate through each step into
@@ -6,7 +6,7 @@
 // active account was touched. The recycle bench and `surge uin demo` run
 // it; ban and cool-down are zero, so every timer still goes through the
 // timer service but fires at once.
-package synth
+package uinsynth
 
 import (
 	"context"
@@ -26,6 +26,7 @@ import (
 	"surge/processors/uin/pipeline"
 	"surge/processors/uin/recycle"
 	"surge/schemas"
+	"surge/schemas/recycling"
 	pb "surge/schemas/surgev1"
 	"surge/sinks/clickhouse"
 	"surge/streams"
@@ -77,7 +78,7 @@ func Run(ctx context.Context, brokers []string, rdb redis.UniversalClient, st cl
 		o.Progress = func(string, int64, int64) {}
 	}
 	ns := o.Namespace
-	zero := map[string]time.Duration{recycle.Abandoned: 0, recycle.Spam: 0, recycle.Inactive: 0}
+	zero := map[string]time.Duration{recycling.Abandoned: 0, recycling.Spam: 0, recycling.Inactive: 0}
 	s := pipeline.New(brokers, rdb, pipeline.Options{Namespace: ns, Dir: o.Dir, Log: o.Log, NoTracker: true,
 		Controllers: o.Controllers, Policy: recycle.Policy{Ban: zero, CoolDown: zero, TicketTTL: time.Hour}})
 	if err := s.CreateTopics(ctx, 1); err != nil {
@@ -137,7 +138,7 @@ func Run(ctx context.Context, brokers []string, rdb redis.UniversalClient, st cl
 	defer cl.Close()
 	var produceErr atomic.Value
 	emit := func(topic string, uin int, m proto.Message) error {
-		rec, err := streams.NewRecord(topic, recycle.Key(uint32(uin)), m)
+		rec, err := streams.NewRecord(topic, schemas.UinKey(uint32(uin)), m)
 		if err != nil {
 			return err
 		}
@@ -159,7 +160,7 @@ func Run(ctx context.Context, brokers []string, rdb redis.UniversalClient, st cl
 		res.Registrations++
 		login := func(source string, at int64) error {
 			res.Usage++
-			return emit(ns+schemas.TopicUsage, u, &pb.UsageEvent{Uin: uint64(u), Kind: recycle.KindLogin, Source: source, AtMs: at})
+			return emit(ns+schemas.TopicUsage, u, &pb.UsageEvent{Uin: uint64(u), Kind: recycling.KindLogin, Source: source, AtMs: at})
 		}
 		switch c {
 		case 'i':

@@ -1,0 +1,21 @@
+package planner
+
+import (
+	"surge/schemas"
+	"surge/streams"
+)
+
+// Spec is the planner's topology: it consumes jobs, executor loads and the
+// directory's topics in one group, and writes every step as a transition
+// in the same transaction as the units it dispatches.
+var Spec = streams.Spec{
+	Name: "push-planner", Group: "push-planner", Guarantee: streams.ExactlyOnce,
+	Inputs: []string{schemas.TopicJobs, schemas.TopicExecutors,
+		schemas.TopicAccounts, schemas.TopicFanDelta, schemas.TopicTags, schemas.TopicBlacklists, schemas.TopicJobClicks},
+	Reads: []string{schemas.TopicJobTransitions, schemas.TopicPackages, schemas.TopicExecutors,
+		schemas.TopicAccounts, schemas.TopicFanDelta, schemas.TopicTags, schemas.TopicBlacklists, schemas.TopicJobClicks},
+	Outputs: []string{schemas.TopicJobTransitions, schemas.TopicUnits + ".*", schemas.TopicPackages, schemas.TopicReports, schemas.TopicTimers},
+	Stores: []string{"memory: job states, queue, CRC and quota bitmaps (from push.job-transitions)",
+		"pebble: number packages (from push.packages)", "memory: the directory (accounts, follower lists, tags, blacklists)"},
+	Doc: "validates, filters, queues and dispatches send jobs in units to executors",
+}

@@ -1,0 +1,153 @@
+package recycle
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/cockroachdb/datadriven"
+	"github.com/redis/go-redis/v9"
+
+	"surge/processors/uin/account"
+	"surge/processors/uin/pool"
+	"surge/schemas/recycling"
+	pb "surge/schemas/surgev1"
+	"surge/streams"
+	"surge/streams/localstore"
+	"surge/streams/streamstest"
+)
+
+// epoch is the scripts' time zero: times in testdata are offsets from it.
+var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// TestTicketDataDriven runs testdata/tickets: recycle requests and usage
+// fed to the controller's step logic, one committed batch each (effects
+// in Redis applied before the commit), and what it emitted or refused.
+// Commands (times are offsets from epoch):
+//
+//	account uin=N username=U           an account's core data in Redis
+//	clock at=T                         the controller's clock
+//	grant uin=N category=C last-login=T [username=U]
+//	request uin=N step=KIND prev=KIND [ticket=ID]  (default: the uin's ticket)
+//	usage uin=N kind=K at=T [source=S]
+//	state uin=N
+//	pooled uin=N                       whether the uin is free in the central pool
+//
+// Regenerate the expected output with -rewrite.
+func TestTicketDataDriven(t *testing.T) {
+	datadriven.Walk(t, "testdata", func(t *testing.T, path string) {
+		ctx := context.Background()
+		quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+		rdb := redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr()})
+		accounts, central := account.NewStore(rdb, "dd:acct:"), pool.NewCentral(rdb, "dd:pool:", 16)
+		db, err := localstore.Open(t.TempDir(), true, quiet)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		now := epoch
+		c := New(Config{Namespace: "dd.", Accounts: accounts, Pool: central, Now: func() time.Time { return now }, Log: quiet}, nil)
+		c.db, c.staged, c.restored = db, newStore(db), newStore(db)
+
+		datadriven.RunTest(t, path, func(t *testing.T, d *datadriven.TestData) string {
+			offset := func(key string) int64 {
+				var s string
+				d.ScanArgs(t, key, &s)
+				off, err := time.ParseDuration(strings.TrimPrefix(s, "+"))
+				if err != nil {
+					d.Fatalf(t, "%s=%s: %v", key, s, err)
+				}
+				return epoch.Add(off).UnixMilli()
+			}
+			str := func(key string) string {
+				var s string
+				if d.HasArg(key) {
+					d.ScanArgs(t, key, &s)
+				}
+				return s
+			}
+			kind := func(key string) pb.RecycleStepKind {
+				v, ok := pb.RecycleStepKind_value[str(key)]
+				if !ok {
+					d.Fatalf(t, "%s: unknown step %q", key, str(key))
+				}
+				return pb.RecycleStepKind(v)
+			}
+			var uin uint64
+			if d.HasArg("uin") {
+				d.ScanArgs(t, "uin", &uin)
+			}
+			out := &streams.Output{}
+			s := &step{c: c, ctx: ctx, out: out, now: now}
+			var err error
+			switch d.Cmd {
+			case "account":
+				if err := accounts.Create(ctx, account.Account{Uin: uint32(uin), Username: str("username"), Profile: map[string]string{"nick": str("username")}}); err != nil {
+					return err.Error() + "\n"
+				}
+				return "ok\n"
+			case "clock":
+				now = time.UnixMilli(offset("at")).UTC()
+				return "now +" + now.Sub(epoch).String() + "\n"
+			case "grant":
+				err = s.request(recycling.Grant(uint32(uin), str("category"), str("username"), "scripted", offset("last-login"), now))
+			case "request":
+				ticket := str("ticket")
+				if ticket == "" {
+					if cur, _ := c.staged.state(uint32(uin)); cur != nil {
+						ticket = cur.TicketId
+					}
+				}
+				err = s.request(&pb.RecycleStep{Uin: uin, TicketId: ticket, Step: kind("step"), ExpectedPrev: kind("prev")})
+			case "usage":
+				err = s.usage(&pb.UsageEvent{Uin: uin, Kind: str("kind"), Source: str("source"), AtMs: offset("at")})
+			case "state":
+				cur, err := c.staged.state(uint32(uin))
+				switch {
+				case err != nil:
+					return err.Error() + "\n"
+				case cur == nil:
+					return "no ticket\n"
+				}
+				rec, _ := streams.NewRecord("uin.recycle-steps", nil, cur)
+				_, fields, _ := strings.Cut(streamstest.Describe(rec, "", epoch), ":")
+				return strings.TrimSpace(fields) + "\n"
+			case "pooled":
+				used, err := central.InUse(ctx, uint32(uin))
+				if err != nil {
+					return err.Error() + "\n"
+				}
+				if used {
+					return "in use\n"
+				}
+				return "free\n"
+			default:
+				d.Fatalf(t, "unknown command %q", d.Cmd)
+			}
+			if err == nil {
+				err = c.applyEffects(ctx)
+			}
+			c.batchEnd(err == nil)
+			return render(err, out, now)
+		})
+	})
+}
+
+// render is a step's answer: its refusal, or the records it emitted.
+func render(err error, out *streams.Output, now time.Time) string {
+	if err != nil {
+		return "refused: " + err.Error() + "\n"
+	}
+	if out.Len() == 0 {
+		return "(nothing)\n"
+	}
+	var b strings.Builder
+	for _, r := range out.Records() {
+		b.WriteString(streamstest.Describe(r, "dd.", epoch) + "\n")
+	}
+	return b.String()
+}

@@ -1,0 +1,151 @@
+// Package stack wires one wallet instance: the grant intake and its
+// batcher, the ledger, the live total and the HTTP API, over the wallet's
+// topics. `surge wallet`, the wallet benchmark and the API tests build it
+// the same way; each part stays usable alone (the ledger's tests drive
+// broken producers and lossy Redis into the intake directly).
+package stack
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"surge/processors/wallet/api"
+	"surge/processors/wallet/auth"
+	"surge/processors/wallet/config"
+	"surge/processors/wallet/grant"
+	"surge/processors/wallet/internal/counter"
+	"surge/processors/wallet/ledger"
+	"surge/processors/wallet/token"
+	"surge/schemas"
+	"surge/streams"
+	"surge/streams/metrics"
+)
+
+// TotalKey is the Redis hash of the live total's per-partition sums
+// (behind the namespace).
+const TotalKey = "wallet:total:partitions"
+
+// Topics are the wallet's topics behind namespace ns.
+func Topics(ns string) []schemas.Topic {
+	return schemas.Namespaced(ns, schemas.TopicGrants, schemas.TopicTokens, schemas.TopicLedger,
+		schemas.TopicWithdrawals, schemas.TopicWithdrawResult, schemas.TopicDeadLetter)
+}
+
+// Options configure an instance. Brokers, Source, Keys, Redis, Producer
+// and Dir are required; the rest have defaults.
+type Options struct {
+	Brokers   []string
+	Namespace string
+	Dir       string // the ledger's Pebble directory
+	Source    *config.Source
+	Keys      *token.Keyring // token signing
+	Redis     redis.UniversalClient
+	// BackupRedis receives the live total too (dual write); nil: none.
+	BackupRedis redis.UniversalClient
+	Producer    *kgo.Client
+	// Apps and Users authenticate the API; both nil turn it off
+	// (benchmarks of its cost only).
+	Apps  *auth.Apps
+	Users *auth.Users
+	// Advertise is the URL the other instances send this one's users'
+	// reads to; InstanceID its stable id (static membership).
+	Advertise  string
+	InstanceID string
+	// Batching of concurrent grant requests (0: requests go to the intake
+	// one by one).
+	BatchSize   int
+	BatchLinger time.Duration
+	Batchers    int
+	// ExpectedKeys sizes the ledger's key filter (0: its default).
+	ExpectedKeys int
+	// NoTotal leaves the live total out (tests of other parts).
+	NoTotal bool
+	Log     *slog.Logger
+	Metrics *metrics.Registry
+}
+
+// Wallet is one instance.
+type Wallet struct {
+	Intake  *grant.Intake
+	Batcher *grant.Batcher // nil without batching
+	Ledger  *ledger.Ledger
+	Total   *counter.Counter // nil with NoTotal
+	API     *api.Server
+
+	opts Options
+}
+
+// New builds an instance; nothing runs until Run.
+func New(o Options) (*Wallet, error) {
+	switch {
+	case len(o.Brokers) == 0, o.Source == nil, o.Keys == nil, o.Redis == nil, o.Producer == nil:
+		return nil, errors.New("wallet stack: Brokers, Source, Keys, Redis and Producer are required")
+	case o.Dir == "":
+		return nil, errors.New("wallet stack: the ledger needs a directory")
+	}
+	if o.Log == nil {
+		o.Log = slog.Default()
+	}
+	if o.Metrics == nil {
+		o.Metrics = metrics.Default
+	}
+	w := &Wallet{opts: o}
+	if !o.NoTotal {
+		w.Total = counter.New(o.Redis, o.BackupRedis, o.Namespace+TotalKey, o.Log)
+	}
+	w.Intake = grant.New(grant.Deps{Config: o.Source, Keys: o.Keys, Redis: o.Redis, Producer: o.Producer, Log: o.Log,
+		Metrics: o.Metrics, Namespace: o.Namespace})
+	w.Ledger = ledger.New(ledger.Config{Namespace: o.Namespace, Dir: o.Dir, Source: o.Source, Keys: o.Keys,
+		Tokens: w.Intake.Tokens(), Log: o.Log, Metrics: o.Metrics, ExpectedKeys: o.ExpectedKeys,
+		Advertise: o.Advertise, Total: w.Total, InstanceID: o.InstanceID}, o.Brokers)
+	w.API = &api.Server{Intake: w.Intake, Ledger: w.Ledger, Counter: w.Total, Producer: o.Producer,
+		Redis: o.Redis, Config: o.Source, Log: o.Log, Advertise: o.Advertise, Apps: o.Apps, Users: o.Users,
+		Namespace: o.Namespace}
+	if o.BatchSize > 0 {
+		w.Batcher = grant.NewBatcher(w.Intake, o.BatchSize, o.BatchLinger, max(o.Batchers, 1))
+		w.API.Batcher = w.Batcher
+	}
+	return w, nil
+}
+
+// EnsureTopics creates the wallet's topics that do not exist.
+func (w *Wallet) EnsureTopics(ctx context.Context, replication int16) error {
+	if err := streams.EnsureTopics(ctx, w.opts.Producer, replication, Topics(w.opts.Namespace)...); err != nil {
+		return fmt.Errorf("wallet: topics: %w", err)
+	}
+	return nil
+}
+
+// Start follows the withdrawal answers and starts the live total: what
+// the API needs before it serves.
+func (w *Wallet) Start(ctx context.Context) error {
+	if err := w.API.FollowResults(ctx, w.opts.Brokers); err != nil {
+		return err
+	}
+	if w.Total != nil {
+		go w.Total.Run(ctx, time.Second)
+	}
+	return nil
+}
+
+// Run books until ctx ends (the ledger, with the runner options).
+func (w *Wallet) Run(ctx context.Context, opts ...streams.Option) error {
+	return w.Ledger.Run(ctx, opts...)
+}
+
+// Handler is the HTTP API.
+func (w *Wallet) Handler() http.Handler { return w.API.Handler() }
+
+// Close stops the batcher (after Run returned).
+func (w *Wallet) Close() {
+	if w.Batcher != nil {
+		w.Batcher.Close()
+	}
+}

@@ -1,0 +1,42 @@
+// Package recycling is the vocabulary of uin recycling shared by its
+// producers and consumers: the categories of recyclable uins, the usage
+// kinds the recycle controller reacts to, and the builders of the
+// requests on uin.recycle-requests.
+package recycling
+
+import (
+	"fmt"
+	"time"
+
+	pb "surge/schemas/surgev1"
+)
+
+// Categories of recyclable uins (seed 003: gaps need no queue; they were
+// never allocated and go straight to the pool).
+const (
+	Abandoned = "abandoned" // registration never completed
+	Spam      = "spam"      // spam registration
+	Inactive  = "inactive"  // inactive stock account
+)
+
+// Usage event kinds (uin.usage) the recycle controller reacts to.
+const (
+	KindLogin        = "login"         // a successful login (source: auth or device)
+	KindUnban        = "unban"         // the account was unbanned (appeal, operator)
+	KindLoginRefused = "login_refused" // a banned account tried to log in
+)
+
+// Request is the request for step to follow done, under done's ticket.
+func Request(done *pb.RecycleStep, to pb.RecycleStepKind) *pb.RecycleStep {
+	return &pb.RecycleStep{Uin: done.Uin, TicketId: done.TicketId, Step: to, ExpectedPrev: done.Step,
+		Category: done.Category, Username: done.Username}
+}
+
+// Grant is the request that opens a ticket for uin: what a check sends
+// once it finds the uin recyclable. lastLogin is the newest login the
+// check saw; the controller refuses the ticket if it knows a newer one.
+func Grant(uin uint32, category, username, reason string, lastLogin int64, at time.Time) *pb.RecycleStep {
+	return &pb.RecycleStep{Uin: uint64(uin), Step: pb.RecycleStepKind_TICKET_GRANTED, Category: category,
+		Username: username, Reason: reason, LastLoginMs: lastLogin, AtMs: at.UnixMilli(),
+		TicketId: fmt.Sprintf("%s-%d-%d", category, uin, at.UnixMilli())}
+}
