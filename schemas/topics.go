@@ -37,6 +37,7 @@ const (
 	TopicPackages       = "push.packages"
 	TopicClicks         = "push.clicks"
 	TopicJobClicks      = "push.job-clicks"
+	TopicPlannerCkpt    = "push.planner-checkpoints"
 	TopicGrants         = "wallet.grants"
 	TopicTokens         = "wallet.tokens"
 	TopicLedger         = "wallet.ledger"
@@ -78,6 +79,7 @@ var Topics = []Topic{
 	{TopicJobClicks, "surge.v1.JobClicks", "job_id", 6, true, 0, "per-job click-through (push-ctr's changelog); the planner sets each account's daily job quota by its last delivery's"},
 	{TopicJobs, "surge.v1.SendJob", "job_id", 6, true, 0, "send jobs as submitted"},
 	{TopicJobTransitions, "surge.v1.JobTransition", "job_id", 6, false, 30 * day, "every state transition of every send job"},
+	{TopicPlannerCkpt, "surge.v1.PlannerCheckpoint", "chunk index (decimal)", 1, true, 0, "checkpoints of the push planner's memory with their position in push.job-transitions; a restore replays only the transitions after the newest"},
 	{TopicUnits, "surge.v1.SendTaskUnit", "job_id", 1, false, 7 * day, "per-executor unit queues are named push.units.<executor>: one partition, so units run in dispatch (priority) order"},
 	{TopicExecutors, "surge.v1.ExecutorLoad", "executor", 1, false, 1 * day, "executor load reports; the planner dispatches by them"},
 	{TopicOffline, "surge.v1.OfflineBatch", "a uin of the batch (4-byte big-endian)", 12, false, 7 * day, "offline targets, co-partitioned with push.login; with the DELIVERED_ON_LOGIN reports it is the offline queues' changelog"},

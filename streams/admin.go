@@ -163,3 +163,26 @@ func onlyMarkersLeft(ctx context.Context, brokers []string, from map[string]map[
 	}
 	return !left
 }
+
+// CoPartitioned checks that topics a and b exist with the same number of
+// partitions (records keyed alike land on the same partition number of
+// both) and returns it.
+func CoPartitioned(ctx context.Context, brokers []string, a, b string) (int, error) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		return 0, err
+	}
+	defer cl.Close()
+	td, err := kadm.NewClient(cl).ListTopics(ctx, a, b)
+	if err != nil {
+		return 0, err
+	}
+	na, nb := len(td[a].Partitions), len(td[b].Partitions)
+	if na == 0 || nb == 0 {
+		return 0, fmt.Errorf("topics %s and %s must exist (surge topics --create)", a, b)
+	}
+	if na != nb {
+		return 0, fmt.Errorf("%s has %d partitions and %s %d; they must be co-partitioned (the same count)", a, na, b, nb)
+	}
+	return na, nil
+}

@@ -15,10 +15,14 @@ import (
 var ErrOutOfRetention = errors.New("streams: replay range is out of retention")
 
 // ReplayFrom says where a replay starts: an offset applied to every
-// partition, or a timestamp (the first record at or after it).
+// partition, a timestamp (the first record at or after it), or a
+// checkpoint's position per partition.
 type ReplayFrom struct {
-	Offset int64     // used when Time is zero; 0 = the earliest retained
+	Offset int64     // used when Time is zero and Next is nil; 0 = the earliest retained
 	Time   time.Time // first record with timestamp >= Time
+	// Next is the next offset to read per partition, as a checkpoint saved
+	// it (ReplayTo returns it); partitions it lacks start at the earliest.
+	Next map[int32]int64
 }
 
 // Replay reads topic from the given start to the end offsets seen when it
@@ -26,40 +30,56 @@ type ReplayFrom struct {
 // that lies before what the broker still retains, rather than silently
 // replaying less than was asked.
 func Replay(ctx context.Context, brokers []string, topic string, from ReplayFrom, fn func(*kgo.Record) error) error {
+	_, err := ReplayTo(ctx, brokers, topic, from, fn)
+	return err
+}
+
+// ReplayTo is Replay that also returns where it stopped: the next offset
+// of every partition (the end offsets seen when it began), the position a
+// checkpoint of what fn built is taken at.
+func ReplayTo(ctx context.Context, brokers []string, topic string, from ReplayFrom, fn func(*kgo.Record) error) (map[int32]int64, error) {
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	adm := kadm.NewClient(cl)
 	starts, err := adm.ListStartOffsets(ctx, topic)
 	if err != nil {
 		cl.Close()
-		return err
+		return nil, err
 	}
 	if err := starts.Error(); err != nil {
 		cl.Close()
-		return fmt.Errorf("replay %s: %w", topic, err)
+		return nil, fmt.Errorf("replay %s: %w", topic, err)
 	}
 	ends, err := adm.ListEndOffsets(ctx, topic)
 	if err != nil {
 		cl.Close()
-		return err
+		return nil, err
 	}
 	var byTime kadm.ListedOffsets
 	if !from.Time.IsZero() {
 		if byTime, err = adm.ListOffsetsAfterMilli(ctx, from.Time.UnixMilli(), topic); err != nil {
 			cl.Close()
-			return err
+			return nil, err
 		}
 	}
 	cl.Close()
 
 	offsets := map[string]map[int32]kgo.Offset{topic: {}}
 	remaining := map[int32]int64{}
+	next := map[int32]int64{}
 	var startErr error
 	starts.Each(func(s kadm.ListedOffset) {
 		end, _ := ends.Lookup(topic, s.Partition)
+		next[s.Partition] = end.Offset
 		begin := from.Offset
+		if from.Next != nil {
+			begin = from.Next[s.Partition]
+			if begin > end.Offset {
+				startErr = fmt.Errorf("%w: %s/%d ends at %d, asked for %d (topic recreated?)", ErrOutOfRetention, topic, s.Partition, end.Offset, begin)
+			}
+		}
 		if !from.Time.IsZero() {
 			t, _ := byTime.Lookup(topic, s.Partition)
 			begin = t.Offset
@@ -77,12 +97,47 @@ func Replay(ctx context.Context, brokers []string, topic string, from ReplayFrom
 		}
 	})
 	if startErr != nil {
-		return startErr
+		return nil, startErr
 	}
 	if len(remaining) == 0 {
-		return nil
+		return next, nil
 	}
-	return readRanges(ctx, brokers, offsets, map[string]map[int32]int64{topic: remaining}, fn)
+	return next, readRanges(ctx, brokers, offsets, map[string]map[int32]int64{topic: remaining}, fn)
+}
+
+// OffsetsReadable reports whether a checkpoint's positions can still be
+// read on from: none past its partition's end (a recreated topic) and none
+// before its start (deleted by retention). A nil error means the records
+// after them are all there.
+func OffsetsReadable(ctx context.Context, cl *kgo.Client, topic string, next map[int32]int64) error {
+	adm := kadm.NewClient(cl)
+	ends, err := adm.ListEndOffsets(ctx, topic)
+	if err == nil {
+		err = ends.Error()
+	}
+	if err != nil {
+		return err
+	}
+	starts, err := adm.ListStartOffsets(ctx, topic)
+	if err == nil {
+		err = starts.Error()
+	}
+	if err != nil {
+		return err
+	}
+	for p, off := range next {
+		e, ok1 := ends.Lookup(topic, p)
+		s, ok2 := starts.Lookup(topic, p)
+		switch {
+		case !ok1 || !ok2:
+			return fmt.Errorf("%w: %s has no partition %d", ErrOutOfRetention, topic, p)
+		case off > e.Offset:
+			return fmt.Errorf("%w: %s/%d ends at %d, checkpoint at %d (topic recreated?)", ErrOutOfRetention, topic, p, e.Offset, off)
+		case off < s.Offset:
+			return fmt.Errorf("%w: %s/%d starts at %d, checkpoint at %d", ErrOutOfRetention, topic, p, s.Offset, off)
+		}
+	}
+	return nil
 }
 
 // ReadToEnd replays a whole topic from its earliest retained record.

@@ -7,6 +7,7 @@
 package presence
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"strings"
@@ -20,14 +21,25 @@ import (
 	"surge/streams"
 )
 
-// Processor holds the online bitmap. The bitmap is a cache: changes made
-// while a batch is in flight are staged and applied only when it commits.
+// Processor holds the online bitmap, one per partition of push.login
+// (co-partitioned with push.presence): an instance owns some partitions,
+// and a partition's bitmap is rebuilt from push.presence whenever it is
+// assigned (streams.Restorer), so an instance taking a partition over never
+// decides "no change" on what it saw before the previous owner's writes.
+// The bitmaps are a cache: changes made while a batch is in flight are
+// staged and applied only when it commits.
 type Processor struct {
 	mu       sync.RWMutex
-	online   *roaring.Bitmap
-	staged   map[uint32]bool
+	parts    map[int32]*roaring.Bitmap
+	staged   map[uint32]staged
 	outTopic string
 	mirror   *RedisMirror
+	restore  *streams.Restorer // nil unless Run: a bare Handle keeps its start-up state
+}
+
+type staged struct {
+	partition int32
+	online    bool
 }
 
 // WithMirror shares the committed bitmap through Redis; the mirror's
@@ -40,47 +52,70 @@ func (p *Processor) WithMirror(ctx context.Context, m *RedisMirror) *Processor {
 
 // New returns a processor writing state changes to outTopic.
 func New(outTopic string) *Processor {
-	return &Processor{online: roaring.New(), staged: map[uint32]bool{}, outTopic: outTopic}
+	return &Processor{parts: map[int32]*roaring.Bitmap{}, staged: map[uint32]staged{}, outTopic: outTopic}
 }
 
 // Handle is the streams handler.
 func (p *Processor) Handle() streams.Handler {
-	return streams.Typed(func(_ context.Context, in *kgo.Record, ev *surgev1.LoginEvent, out *streams.Output) error {
+	return streams.Typed(func(ctx context.Context, in *kgo.Record, ev *surgev1.LoginEvent, out *streams.Output) error {
 		if ev.Uin > schemas.MaxUin {
 			return streams.Reject(fmt.Sprintf("uin %d outside the 32-bit space", ev.Uin), nil)
 		}
 		uin := uint32(ev.Uin)
-		if p.isOnline(uin) == ev.Online {
+		if key := schemas.UinKey(uin); !bytes.Equal(in.Key, key) {
+			// Its partition would not be the uin's: another instance may
+			// own the uin's state.
+			return streams.Reject(fmt.Sprintf("login keyed wrong: key %x, want the uin %d as 4 bytes big-endian (%x)", in.Key, uin, key), nil)
+		}
+		if p.restore != nil {
+			if err := p.restore.Ensure(ctx, in.Partition); err != nil {
+				return err
+			}
+		}
+		if p.isOnline(in.Partition, uin) == ev.Online {
 			return nil // no change, nothing to say
 		}
-		p.staged[uin] = ev.Online
+		p.staged[uin] = staged{in.Partition, ev.Online}
 		return out.EmitMsg(p.outTopic, schemas.UinKey(uin), ev)
 	})
 }
 
-func (p *Processor) isOnline(uin uint32) bool {
+func (p *Processor) isOnline(partition int32, uin uint32) bool {
 	if v, ok := p.staged[uin]; ok {
-		return v
+		return v.online
 	}
 	p.mu.RLock()
 	defer p.mu.RUnlock()
-	return p.online.Contains(uin)
+	b := p.parts[partition]
+	return b != nil && b.Contains(uin)
+}
+
+// part returns partition's bitmap, creating it (mu held).
+func (p *Processor) part(partition int32) *roaring.Bitmap {
+	b := p.parts[partition]
+	if b == nil {
+		b = roaring.New()
+		p.parts[partition] = b
+	}
+	return b
 }
 
 // BatchEnd applies staged changes on commit and drops them on abort.
 func (p *Processor) BatchEnd(committed bool) {
 	if committed {
 		p.mu.Lock()
-		for uin, on := range p.staged {
-			if on {
-				p.online.Add(uin)
+		changes := make(map[uint32]bool, len(p.staged))
+		for uin, st := range p.staged {
+			if st.online {
+				p.part(st.partition).Add(uin)
 			} else {
-				p.online.Remove(uin)
+				p.part(st.partition).Remove(uin)
 			}
+			changes[uin] = st.online
 		}
 		p.mu.Unlock()
 		if p.mirror != nil {
-			p.mirror.enqueue(p.staged)
+			p.mirror.enqueue(changes)
 		}
 	}
 	clear(p.staged)
@@ -90,14 +125,23 @@ func (p *Processor) BatchEnd(committed bool) {
 func (p *Processor) IsOnline(uin uint32) bool {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
-	return p.online.Contains(uin)
+	for _, b := range p.parts {
+		if b.Contains(uin) {
+			return true
+		}
+	}
+	return false
 }
 
 // Online returns a copy of the committed online bitmap.
 func (p *Processor) Online() *roaring.Bitmap {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
-	return p.online.Clone()
+	parts := make([]*roaring.Bitmap, 0, len(p.parts))
+	for _, b := range p.parts {
+		parts = append(parts, b)
+	}
+	return roaring.FastOr(parts...)
 }
 
 // Restore rebuilds the bitmap by reading the presence topic from the start
@@ -105,24 +149,53 @@ func (p *Processor) Online() *roaring.Bitmap {
 func (p *Processor) Restore(ctx context.Context, brokers []string, topic string) (int, error) {
 	n := 0
 	err := streams.ReadToEnd(ctx, brokers, topic, func(r *kgo.Record) error {
-		var ev surgev1.LoginEvent
-		if err := streams.Decode(r, &ev); err != nil || ev.Uin > schemas.MaxUin {
-			return nil // the processor never wrote such a record; ignore
-		}
-		n++
-		if ev.Online {
-			p.online.Add(uint32(ev.Uin))
-		} else {
-			p.online.Remove(uint32(ev.Uin))
+		if p.applyChange(r) {
+			n++
 		}
 		return nil
 	})
 	return n, err
 }
 
+// applyChange applies one push.presence record to its partition's bitmap.
+func (p *Processor) applyChange(r *kgo.Record) bool {
+	var ev surgev1.LoginEvent
+	if err := streams.Decode(r, &ev); err != nil || ev.Uin > schemas.MaxUin {
+		return false // the processor never wrote such a record; ignore
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if ev.Online {
+		p.part(r.Partition).Add(uint32(ev.Uin))
+	} else {
+		p.part(r.Partition).Remove(uint32(ev.Uin))
+	}
+	return true
+}
+
+// clearPartitions forgets the partitions about to be rebuilt.
+func (p *Processor) clearPartitions(ps map[int32]bool) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for part := range ps {
+		delete(p.parts, part)
+	}
+	return nil
+}
+
 // Run restores the bitmap, then processes logins until ctx ends. With a
 // mirror, Redis is first rewritten from the restored bitmap.
 func (p *Processor) Run(ctx context.Context, brokers []string, opts ...streams.Option) error {
+	ns := strings.TrimSuffix(p.outTopic, schemas.TopicPresence)
+	if _, err := streams.CoPartitioned(ctx, brokers, ns+schemas.TopicLogin, p.outTopic); err != nil {
+		return fmt.Errorf("presence: %w", err)
+	}
+	p.restore = streams.NewRestorer(brokers, p.clearPartitions, func(r *kgo.Record) error { p.applyChange(r); return nil }, p.outTopic)
+	// A partition nobody wrote to since this start-up read is not read again
+	// when it is assigned.
+	if err := p.restore.Baseline(ctx); err != nil {
+		return fmt.Errorf("presence: restore: %w", err)
+	}
 	if _, err := p.Restore(ctx, brokers, p.outTopic); err != nil {
 		return fmt.Errorf("presence: restore: %w", err)
 	}
@@ -132,8 +205,9 @@ func (p *Processor) Run(ctx context.Context, brokers []string, opts ...streams.O
 	opts = append([]streams.Option{
 		streams.Brokers(brokers...),
 		// behind the namespace of its output (push-presence: push.namespace)
-		streams.Declare(Spec, strings.TrimSuffix(p.outTopic, schemas.TopicPresence)),
+		streams.Declare(Spec, ns),
 		streams.OnBatchEnd(p.BatchEnd),
+		p.restore.Option(),
 	}, opts...)
 	r, err := streams.New("presence", p.Handle(), opts...)
 	if err != nil {

@@ -1687,6 +1687,311 @@ func (x *JobClicks) GetCompletedAtMs() int64 {
 	return 0
 }
 
+// One chunk of a checkpoint of the push planner's memory
+// (push.planner-checkpoints, compacted, keyed by chunk index). A
+// checkpoint is written whole in one transaction; a restore takes the
+// newest one whose chunks are all there and replays push.job-transitions
+// only after its position.
+type PlannerCheckpoint struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	CheckpointId  uint64                 `protobuf:"varint,1,opt,name=checkpoint_id,json=checkpointId,proto3" json:"checkpoint_id,omitempty"` // increasing; the newest whole checkpoint wins
+	Index         uint32                 `protobuf:"varint,2,opt,name=index,proto3" json:"index,omitempty"`
+	Chunks        uint32                 `protobuf:"varint,3,opt,name=chunks,proto3" json:"chunks,omitempty"`
+	Data          []byte                 `protobuf:"bytes,4,opt,name=data,proto3" json:"data,omitempty"` // part of the encoded PlannerState
+	AtMs          int64                  `protobuf:"varint,5,opt,name=at_ms,json=atMs,proto3" json:"at_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PlannerCheckpoint) Reset() {
+	*x = PlannerCheckpoint{}
+	mi := &file_surge_v1_push_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PlannerCheckpoint) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PlannerCheckpoint) ProtoMessage() {}
+
+func (x *PlannerCheckpoint) ProtoReflect() protoreflect.Message {
+	mi := &file_surge_v1_push_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PlannerCheckpoint.ProtoReflect.Descriptor instead.
+func (*PlannerCheckpoint) Descriptor() ([]byte, []int) {
+	return file_surge_v1_push_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *PlannerCheckpoint) GetCheckpointId() uint64 {
+	if x != nil {
+		return x.CheckpointId
+	}
+	return 0
+}
+
+func (x *PlannerCheckpoint) GetIndex() uint32 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *PlannerCheckpoint) GetChunks() uint32 {
+	if x != nil {
+		return x.Chunks
+	}
+	return 0
+}
+
+func (x *PlannerCheckpoint) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *PlannerCheckpoint) GetAtMs() int64 {
+	if x != nil {
+		return x.AtMs
+	}
+	return 0
+}
+
+// The push planner's memory at a position of push.job-transitions: what
+// replaying the topic up to there builds.
+type PlannerState struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	TransitionsNext map[int32]int64        `protobuf:"bytes,1,rep,name=transitions_next,json=transitionsNext,proto3" json:"transitions_next,omitempty" protobuf_key:"varint,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"` // next offset per partition of push.job-transitions
+	States          map[string]JobState    `protobuf:"bytes,2,rep,name=states,proto3" json:"states,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value,enum=surge.v1.JobState"`                    // every job the planner knows (duplicate ids are refused)
+	Open            []*PlannerOpenJob      `protobuf:"bytes,3,rep,name=open,proto3" json:"open,omitempty"`                                                                                                                          // jobs not yet in a final state
+	Sent            []*ContentSent         `protobuf:"bytes,4,rep,name=sent,proto3" json:"sent,omitempty"`                                                                                                                          // the CRC filter
+	QuotaDay        string                 `protobuf:"bytes,5,opt,name=quota_day,json=quotaDay,proto3" json:"quota_day,omitempty"`                                                                                                  // the day of quota_levels (planner's local time)
+	QuotaLevels     [][]byte               `protobuf:"bytes,6,rep,name=quota_levels,json=quotaLevels,proto3" json:"quota_levels,omitempty"`                                                                                         // roaring: users with at least i+1 messages that day
+	JobsDay         string                 `protobuf:"bytes,7,opt,name=jobs_day,json=jobsDay,proto3" json:"jobs_day,omitempty"`
+	JobsToday       map[uint64]uint32      `protobuf:"bytes,8,rep,name=jobs_today,json=jobsToday,proto3" json:"jobs_today,omitempty" protobuf_key:"varint,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"` // jobs accepted that day per account
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *PlannerState) Reset() {
+	*x = PlannerState{}
+	mi := &file_surge_v1_push_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PlannerState) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PlannerState) ProtoMessage() {}
+
+func (x *PlannerState) ProtoReflect() protoreflect.Message {
+	mi := &file_surge_v1_push_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PlannerState.ProtoReflect.Descriptor instead.
+func (*PlannerState) Descriptor() ([]byte, []int) {
+	return file_surge_v1_push_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *PlannerState) GetTransitionsNext() map[int32]int64 {
+	if x != nil {
+		return x.TransitionsNext
+	}
+	return nil
+}
+
+func (x *PlannerState) GetStates() map[string]JobState {
+	if x != nil {
+		return x.States
+	}
+	return nil
+}
+
+func (x *PlannerState) GetOpen() []*PlannerOpenJob {
+	if x != nil {
+		return x.Open
+	}
+	return nil
+}
+
+func (x *PlannerState) GetSent() []*ContentSent {
+	if x != nil {
+		return x.Sent
+	}
+	return nil
+}
+
+func (x *PlannerState) GetQuotaDay() string {
+	if x != nil {
+		return x.QuotaDay
+	}
+	return ""
+}
+
+func (x *PlannerState) GetQuotaLevels() [][]byte {
+	if x != nil {
+		return x.QuotaLevels
+	}
+	return nil
+}
+
+func (x *PlannerState) GetJobsDay() string {
+	if x != nil {
+		return x.JobsDay
+	}
+	return ""
+}
+
+func (x *PlannerState) GetJobsToday() map[uint64]uint32 {
+	if x != nil {
+		return x.JobsToday
+	}
+	return nil
+}
+
+// A job not yet final, as far as the transitions tell.
+type PlannerOpenJob struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Job           *SendJob               `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	Position      uint64                 `protobuf:"varint,2,opt,name=position,proto3" json:"position,omitempty"` // units dispatched (SENDING's position)
+	Executors     string                 `protobuf:"bytes,3,opt,name=executors,proto3" json:"executors,omitempty"`
+	QueuedAtMs    int64                  `protobuf:"varint,4,opt,name=queued_at_ms,json=queuedAtMs,proto3" json:"queued_at_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PlannerOpenJob) Reset() {
+	*x = PlannerOpenJob{}
+	mi := &file_surge_v1_push_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PlannerOpenJob) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PlannerOpenJob) ProtoMessage() {}
+
+func (x *PlannerOpenJob) ProtoReflect() protoreflect.Message {
+	mi := &file_surge_v1_push_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PlannerOpenJob.ProtoReflect.Descriptor instead.
+func (*PlannerOpenJob) Descriptor() ([]byte, []int) {
+	return file_surge_v1_push_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *PlannerOpenJob) GetJob() *SendJob {
+	if x != nil {
+		return x.Job
+	}
+	return nil
+}
+
+func (x *PlannerOpenJob) GetPosition() uint64 {
+	if x != nil {
+		return x.Position
+	}
+	return 0
+}
+
+func (x *PlannerOpenJob) GetExecutors() string {
+	if x != nil {
+		return x.Executors
+	}
+	return ""
+}
+
+func (x *PlannerOpenJob) GetQueuedAtMs() int64 {
+	if x != nil {
+		return x.QueuedAtMs
+	}
+	return 0
+}
+
+// Who received one content (by CRC).
+type ContentSent struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Crc           uint32                 `protobuf:"varint,1,opt,name=crc,proto3" json:"crc,omitempty"`
+	Uins          []byte                 `protobuf:"bytes,2,opt,name=uins,proto3" json:"uins,omitempty"` // roaring
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ContentSent) Reset() {
+	*x = ContentSent{}
+	mi := &file_surge_v1_push_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ContentSent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ContentSent) ProtoMessage() {}
+
+func (x *ContentSent) ProtoReflect() protoreflect.Message {
+	mi := &file_surge_v1_push_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ContentSent.ProtoReflect.Descriptor instead.
+func (*ContentSent) Descriptor() ([]byte, []int) {
+	return file_surge_v1_push_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *ContentSent) GetCrc() uint32 {
+	if x != nil {
+		return x.Crc
+	}
+	return 0
+}
+
+func (x *ContentSent) GetUins() []byte {
+	if x != nil {
+		return x.Uins
+	}
+	return nil
+}
+
 var File_surge_v1_push_proto protoreflect.FileDescriptor
 
 const file_surge_v1_push_proto_rawDesc = "" +
@@ -1847,7 +2152,41 @@ const file_surge_v1_push_proto_rawDesc = "" +
 	"account_id\x18\x02 \x01(\x04R\taccountId\x12\x18\n" +
 	"\atargets\x18\x03 \x01(\x04R\atargets\x12\x16\n" +
 	"\x06clicks\x18\x04 \x01(\x04R\x06clicks\x12&\n" +
-	"\x0fcompleted_at_ms\x18\x05 \x01(\x03R\rcompletedAtMs*S\n" +
+	"\x0fcompleted_at_ms\x18\x05 \x01(\x03R\rcompletedAtMs\"\x8f\x01\n" +
+	"\x11PlannerCheckpoint\x12#\n" +
+	"\rcheckpoint_id\x18\x01 \x01(\x04R\fcheckpointId\x12\x14\n" +
+	"\x05index\x18\x02 \x01(\rR\x05index\x12\x16\n" +
+	"\x06chunks\x18\x03 \x01(\rR\x06chunks\x12\x12\n" +
+	"\x04data\x18\x04 \x01(\fR\x04data\x12\x13\n" +
+	"\x05at_ms\x18\x05 \x01(\x03R\x04atMs\"\xed\x04\n" +
+	"\fPlannerState\x12V\n" +
+	"\x10transitions_next\x18\x01 \x03(\v2+.surge.v1.PlannerState.TransitionsNextEntryR\x0ftransitionsNext\x12:\n" +
+	"\x06states\x18\x02 \x03(\v2\".surge.v1.PlannerState.StatesEntryR\x06states\x12,\n" +
+	"\x04open\x18\x03 \x03(\v2\x18.surge.v1.PlannerOpenJobR\x04open\x12)\n" +
+	"\x04sent\x18\x04 \x03(\v2\x15.surge.v1.ContentSentR\x04sent\x12\x1b\n" +
+	"\tquota_day\x18\x05 \x01(\tR\bquotaDay\x12!\n" +
+	"\fquota_levels\x18\x06 \x03(\fR\vquotaLevels\x12\x19\n" +
+	"\bjobs_day\x18\a \x01(\tR\ajobsDay\x12D\n" +
+	"\n" +
+	"jobs_today\x18\b \x03(\v2%.surge.v1.PlannerState.JobsTodayEntryR\tjobsToday\x1aB\n" +
+	"\x14TransitionsNextEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\x05R\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1aM\n" +
+	"\vStatesEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12(\n" +
+	"\x05value\x18\x02 \x01(\x0e2\x12.surge.v1.JobStateR\x05value:\x028\x01\x1a<\n" +
+	"\x0eJobsTodayEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\x04R\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\"\x91\x01\n" +
+	"\x0ePlannerOpenJob\x12#\n" +
+	"\x03job\x18\x01 \x01(\v2\x11.surge.v1.SendJobR\x03job\x12\x1a\n" +
+	"\bposition\x18\x02 \x01(\x04R\bposition\x12\x1c\n" +
+	"\texecutors\x18\x03 \x01(\tR\texecutors\x12 \n" +
+	"\fqueued_at_ms\x18\x04 \x01(\x03R\n" +
+	"queuedAtMs\"3\n" +
+	"\vContentSent\x12\x10\n" +
+	"\x03crc\x18\x01 \x01(\rR\x03crc\x12\x12\n" +
+	"\x04uins\x18\x02 \x01(\fR\x04uins*S\n" +
 	"\fTargetSource\x12\x1d\n" +
 	"\x19TARGET_SOURCE_UNSPECIFIED\x10\x00\x12\r\n" +
 	"\tFOLLOWERS\x10\x01\x12\v\n" +
@@ -1900,40 +2239,54 @@ func file_surge_v1_push_proto_rawDescGZIP() []byte {
 }
 
 var file_surge_v1_push_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_surge_v1_push_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_surge_v1_push_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_surge_v1_push_proto_goTypes = []any{
-	(TargetSource)(0),       // 0: surge.v1.TargetSource
-	(JobState)(0),           // 1: surge.v1.JobState
-	(DeliveryStatus)(0),     // 2: surge.v1.DeliveryStatus
-	(FanDelta_Op)(0),        // 3: surge.v1.FanDelta.Op
-	(*LoginEvent)(nil),      // 4: surge.v1.LoginEvent
-	(*FanDelta)(nil),        // 5: surge.v1.FanDelta
-	(*SendJob)(nil),         // 6: surge.v1.SendJob
-	(*JobTransition)(nil),   // 7: surge.v1.JobTransition
-	(*SendTaskUnit)(nil),    // 8: surge.v1.SendTaskUnit
-	(*ExecutorLoad)(nil),    // 9: surge.v1.ExecutorLoad
-	(*OfflineEntry)(nil),    // 10: surge.v1.OfflineEntry
-	(*OfflineBatch)(nil),    // 11: surge.v1.OfflineBatch
-	(*DeliveryReport)(nil),  // 12: surge.v1.DeliveryReport
-	(*AccountInfo)(nil),     // 13: surge.v1.AccountInfo
-	(*TagChange)(nil),       // 14: surge.v1.TagChange
-	(*BlacklistChange)(nil), // 15: surge.v1.BlacklistChange
-	(*PackageChunk)(nil),    // 16: surge.v1.PackageChunk
-	(*ClickEvent)(nil),      // 17: surge.v1.ClickEvent
-	(*JobClicks)(nil),       // 18: surge.v1.JobClicks
+	(TargetSource)(0),         // 0: surge.v1.TargetSource
+	(JobState)(0),             // 1: surge.v1.JobState
+	(DeliveryStatus)(0),       // 2: surge.v1.DeliveryStatus
+	(FanDelta_Op)(0),          // 3: surge.v1.FanDelta.Op
+	(*LoginEvent)(nil),        // 4: surge.v1.LoginEvent
+	(*FanDelta)(nil),          // 5: surge.v1.FanDelta
+	(*SendJob)(nil),           // 6: surge.v1.SendJob
+	(*JobTransition)(nil),     // 7: surge.v1.JobTransition
+	(*SendTaskUnit)(nil),      // 8: surge.v1.SendTaskUnit
+	(*ExecutorLoad)(nil),      // 9: surge.v1.ExecutorLoad
+	(*OfflineEntry)(nil),      // 10: surge.v1.OfflineEntry
+	(*OfflineBatch)(nil),      // 11: surge.v1.OfflineBatch
+	(*DeliveryReport)(nil),    // 12: surge.v1.DeliveryReport
+	(*AccountInfo)(nil),       // 13: surge.v1.AccountInfo
+	(*TagChange)(nil),         // 14: surge.v1.TagChange
+	(*BlacklistChange)(nil),   // 15: surge.v1.BlacklistChange
+	(*PackageChunk)(nil),      // 16: surge.v1.PackageChunk
+	(*ClickEvent)(nil),        // 17: surge.v1.ClickEvent
+	(*JobClicks)(nil),         // 18: surge.v1.JobClicks
+	(*PlannerCheckpoint)(nil), // 19: surge.v1.PlannerCheckpoint
+	(*PlannerState)(nil),      // 20: surge.v1.PlannerState
+	(*PlannerOpenJob)(nil),    // 21: surge.v1.PlannerOpenJob
+	(*ContentSent)(nil),       // 22: surge.v1.ContentSent
+	nil,                       // 23: surge.v1.PlannerState.TransitionsNextEntry
+	nil,                       // 24: surge.v1.PlannerState.StatesEntry
+	nil,                       // 25: surge.v1.PlannerState.JobsTodayEntry
 }
 var file_surge_v1_push_proto_depIdxs = []int32{
-	3, // 0: surge.v1.FanDelta.op:type_name -> surge.v1.FanDelta.Op
-	0, // 1: surge.v1.SendJob.source:type_name -> surge.v1.TargetSource
-	1, // 2: surge.v1.JobTransition.from:type_name -> surge.v1.JobState
-	1, // 3: surge.v1.JobTransition.to:type_name -> surge.v1.JobState
-	6, // 4: surge.v1.JobTransition.job:type_name -> surge.v1.SendJob
-	2, // 5: surge.v1.DeliveryReport.status:type_name -> surge.v1.DeliveryStatus
-	6, // [6:6] is the sub-list for method output_type
-	6, // [6:6] is the sub-list for method input_type
-	6, // [6:6] is the sub-list for extension type_name
-	6, // [6:6] is the sub-list for extension extendee
-	0, // [0:6] is the sub-list for field type_name
+	3,  // 0: surge.v1.FanDelta.op:type_name -> surge.v1.FanDelta.Op
+	0,  // 1: surge.v1.SendJob.source:type_name -> surge.v1.TargetSource
+	1,  // 2: surge.v1.JobTransition.from:type_name -> surge.v1.JobState
+	1,  // 3: surge.v1.JobTransition.to:type_name -> surge.v1.JobState
+	6,  // 4: surge.v1.JobTransition.job:type_name -> surge.v1.SendJob
+	2,  // 5: surge.v1.DeliveryReport.status:type_name -> surge.v1.DeliveryStatus
+	23, // 6: surge.v1.PlannerState.transitions_next:type_name -> surge.v1.PlannerState.TransitionsNextEntry
+	24, // 7: surge.v1.PlannerState.states:type_name -> surge.v1.PlannerState.StatesEntry
+	21, // 8: surge.v1.PlannerState.open:type_name -> surge.v1.PlannerOpenJob
+	22, // 9: surge.v1.PlannerState.sent:type_name -> surge.v1.ContentSent
+	25, // 10: surge.v1.PlannerState.jobs_today:type_name -> surge.v1.PlannerState.JobsTodayEntry
+	6,  // 11: surge.v1.PlannerOpenJob.job:type_name -> surge.v1.SendJob
+	1,  // 12: surge.v1.PlannerState.StatesEntry.value:type_name -> surge.v1.JobState
+	13, // [13:13] is the sub-list for method output_type
+	13, // [13:13] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_surge_v1_push_proto_init() }
@@ -1948,7 +2301,7 @@ func file_surge_v1_push_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_surge_v1_push_proto_rawDesc), len(file_surge_v1_push_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   15,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

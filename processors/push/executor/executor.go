@@ -22,7 +22,6 @@ import (
 	"time"
 
 	"github.com/RoaringBitmap/roaring/v2"
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"surge/schemas"
@@ -121,7 +120,7 @@ func (x *Executor) Run(ctx context.Context, opts ...streams.Option) error {
 	if err := streams.EnsureTopics(ctx, admin, -1, schemas.Topic{Name: x.UnitsTopic(), Partitions: 1, Retention: 7 * 24 * time.Hour}); err != nil {
 		return fmt.Errorf("executor: create %s: %w", x.UnitsTopic(), err)
 	}
-	if x.loginParts, err = samePartitions(ctx, admin, x.topic(schemas.TopicLogin), x.topic(schemas.TopicOffline)); err != nil {
+	if x.loginParts, err = streams.CoPartitioned(ctx, x.brokers, x.topic(schemas.TopicLogin), x.topic(schemas.TopicOffline)); err != nil {
 		return err
 	}
 	tctx, stopTable := context.WithCancel(ctx)
@@ -197,43 +196,13 @@ func (x *Executor) Run(ctx context.Context, opts ...streams.Option) error {
 func (x *Executor) Drained() bool { return x.drainDone.Load() }
 
 // checkpointCurrent reports whether a checkpoint's offsets can still be
-// read on: none past the topic's end (a recreated topic) and none before
-// its start (deleted by retention).
+// read on (streams.OffsetsReadable).
 func (x *Executor) checkpointCurrent(ctx context.Context, cl *kgo.Client, topic string, next map[int32]int64) bool {
-	adm := kadm.NewClient(cl)
-	ends, err := adm.ListEndOffsets(ctx, topic)
-	if err != nil {
+	if err := streams.OffsetsReadable(ctx, cl, topic, next); err != nil {
+		x.cfg.Log.Warn("executor: online checkpoint is stale", "err", err)
 		return false
-	}
-	starts, err := adm.ListStartOffsets(ctx, topic)
-	if err != nil {
-		return false
-	}
-	for p, off := range next {
-		e, ok1 := ends.Lookup(topic, p)
-		s, ok2 := starts.Lookup(topic, p)
-		if !ok1 || !ok2 || off > e.Offset || off < s.Offset {
-			x.cfg.Log.Warn("executor: online checkpoint is stale (topic recreated or truncated)", "partition", p, "offset", off)
-			return false
-		}
 	}
 	return true
-}
-
-func samePartitions(ctx context.Context, cl *kgo.Client, a, b string) (int, error) {
-	adm := kadm.NewClient(cl)
-	td, err := adm.ListTopics(ctx, a, b)
-	if err != nil {
-		return 0, err
-	}
-	na, nb := len(td[a].Partitions), len(td[b].Partitions)
-	if na == 0 || nb == 0 {
-		return 0, fmt.Errorf("executor: topics %s and %s must exist (surge topics --create)", a, b)
-	}
-	if na != nb {
-		return 0, fmt.Errorf("executor: %s has %d partitions and %s %d; offline batches must be co-partitioned with logins", a, na, b, nb)
-	}
-	return na, nil
 }
 
 func (x *Executor) applyPresence(r *kgo.Record) {

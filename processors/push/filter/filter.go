@@ -264,6 +264,37 @@ func (s *Sent) Record(crc uint32, uins *roaring.Bitmap) {
 	s.byCRC[crc].Or(uins)
 }
 
+// Export serializes who received each content (a checkpoint).
+func (s *Sent) Export() (map[uint32][]byte, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[uint32][]byte, len(s.byCRC))
+	for crc, b := range s.byCRC {
+		buf, err := b.ToBytes()
+		if err != nil {
+			return nil, err
+		}
+		out[crc] = buf
+	}
+	return out, nil
+}
+
+// Import replaces the filter with what Export wrote.
+func (s *Sent) Import(byCRC map[uint32][]byte) error {
+	m := make(map[uint32]*roaring.Bitmap, len(byCRC))
+	for crc, buf := range byCRC {
+		b := roaring.New()
+		if err := b.UnmarshalBinary(buf); err != nil {
+			return fmt.Errorf("filter: content %d: %w", crc, err)
+		}
+		m[crc] = b
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.byCRC = m
+	return nil
+}
+
 func (s *Sent) Bit() Bit { return CRC }
 func (s *Sent) Apply(_ context.Context, j *Job, t *roaring.Bitmap) error {
 	s.mu.Lock()

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -29,8 +30,10 @@ const URIPrefix = "topic:"
 // TopicStore keeps packages on a topic (push.packages), so any planner on
 // any machine reads the packages any other wrote, and platforms upload
 // theirs by producing to it. Each instance follows the topic into a local
-// Pebble store (a cache, rebuilt from the topic on start) and reads
-// packages from there.
+// Pebble store, a cache of the topic that survives restarts: the table's
+// position is saved in the store with the chunks it covers, so a restart
+// reads only what was published since (a month of packages is not read
+// again), and a store that cannot go on from there is rebuilt.
 type TopicStore struct {
 	topic string
 	cl    *kgo.Client
@@ -41,24 +44,36 @@ type TopicStore struct {
 	ready chan struct{}
 }
 
-// OpenTopicStore starts following topic into a fresh Pebble store in dir.
+// positionPrefix keys the table's next offset per partition; package ids
+// (jobIDPattern) never start with it.
+const positionPrefix = "\xffnext/"
+
+// CheckpointEvery is how often the store saves its position.
+const CheckpointEvery = 5 * time.Second
+
+// OpenTopicStore starts following topic into the Pebble store in dir,
+// from the position saved there (or from the start into a fresh store).
 // It runs until ctx ends; Close releases it after.
 func OpenTopicStore(ctx context.Context, brokers []string, topic, dir string, log *slog.Logger) (*TopicStore, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	db, err := localstore.Open(dir, true, log)
-	if err != nil {
-		return nil, err
-	}
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ProducerBatchMaxBytes(ChunkBytes+(64<<10)),
 		kgo.RecordDeliveryTimeout(time.Minute))
 	if err != nil {
-		db.Close()
+		return nil, err
+	}
+	db, next, err := openAt(ctx, cl, topic, dir, log)
+	if err != nil {
+		cl.Close()
 		return nil, err
 	}
 	s := &TopicStore{topic: topic, cl: cl, db: db, log: log}
-	table, err := streams.FollowTable(ctx, brokers, topic, s.apply)
+	opts := []streams.TableOption{streams.TableCheckpoint(CheckpointEvery, s.savePosition)}
+	if next != nil {
+		opts = append(opts, streams.TableFrom(next))
+	}
+	table, err := streams.FollowTable(ctx, brokers, topic, s.apply, opts...)
 	if err != nil {
 		cl.Close()
 		db.Close()
@@ -73,6 +88,68 @@ func OpenTopicStore(ctx context.Context, brokers []string, topic, dir string, lo
 		}
 	}()
 	return s, nil
+}
+
+// openAt opens the store in dir and returns the position to follow the
+// topic from: the saved one if the topic still has every record after it,
+// else nil and an emptied store.
+func openAt(ctx context.Context, cl *kgo.Client, topic, dir string, log *slog.Logger) (*pebble.DB, map[int32]int64, error) {
+	db, err := localstore.Open(dir, false, log)
+	if err != nil {
+		return nil, nil, err
+	}
+	next, err := loadPosition(db)
+	if err == nil && len(next) > 0 {
+		if err = streams.OffsetsReadable(ctx, cl, topic, next); err == nil {
+			log.Info("numpkg: package store goes on from its saved position", "topic", topic, "partitions", len(next))
+			return db, next, nil
+		}
+	}
+	if err != nil || len(next) > 0 {
+		log.Warn("numpkg: package store rebuilt from the topic's start", "topic", topic, "err", err)
+	}
+	db.Close()
+	// Wiped, but opened durable (not localstore's fresh mode, which has no
+	// write-ahead log): its position must survive a crash with its chunks.
+	if err := os.RemoveAll(dir); err != nil {
+		return nil, nil, err
+	}
+	db, err = localstore.Open(dir, false, log)
+	return db, nil, err
+}
+
+func loadPosition(db *pebble.DB) (map[int32]int64, error) {
+	it, err := db.NewIter(&pebble.IterOptions{LowerBound: []byte(positionPrefix), UpperBound: []byte(positionPrefix + "\xff")})
+	if err != nil {
+		return nil, err
+	}
+	defer it.Close()
+	next := map[int32]int64{}
+	for it.First(); it.Valid(); it.Next() {
+		k, v := it.Key()[len(positionPrefix):], it.Value()
+		if len(k) != 4 || len(v) != 8 {
+			return nil, fmt.Errorf("numpkg: bad position record %q", it.Key())
+		}
+		next[int32(binary.BigEndian.Uint32(k))] = int64(binary.BigEndian.Uint64(v))
+	}
+	return next, it.Error()
+}
+
+// savePosition runs on the table's goroutine after the chunks before next
+// were written; the synced batch makes them durable with it.
+func (s *TopicStore) savePosition(next map[int32]int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.db == nil {
+		return
+	}
+	b := s.db.NewBatch()
+	for p, off := range next {
+		_ = b.Set(binary.BigEndian.AppendUint32([]byte(positionPrefix), uint32(p)), binary.BigEndian.AppendUint64(nil, uint64(off)), nil)
+	}
+	if err := b.Commit(pebble.Sync); err != nil {
+		s.log.Warn("numpkg: position not saved", "err", err)
+	}
 }
 
 // Close stops producing and closes the local store (after ctx ended).

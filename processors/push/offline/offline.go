@@ -54,6 +54,11 @@ type Queues struct {
 	cfg     Config
 	brokers []string
 	db      *pebble.DB
+	// open is db while Run has it open, for readers on other goroutines
+	// (Pending) that may call before Run opened it or after it closed it;
+	// openMu keeps Run from closing it under a reader.
+	openMu sync.RWMutex
+	open   *pebble.DB
 
 	mu     sync.Mutex // guards staged, online, stale
 	staged *pebble.Batch
@@ -124,8 +129,14 @@ func appliedKey(tp topicPartition) []byte {
 
 // Pending returns the job ids queued for uin (committed state).
 func (q *Queues) Pending(uin uint32) ([]string, error) {
+	q.openMu.RLock()
+	defer q.openMu.RUnlock()
+	db := q.open
+	if db == nil {
+		return nil, errors.New("offline: queues not open (Run has not started or has ended)")
+	}
 	var out []string
-	err := q.scan(q.db, uin, func(k []byte, _ []byte) { out = append(out, string(k[5:])) })
+	err := q.scan(db, uin, func(k []byte, _ []byte) { out = append(out, string(k[5:])) })
 	return out, err
 }
 
@@ -158,7 +169,15 @@ func (q *Queues) Run(ctx context.Context, opts ...streams.Option) error {
 		return err
 	}
 	q.db = db
-	defer db.Close()
+	q.openMu.Lock()
+	q.open = db
+	q.openMu.Unlock()
+	defer func() {
+		q.openMu.Lock()
+		q.open = nil
+		q.openMu.Unlock()
+		db.Close()
+	}()
 	q.staged = db.NewIndexedBatch()
 	if err := q.loadOnline(); err != nil {
 		return err

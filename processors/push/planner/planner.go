@@ -52,13 +52,18 @@ type Config struct {
 	// quota.AccountDailyJobs). CTRMinTargets: smaller deliveries do not count.
 	TargetCTR     float64
 	CTRMinTargets uint64
-	Now           func() time.Time
+	// CheckpointEvery is how often the active planner checkpoints its
+	// memory (push.planner-checkpoints) so a restore replays only the
+	// transitions after it; 0 writes and reads none.
+	CheckpointEvery time.Duration
+	Now             func() time.Time
 }
 
 // DefaultConfig is the seed's rules with limits sized for one machine.
 func DefaultConfig() Config {
 	return Config{UnitSize: 1 << 18, MaxBacklog: 8, MinLead: 15 * time.Minute,
-		ExecutorTimeout: 5 * time.Second, QuotaSeed: 1, TargetCTR: 0.05, CTRMinTargets: 100, Now: time.Now}
+		ExecutorTimeout: 5 * time.Second, QuotaSeed: 1, TargetCTR: 0.05, CTRMinTargets: 100,
+		CheckpointEvery: 30 * time.Second, Now: time.Now}
 }
 
 // Deps are the stores the planner reads.
@@ -87,6 +92,7 @@ type queued struct {
 	done     map[uint32]bool
 	state    pb.JobState
 	executor map[string]bool // executors that hold units of it
+	queuedAt int64           // ms, when it was queued (planner's clock)
 }
 
 func (q *queued) score() float64 {
@@ -124,8 +130,13 @@ type Planner struct {
 	brokers    []string
 	ctx        context.Context
 	restoreErr error
+	illegal    int // transitions a restore could not apply
+
+	ckpt         checkpoints
+	restoreStats RestoreStats
 
 	mUnits, mJobs, mRejected metrics.CounterVec
+	mCheckpointBytes         metrics.GaugeVec
 }
 
 // New returns a planner.
@@ -147,6 +158,7 @@ func New(cfg Config, deps Deps) *Planner {
 	p.mUnits = reg.NewCounterVec("surge_push_units_dispatched_total", "units dispatched", "executor")
 	p.mJobs = reg.NewCounterVec("surge_push_job_transitions_total", "job transitions written", "to")
 	p.mRejected = reg.NewCounterVec("surge_push_jobs_refused_total", "jobs refused", "reason")
+	p.mCheckpointBytes = reg.NewGaugeVec("surge_push_planner_checkpoint_bytes", "size of the planner's last checkpoint")
 	p.reset()
 	return p
 }
@@ -164,6 +176,7 @@ func (p *Planner) reset() {
 	p.followers = &fanlist.Resolver{Source: dir.Followers(), Mirror: dir.Mirror(), Threshold: threshold}
 	p.chain = filter.NewChain(filter.RelationFilter{}, dir.Blacklists(), dir.Tags(), p.sent, filter.QuotaFilter{Ledger: p.ledger})
 	p.jobsToday, p.jobsDay = map[uint64]uint32{}, ""
+	p.illegal = 0
 	if p.executors == nil {
 		p.executors = map[string]*executorView{}
 	}
@@ -464,14 +477,14 @@ func (p *Planner) filterAndQueue(ctx context.Context, e emitter, j *pb.SendJob, 
 	}); err != nil {
 		return err
 	}
-	p.enqueue(fjob, kept, pb.JobState_QUEUED)
+	p.enqueue(fjob, kept, pb.JobState_QUEUED, e.now.UnixMilli())
 	return p.dispatch(ctx, e)
 }
 
-func (p *Planner) enqueue(j *pb.SendJob, kept *roaring.Bitmap, st pb.JobState) *queued {
+func (p *Planner) enqueue(j *pb.SendJob, kept *roaring.Bitmap, st pb.JobState, queuedAt int64) *queued {
 	total := kept.GetCardinality()
 	q := &queued{job: j, targets: kept, total: total, units: uint32((total + p.cfg.UnitSize - 1) / p.cfg.UnitSize),
-		done: map[uint32]bool{}, state: st, executor: map[string]bool{}}
+		done: map[uint32]bool{}, state: st, executor: map[string]bool{}, queuedAt: queuedAt}
 	p.queue[j.JobId] = q
 	return q
 }

@@ -2,6 +2,7 @@ package planner
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"time"
@@ -17,75 +18,75 @@ import (
 
 func proto_clone(j *pb.SendJob) *pb.SendJob { return proto.Clone(j).(*pb.SendJob) }
 
-// Restore rebuilds the planner's memory from the topics: job states from
-// push.job-transitions; the queue (with each job's dispatch position) from
-// the jobs not yet finished; the CRC and quota state by re-reading the
-// filtered package of every job queued (quota only for today's); unit
-// completions from push.executors, from when the oldest job still queued
-// was queued.
+// Restore rebuilds the planner's memory from the topics: the newest
+// checkpoint (push.planner-checkpoints), then the transitions after its
+// position (push.job-transitions; all of them when there is no checkpoint
+// or the topic no longer holds what followed it): job states; the queue,
+// with each job's dispatch position, from the jobs not yet finished; the
+// CRC and quota state from the filtered package of every job queued since;
+// unit completions from push.executors, from when the oldest job still
+// queued was queued.
 func (p *Planner) Restore(ctx context.Context, brokers []string) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.restore(ctx, brokers)
 }
 
+// progress is what the transitions tell of a job not yet final.
+type progress struct {
+	job      *pb.SendJob
+	position uint32
+	queuedAt int64 // ms, planner's clock
+}
+
 func (p *Planner) restore(ctx context.Context, brokers []string) error {
+	began := time.Now()
 	p.reset()
+	p.ckpt.next = nil // no checkpoint until the memory is whole again
 	now := p.cfg.Now()
-	today := now.Format("2006-01-02")
-	type progress struct {
-		job      *pb.SendJob
-		position uint32
-		execs    string
-		queuedAt int64 // ms, planner's clock
-	}
 	jobs := map[string]*progress{}
-	illegal := 0
-	err := streams.ReadToEnd(ctx, brokers, p.topic(schemas.TopicJobTransitions), func(r *kgo.Record) error {
-		var t pb.JobTransition
-		if err := streams.Decode(r, &t); err != nil {
-			return nil
+	stats := RestoreStats{}
+	from := streams.ReplayFrom{}
+	if p.cfg.CheckpointEvery > 0 {
+		st, at, ok, err := p.loadCheckpoint(ctx, brokers)
+		if err == nil && ok {
+			err = p.load(st)
 		}
-		if err := p.machine.Observe(&t); err != nil {
-			illegal++
-			return nil
-		}
-		pr := jobs[t.JobId]
-		if pr == nil {
-			pr = &progress{}
-			jobs[t.JobId] = pr
-		}
-		if t.Job != nil {
-			pr.job = t.Job
-		}
-		switch t.To {
-		case pb.JobState_PACKAGE_READY:
-			if at := time.UnixMilli(t.AtMs).In(now.Location()); at.Format("2006-01-02") == today && t.Job != nil {
-				p.countJob(t.Job.AccountId, at)
+		switch {
+		case err != nil:
+			p.log.Warn("planner: checkpoint not used; replaying every transition", "err", err)
+			p.reset()
+		case ok:
+			for _, o := range st.Open {
+				jobs[o.Job.GetJobId()] = &progress{job: o.Job, position: uint32(o.Position), queuedAt: o.QueuedAtMs}
 			}
-		case pb.JobState_QUEUED:
-			kept, err := p.deps.Packages.Get(ctx, t.Job.PackageUri)
-			if err != nil {
-				return fmt.Errorf("planner: restore %s: filtered package: %w", t.JobId, err)
+			from = streams.ReplayFrom{Next: st.TransitionsNext}
+			if from.Next == nil {
+				from.Next = map[int32]int64{}
 			}
-			pr.queuedAt = t.AtMs
-			p.sent.Record(t.Job.ContentCrc, kept)
-			if time.UnixMilli(t.AtMs).In(now.Location()).Format("2006-01-02") == today && !t.Job.Realtime {
-				p.ledger.Charge(now, kept)
-			}
-		case pb.JobState_SENDING:
-			pr.position, pr.execs = uint32(t.Position), t.Executor
+			stats.FromCheckpoint, stats.CheckpointAge = true, now.Sub(at)
+			p.ckpt.last = at
 		}
-		if job.Terminal(t.To) {
-			delete(jobs, t.JobId)
-		}
-		return nil
-	})
+	}
+	replay := func(from streams.ReplayFrom) (map[int32]int64, error) {
+		return streams.ReplayTo(ctx, brokers, p.topic(schemas.TopicJobTransitions), from, func(r *kgo.Record) error {
+			stats.Transitions++
+			return p.observe(ctx, r, jobs, now)
+		})
+	}
+	next, err := replay(from)
+	if errors.Is(err, streams.ErrOutOfRetention) && stats.FromCheckpoint {
+		p.log.Warn("planner: transitions after the checkpoint are gone; replaying every transition", "err", err)
+		p.reset()
+		clear(jobs)
+		stats = RestoreStats{}
+		next, err = replay(streams.ReplayFrom{})
+	}
 	if err != nil {
 		return err
 	}
-	if illegal > 0 {
-		p.log.Warn("planner: restore skipped transitions that do not fit the machine", "count", illegal)
+	if p.illegal > 0 {
+		p.log.Warn("planner: restore skipped transitions that do not fit the machine", "count", p.illegal)
 	}
 	oldest := int64(math.MaxInt64) // when the oldest job still queued was queued
 	for id, pr := range jobs {
@@ -100,16 +101,68 @@ func (p *Planner) restore(ctx context.Context, brokers []string) error {
 		if err != nil {
 			return fmt.Errorf("planner: restore %s: %w", id, err)
 		}
-		q := p.enqueue(pr.job, kept, st)
+		q := p.enqueue(pr.job, kept, st, pr.queuedAt)
 		q.next = pr.position
 		oldest = min(oldest, pr.queuedAt)
 	}
-	if len(p.queue) == 0 {
+	if len(p.queue) > 0 {
+		if err := p.restoreDone(ctx, brokers, oldest); err != nil {
+			return err
+		}
+	}
+	p.ckpt.next = next
+	stats.Took = time.Since(began)
+	p.restoreStats = stats
+	return nil
+}
+
+// observe applies one transition read back from the topic.
+func (p *Planner) observe(ctx context.Context, r *kgo.Record, jobs map[string]*progress, now time.Time) error {
+	var t pb.JobTransition
+	if err := streams.Decode(r, &t); err != nil {
 		return nil
 	}
-	// Completions of the queued jobs' units are on push.executors after
-	// the oldest was queued; the heartbeats before (a day of them, several
-	// a second per executor) are not read again on every restore.
+	if err := p.machine.Observe(&t); err != nil {
+		p.illegal++
+		return nil
+	}
+	today := now.Format("2006-01-02")
+	pr := jobs[t.JobId]
+	if pr == nil {
+		pr = &progress{}
+		jobs[t.JobId] = pr
+	}
+	if t.Job != nil {
+		pr.job = t.Job
+	}
+	switch t.To {
+	case pb.JobState_PACKAGE_READY:
+		if at := time.UnixMilli(t.AtMs).In(now.Location()); at.Format("2006-01-02") == today && t.Job != nil {
+			p.countJob(t.Job.AccountId, at)
+		}
+	case pb.JobState_QUEUED:
+		kept, err := p.deps.Packages.Get(ctx, t.Job.PackageUri)
+		if err != nil {
+			return fmt.Errorf("planner: restore %s: filtered package: %w", t.JobId, err)
+		}
+		pr.queuedAt = t.AtMs
+		p.sent.Record(t.Job.ContentCrc, kept)
+		if time.UnixMilli(t.AtMs).In(now.Location()).Format("2006-01-02") == today && !t.Job.Realtime {
+			p.ledger.Charge(now, kept)
+		}
+	case pb.JobState_SENDING:
+		pr.position = uint32(t.Position)
+	}
+	if job.Terminal(t.To) {
+		delete(jobs, t.JobId)
+	}
+	return nil
+}
+
+// restoreDone marks the queued jobs' units done from push.executors: the
+// completions after the oldest was queued; the heartbeats before (a day
+// of them, several a second per executor) are not read again.
+func (p *Planner) restoreDone(ctx context.Context, brokers []string, oldest int64) error {
 	from := streams.ReplayFrom{Time: time.UnixMilli(oldest).Add(-executorClockSkew)}
 	return streams.Replay(ctx, brokers, p.topic(schemas.TopicExecutors), from, func(r *kgo.Record) error {
 		var l pb.ExecutorLoad
@@ -161,13 +214,15 @@ func (p *Planner) Run(ctx context.Context, brokers []string, opts ...streams.Opt
 			defer p.mu.Unlock()
 			p.restoreErr = errRestorePending
 		}),
+		streams.BeforeBatch(func(context.Context, []*kgo.Record) { p.captureCheckpoint() }),
+		streams.AfterBatch(func(_ context.Context, out *streams.Output) error { return p.emitCheckpoint(out) }),
 		streams.OnBatchEnd(func(committed bool) {
-			if committed {
-				return
-			}
 			p.mu.Lock()
 			defer p.mu.Unlock()
-			p.restoreErr = errRestorePending // rebuilt before the batch is retried
+			p.checkpointBatchEnd(committed)
+			if !committed {
+				p.restoreErr = errRestorePending // rebuilt before the batch is retried
+			}
 		}),
 	}, opts...)
 	r, err := streams.New("push-planner", p.Handle(), opts...)

@@ -5,6 +5,7 @@
 package job
 
 import (
+	"maps"
 	"fmt"
 	"sync"
 
@@ -112,6 +113,23 @@ func (m *Machine) Observe(t *pb.JobTransition) error {
 	}
 	m.states[t.JobId] = t.To
 	return nil
+}
+
+// States returns a copy of every job's state (a checkpoint).
+func (m *Machine) States() map[string]pb.JobState {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return maps.Clone(m.states)
+}
+
+// Load replaces every job's state with a checkpoint's.
+func (m *Machine) Load(states map[string]pb.JobState) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.states = maps.Clone(states)
+	if m.states == nil {
+		m.states = map[string]pb.JobState{}
+	}
 }
 
 // Count returns how many jobs are in each state.

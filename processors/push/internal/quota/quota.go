@@ -12,6 +12,7 @@
 package quota
 
 import (
+	"fmt"
 	"hash/fnv"
 	"math/rand/v2"
 	"sync"
@@ -146,6 +147,43 @@ func (l *Ledger) Refund(s *roaring.Bitmap) {
 		exact := roaring.AndNot(roaring.And(l.levels[k], s), next)
 		l.levels[k].AndNot(exact)
 	}
+}
+
+// Export serializes the day's counts (a checkpoint): the day and, for
+// each level k from 1, the users with at least k messages.
+func (l *Ledger) Export() (string, [][]byte, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make([][]byte, 0, PerDay)
+	for k := 1; k <= PerDay; k++ {
+		buf, err := l.levels[k].ToBytes()
+		if err != nil {
+			return "", nil, err
+		}
+		out = append(out, buf)
+	}
+	return l.day, out, nil
+}
+
+// Import replaces the counts with what Export wrote; a day that is not
+// today is dropped at the first use, as the ledger's own would be.
+func (l *Ledger) Import(day string, levels [][]byte) error {
+	if len(levels) != PerDay {
+		return fmt.Errorf("quota: %d levels, want %d", len(levels), PerDay)
+	}
+	var bms [PerDay + 1]*roaring.Bitmap
+	bms[0] = roaring.New()
+	for k, buf := range levels {
+		b := roaring.New()
+		if err := b.UnmarshalBinary(buf); err != nil {
+			return fmt.Errorf("quota: level %d: %w", k+1, err)
+		}
+		bms[k+1] = b
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.day, l.levels = day, bms
+	return nil
 }
 
 // Count is how many messages uin received today.

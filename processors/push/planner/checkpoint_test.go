@@ -1,0 +1,272 @@
+package planner
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/RoaringBitmap/roaring/v2"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"google.golang.org/protobuf/proto"
+
+	"surge/processors/push/directory"
+	"surge/processors/push/internal/job"
+	"surge/processors/push/numpkg"
+	"surge/schemas"
+	pb "surge/schemas/surgev1"
+	"surge/streams"
+	"surge/streams/streamstest"
+)
+
+// fakeExecutor reports load for one executor and finishes the units it is
+// sent, except those of the jobs it holds back (they stay SENDING).
+type fakeExecutor struct {
+	t        *testing.T
+	ns       string
+	brokers  []string
+	holdBack map[string]bool
+}
+
+func (x *fakeExecutor) run(ctx context.Context) {
+	cl := streamstest.Client(x.t, x.brokers, kgo.ConsumeTopics(x.ns+schemas.TopicUnits+".x"),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.DefaultProduceTopic(x.ns+schemas.TopicExecutors))
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	for ctx.Err() == nil {
+		recs := []*kgo.Record{x.load(&pb.ExecutorLoad{Executor: "x", UnitsTopic: x.ns + schemas.TopicUnits + ".x", AtMs: time.Now().UnixMilli()})}
+		pctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		f := cl.PollFetches(pctx)
+		cancel()
+		f.EachRecord(func(r *kgo.Record) {
+			var u pb.SendTaskUnit
+			if streams.Decode(r, &u) == nil && !x.holdBack[u.JobId] {
+				recs = append(recs, x.load(&pb.ExecutorLoad{Executor: "x", DoneJobId: u.JobId, DoneUnitId: u.UnitId, DoneUins: u.Count}))
+			}
+		})
+		if ctx.Err() == nil {
+			_ = cl.ProduceSync(ctx, recs...).FirstErr()
+		}
+		select {
+		case <-ctx.Done():
+		case <-tick.C:
+		}
+	}
+}
+
+func (x *fakeExecutor) load(l *pb.ExecutorLoad) *kgo.Record {
+	r, err := streams.NewRecord(x.ns+schemas.TopicExecutors, []byte("x"), l)
+	if err != nil {
+		x.t.Fatal(err)
+	}
+	return r
+}
+
+// memory is a planner's memory in a form two planners can be compared by.
+func memory(t *testing.T, p *Planner) string {
+	t.Helper()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	st, err := p.snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.TransitionsNext = nil
+	slices.SortFunc(st.Open, func(a, b *pb.PlannerOpenJob) int { return cmpString(a.Job.JobId, b.Job.JobId) })
+	slices.SortFunc(st.Sent, func(a, b *pb.ContentSent) int { return int(a.Crc) - int(b.Crc) })
+	// Bitmaps compare by content, not by their serialization.
+	var b []byte
+	for _, s := range st.Sent {
+		bm := roaring.New()
+		if err := bm.UnmarshalBinary(s.Uins); err != nil {
+			t.Fatal(err)
+		}
+		b = fmt.Appendf(b, "sent %d: %v\n", s.Crc, bm.ToArray())
+		s.Uins = nil
+	}
+	for i, l := range st.QuotaLevels {
+		bm := roaring.New()
+		if err := bm.UnmarshalBinary(l); err != nil {
+			t.Fatal(err)
+		}
+		b = fmt.Appendf(b, "quota level %d: %v\n", i+1, bm.ToArray())
+	}
+	st.QuotaLevels = nil
+	ids := make([]string, 0, len(p.queue))
+	for id := range p.queue {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		q := p.queue[id]
+		b = fmt.Appendf(b, "queued %s: state %s next %d of %d, done %d, targets %d\n", id, q.state, q.next, q.units, len(q.done), q.total)
+	}
+	text, err := proto.MarshalOptions{Deterministic: true}.Marshal(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprintf("%s%x", b, text)
+}
+
+func cmpString(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// A planner restored from its newest checkpoint and the transitions after
+// it holds the same memory as one that replays every transition, and
+// reads far fewer of them.
+func TestRestoreFromCheckpointEqualsFullReplay(t *testing.T) {
+	streamstest.Each(t, func(t *testing.T, b streamstest.Backend) {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		ns := streamstest.Unique("ck") + "."
+		admin := streamstest.Client(t, b.Brokers)
+		topics := schemas.Namespaced(ns, schemas.TopicJobs, schemas.TopicJobTransitions, schemas.TopicPlannerCkpt,
+			schemas.TopicExecutors, schemas.TopicReports, schemas.TopicPackages, schemas.TopicAccounts, schemas.TopicFanDelta,
+			schemas.TopicTags, schemas.TopicBlacklists, schemas.TopicJobClicks, schemas.TopicTimers, schemas.TopicDeadLetter)
+		topics = append(topics, schemas.Topic{Name: ns + schemas.TopicUnits + ".x", Partitions: 1, Retention: time.Hour})
+		if err := streams.EnsureTopics(ctx, admin, 1, topics...); err != nil {
+			t.Fatal(err)
+		}
+		log := slog.New(slog.NewTextHandler(io.Discard, nil))
+		pkgs, err := numpkg.OpenTopicStore(ctx, b.Brokers, ns+schemas.TopicPackages, filepath.Join(t.TempDir(), "pkgs"), log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { cancel(); time.Sleep(300 * time.Millisecond); _ = pkgs.Close() }()
+
+		var recs []*kgo.Record
+		recs = append(recs, directory.AccountRecord(ns, &pb.AccountInfo{AccountId: 7, Type: "subscription"}))
+		for u := uint32(1); u <= 900; u++ {
+			recs = append(recs, directory.FollowRecord(ns, 7, u, true))
+		}
+		streamstest.ProduceSync(t, admin, recs...)
+
+		cfg := DefaultConfig()
+		cfg.UnitSize, cfg.MaxBacklog, cfg.MinLead, cfg.CheckpointEvery = 100, 4, time.Second, 300*time.Millisecond
+		live := New(cfg, Deps{Packages: pkgs, Namespace: ns, Log: log})
+		rctx, stopRun := context.WithCancel(ctx)
+		var wg sync.WaitGroup
+		wg.Add(2)
+		go func() { defer wg.Done(); _ = live.Run(rctx, b.Brokers, streams.Logger(log), streams.InstanceID("a")) }()
+		x := &fakeExecutor{t: t, ns: ns, brokers: b.Brokers, holdBack: map[string]bool{"held": true, "tail-held": true}}
+		go func() { defer wg.Done(); x.run(rctx) }()
+
+		submit := func(j *pb.SendJob) {
+			r, err := streams.NewRecord(ns+schemas.TopicJobs, []byte(j.JobId), j)
+			if err != nil {
+				t.Fatal(err)
+			}
+			streamstest.ProduceSync(t, admin, r)
+		}
+		wait := func(id string, want pb.JobState) {
+			t.Helper()
+			for st := live.State(id); st != want; st = live.State(id) {
+				if ctx.Err() != nil || job.Terminal(st) {
+					t.Fatalf("job %s is %s, want %s", id, live.State(id), want)
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		}
+		pkg := func(lo, hi uint32) []byte {
+			bm := roaring.New()
+			bm.AddRange(uint64(lo), uint64(hi))
+			data, err := numpkg.Encode(bm)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return data
+		}
+		// Before the checkpoint: jobs that complete, one held SENDING, one
+		// scheduled, one refused; CRC and quota state build up. Held jobs
+		// are real-time, so the quota released at this hour cannot empty them.
+		submit(&pb.SendJob{JobId: "done-1", AccountId: 7, Source: pb.TargetSource_FOLLOWERS, ContentId: "c1", ContentCrc: 1, Realtime: true})
+		wait("done-1", pb.JobState_COMPLETED)
+		submit(&pb.SendJob{JobId: "done-2", AccountId: 7, Source: pb.TargetSource_PACKAGE, InlinePackage: pkg(500, 1500), ContentId: "c2", ContentCrc: 2})
+		wait("done-2", pb.JobState_COMPLETED)
+		submit(&pb.SendJob{JobId: "held", AccountId: 7, Source: pb.TargetSource_PACKAGE, InlinePackage: pkg(100, 350), ContentId: "c3", ContentCrc: 3, Realtime: true})
+		wait("held", pb.JobState_SENDING)
+		submit(&pb.SendJob{JobId: "later", AccountId: 7, Source: pb.TargetSource_FOLLOWERS, ContentId: "c4", ContentCrc: 4,
+			CreatedAtMs: time.Now().UnixMilli(), ScheduledAtMs: time.Now().Add(time.Hour).UnixMilli()})
+		wait("later", pb.JobState_WAITING_SCHEDULE)
+		submit(&pb.SendJob{JobId: "refused", AccountId: 99, Source: pb.TargetSource_FOLLOWERS, ContentId: "c5"})
+		wait("refused", pb.JobState_REJECTED)
+
+		// A checkpoint after all of that, then a tail after the checkpoint.
+		mark := time.Now()
+		for {
+			live.mu.Lock()
+			last := live.ckpt.last
+			live.mu.Unlock()
+			if last.After(mark) {
+				break
+			}
+			if ctx.Err() != nil {
+				t.Fatal("no checkpoint was written")
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		live.mu.Lock()
+		live.cfg.CheckpointEvery = time.Hour // no more: the tail must be replayed
+		live.mu.Unlock()
+		submit(&pb.SendJob{JobId: "tail-done", AccountId: 7, Source: pb.TargetSource_FOLLOWERS, ContentId: "c9", ContentCrc: 9})
+		wait("tail-done", pb.JobState_COMPLETED)
+		submit(&pb.SendJob{JobId: "tail-held", AccountId: 7, Source: pb.TargetSource_PACKAGE, InlinePackage: pkg(600, 750), ContentId: "c6", ContentCrc: 6, Realtime: true})
+		wait("tail-held", pb.JobState_SENDING)
+		time.Sleep(500 * time.Millisecond) // the executor's last completions land
+		stopRun()
+		wg.Wait()
+
+		restored := func(every time.Duration) *Planner {
+			c := cfg
+			c.CheckpointEvery = every
+			p := New(c, Deps{Packages: pkgs, Namespace: ns, Log: log})
+			if err := p.Restore(ctx, b.Brokers); err != nil {
+				t.Fatal(err)
+			}
+			return p
+		}
+		full, fromCkpt := restored(0), restored(time.Minute)
+		fs, cs := full.LastRestore(), fromCkpt.LastRestore()
+		t.Logf("full replay: %d transitions in %s; checkpoint: %d transitions in %s", fs.Transitions, fs.Took, cs.Transitions, cs.Took)
+		if fs.FromCheckpoint || !cs.FromCheckpoint {
+			t.Fatalf("from checkpoint: full %v, checkpointed %v", fs.FromCheckpoint, cs.FromCheckpoint)
+		}
+		// The tail is exactly the transitions of the jobs submitted after
+		// the checkpoint.
+		tail := 0
+		if err := streams.ReadToEnd(ctx, b.Brokers, ns+schemas.TopicJobTransitions, func(r *kgo.Record) error {
+			if strings.HasPrefix(string(r.Key), "tail-") {
+				tail++
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if tail == 0 || cs.Transitions != tail || fs.Transitions <= tail {
+			t.Fatalf("the checkpointed restore replayed %d of %d transitions, want the %d of the tail", cs.Transitions, fs.Transitions, tail)
+		}
+		if a, b := memory(t, full), memory(t, fromCkpt); a != b {
+			t.Fatalf("memories differ:\nfull replay:\n%s\nfrom checkpoint:\n%s", a, b)
+		}
+		if got := fromCkpt.State("later"); got != pb.JobState_WAITING_SCHEDULE {
+			t.Fatalf("scheduled job restored as %s", got)
+		}
+		if fromCkpt.Queued() != 2 {
+			t.Fatalf("restored queue has %d jobs, want the 2 held", fromCkpt.Queued())
+		}
+	})
+}
