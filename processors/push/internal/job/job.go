@@ -5,8 +5,8 @@
 package job
 
 import (
-	"maps"
 	"fmt"
+	"maps"
 	"sync"
 
 	pb "surge/schemas/surgev1"
