@@ -18,6 +18,26 @@ type CatchUp struct {
 	ends      map[int32]int64
 	last      map[int32]int64
 	idleSince time.Time
+	txn       bool // see Transactional
+}
+
+// Transactional says every record of the topic was written in a
+// transaction that ended: the offset after the last data record read is
+// its commit marker, so a partition read to end-2 is caught up at once
+// instead of after a second without records. (An open transaction's
+// records past it are not committed, so not read either way.)
+func (c *CatchUp) Transactional() *CatchUp {
+	c.txn = true
+	for p, last := range c.last {
+		c.caughtUp(p, last)
+	}
+	return c
+}
+
+func (c *CatchUp) caughtUp(p int32, last int64) {
+	if end, ok := c.ends[p]; ok && (last+1 >= end || c.txn && last+2 >= end) {
+		delete(c.ends, p)
+	}
 }
 
 const (
@@ -33,14 +53,17 @@ func NewCatchUp(ends map[int32]int64) *CatchUp {
 
 // From records that partition p is read from offset on, so a partition
 // whose remaining offsets are only markers counts as read near its end.
-func (c *CatchUp) From(p int32, offset int64) { c.last[p] = offset - 1 }
+func (c *CatchUp) From(p int32, offset int64) {
+	c.last[p] = offset - 1
+	if c.txn {
+		c.caughtUp(p, offset-1)
+	}
+}
 
 // Saw records a record read.
 func (c *CatchUp) Saw(r *kgo.Record) {
 	c.last[r.Partition] = r.Offset
-	if end, ok := c.ends[r.Partition]; ok && r.Offset+1 >= end {
-		delete(c.ends, r.Partition)
-	}
+	c.caughtUp(r.Partition, r.Offset)
 }
 
 // Polled is called after each poll with the number of records it gave.

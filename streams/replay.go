@@ -23,6 +23,9 @@ type ReplayFrom struct {
 	// Next is the next offset to read per partition, as a checkpoint saved
 	// it (ReplayTo returns it); partitions it lacks start at the earliest.
 	Next map[int32]int64
+	// Transactional: only transactions write the topic, so the replay
+	// knows its end without waiting out trailing markers (CatchUp).
+	Transactional bool
 }
 
 // Replay reads topic from the given start to the end offsets seen when it
@@ -102,7 +105,7 @@ func ReplayTo(ctx context.Context, brokers []string, topic string, from ReplayFr
 	if len(remaining) == 0 {
 		return next, nil
 	}
-	return next, readRanges(ctx, brokers, offsets, map[string]map[int32]int64{topic: remaining}, fn)
+	return next, readRangesOf(ctx, brokers, offsets, map[string]map[int32]int64{topic: remaining}, from.Transactional, fn)
 }
 
 // OffsetsReadable reports whether a checkpoint's positions can still be

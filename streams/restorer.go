@@ -397,6 +397,12 @@ func readPartitions(ctx context.Context, brokers []string, topics []string, part
 // transaction markers are left (they take offsets but are never
 // returned), once idle.
 func readRanges(ctx context.Context, brokers []string, from map[string]map[int32]kgo.Offset, ends map[string]map[int32]int64, fn func(*kgo.Record) error) error {
+	return readRangesOf(ctx, brokers, from, ends, false, fn)
+}
+
+// readRangesOf is readRanges of topics that transactions alone write when
+// txn is set (CatchUp.Transactional).
+func readRangesOf(ctx context.Context, brokers []string, from map[string]map[int32]kgo.Offset, ends map[string]map[int32]int64, txn bool, fn func(*kgo.Record) error) error {
 	rc, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumePartitions(from),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()))
 	if err != nil {
@@ -410,6 +416,9 @@ func readRanges(ctx context.Context, brokers []string, from map[string]map[int32
 			if at := o.EpochOffset().Offset; at >= 0 {
 				cus[t].From(p, at)
 			}
+		}
+		if txn {
+			cus[t].Transactional()
 		}
 	}
 	done := func() bool {

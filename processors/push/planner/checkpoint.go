@@ -177,7 +177,8 @@ func (p *Planner) loadCheckpoint(ctx context.Context, brokers []string) (st *pb.
 	var bestID uint64
 	maxIndex := -1
 	partial := map[uint64]*building{}
-	err = streams.ReadToEnd(ctx, brokers, p.topic(schemas.TopicPlannerCkpt), func(r *kgo.Record) error {
+	// Only planners write checkpoints, in their transactions.
+	err = streams.Replay(ctx, brokers, p.topic(schemas.TopicPlannerCkpt), streams.ReplayFrom{Transactional: true}, func(r *kgo.Record) error {
 		if i, err := strconv.Atoi(string(r.Key)); err == nil && i > maxIndex {
 			maxIndex = i
 		}

@@ -46,7 +46,8 @@ func (p *Planner) restore(ctx context.Context, brokers []string) error {
 	now := p.cfg.Now()
 	jobs := map[string]*progress{}
 	stats := RestoreStats{}
-	from := streams.ReplayFrom{}
+	// Only the planner writes the transitions, in its transactions.
+	from := streams.ReplayFrom{Transactional: true}
 	if p.cfg.CheckpointEvery > 0 {
 		st, at, ok, err := p.loadCheckpoint(ctx, brokers)
 		if err == nil && ok {
@@ -60,7 +61,7 @@ func (p *Planner) restore(ctx context.Context, brokers []string) error {
 			for _, o := range st.Open {
 				jobs[o.Job.GetJobId()] = &progress{job: o.Job, position: uint32(o.Position), queuedAt: o.QueuedAtMs}
 			}
-			from = streams.ReplayFrom{Next: st.TransitionsNext}
+			from.Next = st.TransitionsNext
 			if from.Next == nil {
 				from.Next = map[int32]int64{}
 			}
@@ -80,7 +81,7 @@ func (p *Planner) restore(ctx context.Context, brokers []string) error {
 		p.reset()
 		clear(jobs)
 		stats = RestoreStats{}
-		next, err = replay(streams.ReplayFrom{})
+		next, err = replay(streams.ReplayFrom{Transactional: true})
 	}
 	if err != nil {
 		return err

@@ -1,0 +1,28 @@
+package streams
+
+import (
+	"testing"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// A transactional topic's last offset is a commit marker: read to end-2,
+// a partition is caught up. Without Transactional the same read is not
+// (a data record may still be on its way).
+func TestCatchUpTransactional(t *testing.T) {
+	plain := NewCatchUp(map[int32]int64{0: 10})
+	plain.Saw(&kgo.Record{Partition: 0, Offset: 8})
+	if plain.Done() {
+		t.Fatal("plain topic caught up at end-2")
+	}
+	txn := NewCatchUp(map[int32]int64{0: 10, 1: 5}).Transactional()
+	txn.Saw(&kgo.Record{Partition: 0, Offset: 7})
+	if txn.Done() {
+		t.Fatal("caught up at end-3")
+	}
+	txn.Saw(&kgo.Record{Partition: 0, Offset: 8})
+	txn.From(1, 4) // nothing but the marker left to read
+	if !txn.Done() {
+		t.Fatalf("not caught up: %v", txn.ends)
+	}
+}
