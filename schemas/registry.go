@@ -77,6 +77,8 @@ func init() {
 	register(1, 1, func() proto.Message { return new(surgev1.RegistrationCheck) })
 	register(1, 1, func() proto.Message { return new(surgev1.Tracking) })
 	register(1, 1, func() proto.Message { return new(surgev1.AccountBackup) })
+	register(1, 1, func() proto.Message { return new(surgev1.RestoreRequest) })
+	register(1, 1, func() proto.Message { return new(surgev1.RestoreResult) })
 	register(1, 1, func() proto.Message { return new(surgev1.DeletionNotice) })
 	register(1, 1, func() proto.Message { return new(surgev1.Timer) })
 	register(1, 1, func() proto.Message { return new(surgev1.ReconResult) })

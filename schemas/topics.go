@@ -51,6 +51,8 @@ const (
 	TopicTracking       = "uin.tracking"
 	TopicRecycleReqs    = "uin.recycle-requests"
 	TopicBackups        = "uin.backups"
+	TopicRestoreReqs    = "uin.restore-requests"
+	TopicRestoreResults = "uin.restore-results"
 	TopicDeletions      = "uin.deletions"
 	TopicTimers         = "platform.timers"
 	TopicRecon          = "platform.recon"
@@ -97,6 +99,8 @@ var Topics = []Topic{
 	{TopicTracking, "surge.v1.Tracking", "uin (4-byte big-endian)", 12, true, 0, "the registration tracker's state per uin; compacted changelog its store is rebuilt from"},
 	{TopicRecycleReqs, "surge.v1.RecycleStep", "uin (4-byte big-endian)", 12, false, 30 * day, "requested recycle steps (ticket grants from the checks, timed steps from the timer service); applied only by compare-and-set"},
 	{TopicBackups, "surge.v1.AccountBackup", "username", 12, true, 0, "backups of recycled accounts' core data, keyed by username; the restore tool reads them"},
+	{TopicRestoreReqs, "surge.v1.RestoreRequest", "username", 6, false, 30 * day, "requests to bring recycled accounts back from their backups (operators, the appeal flow)"},
+	{TopicRestoreResults, "surge.v1.RestoreResult", "username", 6, false, 30 * day, "the uin-restore service's answer to each restore request: the uin the account lives on, or why not"},
 	{TopicDeletions, "surge.v1.DeletionNotice", "uin (4-byte big-endian)", 12, false, 30 * day, "deleted accounts: other systems delete their own data of them"},
 	{TopicTimers, "surge.v1.Timer", "timer_id", 12, true, 0, "pending timers; compacted, a fired or cancelled timer is tombstoned"},
 	{TopicRecon, "surge.v1.ReconResult", "check", 3, false, 90 * day, "reconciliation results and mismatches"},

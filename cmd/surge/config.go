@@ -85,6 +85,7 @@ var options = []struct {
 	{"uin.ended_ticket_retention", 30 * 24 * time.Hour, "uin recycling: a finished ticket stays the uin's state this long (late duplicates recognised), then is dropped at the next rebuild; must exceed uin.ticket_ttl"},
 	{"uin.controllers", 1, "uin recycling: recycle controller instances in this process"},
 	{"uin.buckets", 1000, "uin recycling: central pool buckets (uin mod buckets)"},
+	{"uin.restore_wait", 60 * time.Second, "`uin restore`: how long to wait for the uin-restore service's answer"},
 	{"uin.pool_addr", "127.0.0.1:8490", "`run uin-pool`: address of the allocation API"},
 	{"uin.pool_keys", "", "`run uin-pool`: callers' API keys, name:secret,... (secret >= 32 chars; several for rotation); empty: one generated and logged at start"},
 	{"uin.pool_low_water", 100000, "`run uin-pool`: central pool size under which the pool reports low"},

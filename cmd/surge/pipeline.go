@@ -28,7 +28,7 @@ type pipeline struct {
 // and every fact sink.
 var components = func() []string {
 	names := []string{"presence", "push-presence", "push-planner", "push-executor", "push-offline", "push-timers", "push-ctr",
-		"uin-tracker", "uin-recycle", "uin-timers", "uin-pool"}
+		"uin-tracker", "uin-recycle", "uin-timers", "uin-pool", "uin-restore"}
 	for _, f := range clickhouse.Facts() {
 		names = append(names, f.Name)
 	}

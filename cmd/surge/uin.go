@@ -118,6 +118,7 @@ var uinServices = map[string]string{
 	"uin-recycle": uinpipe.Recycle,
 	"uin-timers":  uinpipe.Timers,
 	"uin-pool":    uinpipe.PoolAPI,
+	"uin-restore": uinpipe.Restore,
 }
 
 // poolConfig reads the uin-pool service's options.
@@ -261,27 +262,49 @@ func uinStores(v *viper.Viper) (*redis.Client, *uinpipe.Stack, error) {
 	return rdb, s, nil
 }
 
+// uinRestore asks the uin-restore service to bring username back
+// (uin.restore-requests) and prints its answer (uin.restore-results).
 func uinRestore(ctx context.Context, v *viper.Viper, username string) error {
 	if username == "" {
 		return fmt.Errorf("restore needs --username")
 	}
-	if err := needBrokers(brokers(v)); err != nil {
+	bs := brokers(v)
+	if err := needBrokers(bs); err != nil {
 		return err
 	}
-	rdb, s, err := uinStores(v)
+	ns := v.GetString("uin.namespace")
+	cl, err := kgo.NewClient(kgo.SeedBrokers(bs...))
 	if err != nil {
 		return err
 	}
-	defer rdb.Close()
-	tool := &restore.Tool{Brokers: s.Brokers, Namespace: s.Opts.Namespace, Accounts: s.Accounts, Pool: s.Pool}
-	res, err := tool.Restore(ctx, username)
+	defer cl.Close()
+	// The answer comes after the request: read from the results' ends now.
+	from, err := streams.EndOffsets(ctx, cl, ns+schemas.TopicRestoreResults)
 	if err != nil {
-		return err
+		return fmt.Errorf("restore: %s: %w (surge topics --create)", ns+schemas.TopicRestoreResults, err)
 	}
-	if res.Reused {
+	id := fmt.Sprintf("cli-%d", time.Now().UnixNano())
+	by := "surge uin restore"
+	if u := os.Getenv("USER"); u != "" {
+		by += " (" + u + ")"
+	}
+	if err := cl.ProduceSync(ctx, restore.Request(ns, id, username, by, time.Now())).FirstErr(); err != nil {
+		return fmt.Errorf("restore: publish request: %w", err)
+	}
+	fmt.Printf("restore of %q requested (%s); waiting for uin-restore's answer\n", username, id)
+	wctx, cancel := context.WithTimeout(ctx, v.GetDuration("uin.restore_wait"))
+	defer cancel()
+	res, err := restore.AwaitResult(wctx, bs, ns, id, from)
+	if err != nil {
+		return fmt.Errorf("%w (is `surge run uin-restore` running?)", err)
+	}
+	switch {
+	case res.Error != "":
+		return fmt.Errorf("restore of %q refused: %s", username, res.Error)
+	case res.Reused:
 		fmt.Printf("restored %q on NEW uin %d (old uin %d belongs to another account now); %d friends found again\n",
 			res.Username, res.Uin, res.OldUin, res.Friends)
-	} else {
+	default:
 		fmt.Printf("restored %q on its old uin %d; %d friends found again\n", res.Username, res.Uin, res.Friends)
 	}
 	return nil

@@ -54,6 +54,7 @@ var Platform = []streams.Spec{
 	{Name: "app platform", External: true, Outputs: []string{schemas.TopicUsage}, Doc: "usage that proves an account alive"},
 	{Name: "registration service", External: true, Outputs: []string{schemas.TopicRegistrations, schemas.TopicPool}, Doc: "registrations; releases of unused uins (allocation is POST /v1/uins)"},
 	{Name: "downstream systems", External: true, Reads: []string{schemas.TopicDeletions}, Doc: "delete their own data of recycled accounts"},
+	{Name: "appeal flow", External: true, Outputs: []string{schemas.TopicRestoreReqs}, Reads: []string{schemas.TopicRestoreResults}, Doc: "asks for recycled accounts back (as does `surge uin restore`) and reads the answers"},
 }
 
 // All is every spec: surge's processors, then the platform's services.

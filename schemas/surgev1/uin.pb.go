@@ -872,6 +872,178 @@ func (x *PoolChange) GetReason() string {
 	return ""
 }
 
+// A request to bring a recycled account back from its backup
+// (uin.restore-requests, keyed by username): an operator's or the appeal
+// flow's, answered on uin.restore-results by the uin-restore service.
+type RestoreRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	RequestId     string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"` // echoed in the result; the requester waits for it
+	Username      string                 `protobuf:"bytes,2,opt,name=username,proto3" json:"username,omitempty"`
+	RequestedBy   string                 `protobuf:"bytes,3,opt,name=requested_by,json=requestedBy,proto3" json:"requested_by,omitempty"` // who asked (audit)
+	AtMs          int64                  `protobuf:"varint,4,opt,name=at_ms,json=atMs,proto3" json:"at_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RestoreRequest) Reset() {
+	*x = RestoreRequest{}
+	mi := &file_surge_v1_uin_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RestoreRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RestoreRequest) ProtoMessage() {}
+
+func (x *RestoreRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_surge_v1_uin_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RestoreRequest.ProtoReflect.Descriptor instead.
+func (*RestoreRequest) Descriptor() ([]byte, []int) {
+	return file_surge_v1_uin_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *RestoreRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *RestoreRequest) GetUsername() string {
+	if x != nil {
+		return x.Username
+	}
+	return ""
+}
+
+func (x *RestoreRequest) GetRequestedBy() string {
+	if x != nil {
+		return x.RequestedBy
+	}
+	return ""
+}
+
+func (x *RestoreRequest) GetAtMs() int64 {
+	if x != nil {
+		return x.AtMs
+	}
+	return 0
+}
+
+// The answer to a RestoreRequest (uin.restore-results, keyed by username).
+type RestoreResult struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	RequestId     string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	Username      string                 `protobuf:"bytes,2,opt,name=username,proto3" json:"username,omitempty"`
+	OldUin        uint64                 `protobuf:"varint,3,opt,name=old_uin,json=oldUin,proto3" json:"old_uin,omitempty"`
+	Uin           uint64                 `protobuf:"varint,4,opt,name=uin,proto3" json:"uin,omitempty"`         // where the account lives now; 0 when refused
+	Reused        bool                   `protobuf:"varint,5,opt,name=reused,proto3" json:"reused,omitempty"`   // the old uin belongs to somebody else: a new one
+	Friends       uint32                 `protobuf:"varint,6,opt,name=friends,proto3" json:"friends,omitempty"` // friends found again
+	Error         string                 `protobuf:"bytes,7,opt,name=error,proto3" json:"error,omitempty"`      // why it was refused (no backup, account live, ...)
+	AtMs          int64                  `protobuf:"varint,8,opt,name=at_ms,json=atMs,proto3" json:"at_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RestoreResult) Reset() {
+	*x = RestoreResult{}
+	mi := &file_surge_v1_uin_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RestoreResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RestoreResult) ProtoMessage() {}
+
+func (x *RestoreResult) ProtoReflect() protoreflect.Message {
+	mi := &file_surge_v1_uin_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RestoreResult.ProtoReflect.Descriptor instead.
+func (*RestoreResult) Descriptor() ([]byte, []int) {
+	return file_surge_v1_uin_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *RestoreResult) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *RestoreResult) GetUsername() string {
+	if x != nil {
+		return x.Username
+	}
+	return ""
+}
+
+func (x *RestoreResult) GetOldUin() uint64 {
+	if x != nil {
+		return x.OldUin
+	}
+	return 0
+}
+
+func (x *RestoreResult) GetUin() uint64 {
+	if x != nil {
+		return x.Uin
+	}
+	return 0
+}
+
+func (x *RestoreResult) GetReused() bool {
+	if x != nil {
+		return x.Reused
+	}
+	return false
+}
+
+func (x *RestoreResult) GetFriends() uint32 {
+	if x != nil {
+		return x.Friends
+	}
+	return 0
+}
+
+func (x *RestoreResult) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *RestoreResult) GetAtMs() int64 {
+	if x != nil {
+		return x.AtMs
+	}
+	return 0
+}
+
 var File_surge_v1_uin_proto protoreflect.FileDescriptor
 
 const file_surge_v1_uin_proto_rawDesc = "" +
@@ -954,7 +1126,23 @@ const file_surge_v1_uin_proto_rawDesc = "" +
 	"\x06INSERT\x10\x01\x12\f\n" +
 	"\bALLOCATE\x10\x02\x12\v\n" +
 	"\aREFUSED\x10\x03\x12\v\n" +
-	"\aRELEASE\x10\x04*\x8d\x01\n" +
+	"\aRELEASE\x10\x04\"\x83\x01\n" +
+	"\x0eRestoreRequest\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x01 \x01(\tR\trequestId\x12\x1a\n" +
+	"\busername\x18\x02 \x01(\tR\busername\x12!\n" +
+	"\frequested_by\x18\x03 \x01(\tR\vrequestedBy\x12\x13\n" +
+	"\x05at_ms\x18\x04 \x01(\x03R\x04atMs\"\xd2\x01\n" +
+	"\rRestoreResult\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x01 \x01(\tR\trequestId\x12\x1a\n" +
+	"\busername\x18\x02 \x01(\tR\busername\x12\x17\n" +
+	"\aold_uin\x18\x03 \x01(\x04R\x06oldUin\x12\x10\n" +
+	"\x03uin\x18\x04 \x01(\x04R\x03uin\x12\x16\n" +
+	"\x06reused\x18\x05 \x01(\bR\x06reused\x12\x18\n" +
+	"\afriends\x18\x06 \x01(\rR\afriends\x12\x14\n" +
+	"\x05error\x18\a \x01(\tR\x05error\x12\x13\n" +
+	"\x05at_ms\x18\b \x01(\x03R\x04atMs*\x8d\x01\n" +
 	"\x0fRecycleStepKind\x12\x1c\n" +
 	"\x18RECYCLE_STEP_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eTICKET_GRANTED\x10\x01\x12\a\n" +
@@ -980,7 +1168,7 @@ func file_surge_v1_uin_proto_rawDescGZIP() []byte {
 }
 
 var file_surge_v1_uin_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_surge_v1_uin_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_surge_v1_uin_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_surge_v1_uin_proto_goTypes = []any{
 	(RecycleStepKind)(0),      // 0: surge.v1.RecycleStepKind
 	(PoolChange_Op)(0),        // 1: surge.v1.PoolChange.Op
@@ -992,10 +1180,12 @@ var file_surge_v1_uin_proto_goTypes = []any{
 	(*DeletionNotice)(nil),    // 7: surge.v1.DeletionNotice
 	(*RecycleStep)(nil),       // 8: surge.v1.RecycleStep
 	(*PoolChange)(nil),        // 9: surge.v1.PoolChange
-	nil,                       // 10: surge.v1.AccountBackup.ProfileEntry
+	(*RestoreRequest)(nil),    // 10: surge.v1.RestoreRequest
+	(*RestoreResult)(nil),     // 11: surge.v1.RestoreResult
+	nil,                       // 12: surge.v1.AccountBackup.ProfileEntry
 }
 var file_surge_v1_uin_proto_depIdxs = []int32{
-	10, // 0: surge.v1.AccountBackup.profile:type_name -> surge.v1.AccountBackup.ProfileEntry
+	12, // 0: surge.v1.AccountBackup.profile:type_name -> surge.v1.AccountBackup.ProfileEntry
 	0,  // 1: surge.v1.RecycleStep.step:type_name -> surge.v1.RecycleStepKind
 	0,  // 2: surge.v1.RecycleStep.expected_prev:type_name -> surge.v1.RecycleStepKind
 	1,  // 3: surge.v1.PoolChange.op:type_name -> surge.v1.PoolChange.Op
@@ -1017,7 +1207,7 @@ func file_surge_v1_uin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_surge_v1_uin_proto_rawDesc), len(file_surge_v1_uin_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   9,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

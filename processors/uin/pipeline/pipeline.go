@@ -21,6 +21,7 @@ import (
 	"surge/processors/uin/allocation"
 	"surge/processors/uin/pool"
 	"surge/processors/uin/recycle"
+	"surge/processors/uin/restore"
 	"surge/processors/uin/tracker"
 	"surge/schemas"
 	"surge/streams"
@@ -35,6 +36,7 @@ const (
 	Recycle = "recycle"
 	Timers  = "timers"
 	PoolAPI = "pool"
+	Restore = "restore"
 )
 
 // Options configures a stack.
@@ -63,6 +65,7 @@ type Stack struct {
 	Controllers []*recycle.Controller
 	Timers      *timer.Service
 	PoolService *allocation.Service
+	Restore     *restore.Service
 
 	*supervise.Group // Stop, Wait, Err by component name
 
@@ -74,6 +77,7 @@ type Stack struct {
 func Topics(ns string) []schemas.Topic {
 	return schemas.Namespaced(ns, schemas.TopicRegistrations, schemas.TopicUsage, schemas.TopicChecks, schemas.TopicTracking,
 		schemas.TopicRecycleReqs, schemas.TopicRecycleSteps, schemas.TopicBackups, schemas.TopicDeletions,
+		schemas.TopicRestoreReqs, schemas.TopicRestoreResults,
 		schemas.TopicPool, schemas.TopicTimers, schemas.TopicDeadLetter)
 }
 
@@ -141,6 +145,15 @@ func (s *Stack) Start(ctx context.Context) {
 		s.PoolService = allocation.New(pc, s.Brokers, s.Pool, s.Accounts)
 		s.Go(ctx, "pool", func(ctx context.Context) error { return s.PoolService.Run(ctx, s.Opts.StreamOpts...) })
 	}
+	if s.runs(Restore) {
+		s.Restore = restore.NewService(s.RestoreTool(), s.Opts.Log.With("processor", "uin-restore"))
+		s.Go(ctx, "restore", func(ctx context.Context) error { return s.Restore.Run(ctx, s.streamOpts("uin-restore")...) })
+	}
+}
+
+// RestoreTool restores accounts over the stack's stores and topics.
+func (s *Stack) RestoreTool() *restore.Tool {
+	return &restore.Tool{Brokers: s.Brokers, Namespace: s.Opts.Namespace, Accounts: s.Accounts, Pool: s.Pool}
 }
 
 func (s *Stack) runs(component string) bool { return slices.Contains(s.Opts.Components, component) }

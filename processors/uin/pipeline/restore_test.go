@@ -2,9 +2,9 @@ package pipeline_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -22,11 +22,16 @@ import (
 )
 
 // TestRestoreBothWays recycles two accounts, lets somebody else take one of
-// the uins, and restores both: one onto its old uin, one onto a new uin,
-// each with its profile, moments and friends.
+// the uins, and restores both through the uin-restore service (requests on
+// uin.restore-requests, answers on uin.restore-results): one onto its old
+// uin, one onto a new uin, each with its profile, moments and friends. A
+// request consumed again after a crash restores onto the same uin; a new
+// request for a live account, one without a backup and malformed ones are
+// refused.
 func TestRestoreBothWays(t *testing.T) {
 	streamstest.EachStack(t, func(t *testing.T, b streamstest.Backend, rdb *redis.Client) {
-		s := newStack(t, b, rdb, pipeline.Options{Policy: testPolicy(100 * time.Millisecond)})
+		s := newStack(t, b, rdb, pipeline.Options{Policy: testPolicy(100 * time.Millisecond),
+			Components: []string{pipeline.Tracker, pipeline.Recycle, pipeline.Timers, pipeline.Restore}})
 		ns := s.Opts.Namespace
 		ctx := context.Background()
 		now := time.Now().UnixMilli()
@@ -73,15 +78,30 @@ func TestRestoreBothWays(t *testing.T) {
 			t.Fatal(err)
 		}
 
-		tool := &restore.Tool{Brokers: b.Brokers, Namespace: ns, Accounts: s.Accounts, Pool: s.Pool}
-		al, err := tool.Restore(ctx, "alice")
-		if err != nil {
-			t.Fatal(err)
+		cl := streamstest.Client(t, b.Brokers)
+		ask := func(id, username string) *pb.RestoreResult {
+			t.Helper()
+			from, err := streams.EndOffsets(ctx, cl, ns+schemas.TopicRestoreResults)
+			if err != nil {
+				t.Fatal(err)
+			}
+			streamstest.ProduceSync(t, cl, restore.Request(ns, id, username, "test", time.Now()))
+			wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+			defer cancel()
+			res, err := restore.AwaitResult(wctx, b.Brokers, ns, id, from)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return res
+		}
+		al := ask("req-alice", "alice")
+		if al.Error != "" {
+			t.Fatal(al.Error)
 		}
 		if al.Uin != 6001 || al.Reused || al.Friends != 1 {
 			t.Errorf("alice: %+v, want back on 6001 with her friend", al)
 		}
-		a, err := s.Accounts.Load(ctx, al.Uin)
+		a, err := s.Accounts.Load(ctx, uint32(al.Uin))
 		if err != nil || a.Username != "alice" || a.Profile["nick"] != "Al" || !slices.Equal(a.Moments, []string{"hello", "spring"}) || !slices.Equal(a.Friends, []uint32{6002}) {
 			t.Errorf("alice restored as %+v (%v)", a, err)
 		}
@@ -89,29 +109,53 @@ func TestRestoreBothWays(t *testing.T) {
 			t.Error("6001 still in the pool after alice got it back")
 		}
 
-		ca, err := tool.Restore(ctx, "carol")
-		if err != nil {
-			t.Fatal(err)
+		ca := ask("req-carol", "carol")
+		if ca.Error != "" {
+			t.Fatal(ca.Error)
 		}
 		if !ca.Reused || ca.Uin == 6003 || ca.Uin < 9001 || ca.Uin > 9003 || ca.Friends != 2 {
 			t.Errorf("carol: %+v, want a new uin from the pool and both friends", ca)
 		}
-		c, err := s.Accounts.Load(ctx, ca.Uin)
+		c, err := s.Accounts.Load(ctx, uint32(ca.Uin))
 		if err != nil || c.Username != "carol" || c.Profile["nick"] != "C" || !slices.Equal(c.Friends, []uint32{6002, 6004}) {
 			t.Errorf("carol restored as %+v (%v)", c, err)
 		}
 		if d, err := s.Accounts.Load(ctx, 6003); err != nil || d.Username != "dave" {
 			t.Errorf("dave's account on 6003 disturbed: %+v (%v)", d, err)
 		}
-		if inUse, _ := s.Pool.InUse(ctx, ca.Uin); !inUse {
+		if inUse, _ := s.Pool.InUse(ctx, uint32(ca.Uin)); !inUse {
 			t.Errorf("carol's new uin %d not marked in use", ca.Uin)
 		}
 
-		if _, err := tool.Restore(ctx, "alice"); !errors.Is(err, restore.ErrLive) {
-			t.Errorf("restoring a live account: %v", err)
+		// Carol's request run again (the service crashed after its Redis
+		// work, before its commit): the same uin, none more taken.
+		size, err := s.Pool.Size(ctx)
+		if err != nil {
+			t.Fatal(err)
 		}
-		if _, err := tool.Restore(ctx, "nobody"); !errors.Is(err, restore.ErrNoBackup) {
-			t.Errorf("restoring without a backup: %v", err)
+		again, err := s.RestoreTool().Restore(ctx, "req-carol", "carol")
+		if err != nil || uint64(again.Uin) != ca.Uin || !again.Reused {
+			t.Errorf("carol's request run again: %+v, %v; want uin %d", again, err, ca.Uin)
+		}
+		if after, _ := s.Pool.Size(ctx); after != size {
+			t.Errorf("the pool went from %d to %d uins on a repeated request", size, after)
+		}
+
+		if res := ask("req-alice-2", "alice"); !strings.Contains(res.Error, restore.ErrLive.Error()) {
+			t.Errorf("restoring a live account: %+v", res)
+		}
+		if res := ask("req-nobody", "nobody"); !strings.Contains(res.Error, restore.ErrNoBackup.Error()) {
+			t.Errorf("restoring without a backup: %+v", res)
+		}
+		// Malformed requests go to the dead letters with a reason.
+		bad := restore.Request(ns, "", "erin", "test", time.Now()) // no request id
+		miskeyed := restore.Request(ns, "req-x", "erin", "test", time.Now())
+		miskeyed.Key = []byte("someone-else")
+		garbage := restore.Request(ns, "req-y", "erin", "test", time.Now())
+		garbage.Value = []byte{0xff, 0x01}
+		streamstest.ProduceSync(t, cl, bad, miskeyed, garbage)
+		if dead := streamstest.ReadN(t, b.Brokers, ns+schemas.TopicDeadLetter, true, 3, 30*time.Second, time.Second); len(dead) != 3 {
+			t.Errorf("%d dead letters, want the 3 malformed requests", len(dead))
 		}
 		// Both restores are announced as registrations.
 		var restored []string

@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -240,6 +241,71 @@ func (c *Central) TakeOne(ctx context.Context, rng *rand.Rand) (uint32, error) {
 	}
 	return 0, ErrExhausted
 }
+
+// Intents record what a one-off claim decided (a restore's uin), under a
+// key naming the claim: the decision and the claim are one script, so a
+// claim run again after a crash (its first run's effect kept, its answer
+// lost) finds the decision instead of claiming a second uin.
+
+// Decided returns the uin recorded under intent, or -1 when none is.
+func (c *Central) Decided(ctx context.Context, intent string) (int64, error) {
+	v, err := c.rdb.Get(ctx, intent).Int64()
+	if errors.Is(err, redis.Nil) {
+		return -1, nil
+	}
+	return v, err
+}
+
+// ClaimFor claims uin (as Claim) and records it under intent, unless
+// intent holds a decision already, which it returns. -1: uin is not free
+// and nothing was decided.
+func (c *Central) ClaimFor(ctx context.Context, intent string, uin uint32, ttl time.Duration) (int64, error) {
+	return claimForScript.Run(ctx, c.rdb, []string{intent, c.used(), c.held(), c.bucket(uin)}, uin, ttl.Milliseconds()).Int64()
+}
+
+var claimForScript = redis.NewScript(`
+local d = redis.call('GET', KEYS[1])
+if d then return tonumber(d) end
+if redis.call('GETBIT', KEYS[2], ARGV[1]) == 1 then return -1 end
+if redis.call('GETBIT', KEYS[3], ARGV[1]) == 1 and redis.call('SREM', KEYS[4], ARGV[1]) == 0 then return -1 end
+redis.call('SETBIT', KEYS[3], ARGV[1], 0)
+redis.call('SETBIT', KEYS[2], ARGV[1], 1)
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return tonumber(ARGV[1])`)
+
+// TakeFor hands out one uin from the central pool (as TakeOne) and
+// records it under intent, unless intent holds a decision already.
+func (c *Central) TakeFor(ctx context.Context, intent string, rng *rand.Rand, ttl time.Duration) (uint32, error) {
+	order := rng.Perm(c.buckets)
+	const per = 32 // buckets tried per script run
+	for i := 0; i < len(order); i += per {
+		keys := []string{intent, c.used()}
+		for _, b := range order[i:min(i+per, len(order))] {
+			keys = append(keys, c.prefix+"bucket:"+strconv.Itoa(b))
+		}
+		v, err := takeForScript.Run(ctx, c.rdb, keys, ttl.Milliseconds()).Int64()
+		if err != nil {
+			return 0, err
+		}
+		if v >= 0 {
+			return uint32(v), nil
+		}
+	}
+	return 0, ErrExhausted
+}
+
+var takeForScript = redis.NewScript(`
+local d = redis.call('GET', KEYS[1])
+if d then return tonumber(d) end
+for i = 3, #KEYS do
+  local v = redis.call('SPOP', KEYS[i])
+  if v then
+    redis.call('SETBIT', KEYS[2], v, 1)
+    redis.call('SET', KEYS[1], v, 'PX', ARGV[1])
+    return tonumber(v)
+  end
+end
+return -1`)
 
 // InUse reports whether uin is marked in use.
 func (c *Central) InUse(ctx context.Context, uin uint32) (bool, error) {

@@ -79,15 +79,33 @@ func FindBackup(ctx context.Context, brokers []string, topic, username string) (
 	return found, nil
 }
 
-// Restore brings username back.
-func (t *Tool) Restore(ctx context.Context, username string) (Result, error) {
+// IntentTTL is how long a restore's decision is kept: a request run
+// again within it (after a crash) finds its uin instead of taking another.
+const IntentTTL = 24 * time.Hour
+
+// intent names one restore request's decision in Redis.
+func (t *Tool) intent(requestID, username string) string {
+	return t.Namespace + "restore:" + username + ":" + requestID
+}
+
+// Restore brings username back, for the request requestID. Run again for
+// the same request (its first run crashed after some of its effects), it
+// finishes that run's work on the uin that run chose; a new request for a
+// live account is refused (ErrLive). It changes Redis only; the caller
+// announces the result (Registration).
+func (t *Tool) Restore(ctx context.Context, requestID, username string) (Result, error) {
 	now := time.Now
 	if t.Now != nil {
 		now = t.Now
 	}
+	intent := t.intent(requestID, username)
+	decided, err := t.Pool.Decided(ctx, intent)
+	if err != nil {
+		return Result{}, err
+	}
 	if u, live, err := t.Accounts.UinOf(ctx, username); err != nil {
 		return Result{}, err
-	} else if live {
+	} else if live && int64(u) != decided {
 		return Result{}, fmt.Errorf("%w: %q is on uin %d; nothing to restore", ErrLive, username, u)
 	}
 	b, err := FindBackup(ctx, t.Brokers, t.Namespace+schemas.TopicBackups, username)
@@ -95,17 +113,16 @@ func (t *Tool) Restore(ctx context.Context, username string) (Result, error) {
 		return Result{}, err
 	}
 	res := Result{Username: username, OldUin: uint32(b.OldUin)}
-	free, err := t.Pool.Claim(ctx, res.OldUin)
+	claimed, err := t.Pool.ClaimFor(ctx, intent, res.OldUin, IntentTTL)
 	if err != nil {
 		return res, err
 	}
-	res.Uin = res.OldUin
-	if !free {
-		res.Reused = true
-		if res.Uin, err = t.Pool.TakeOne(ctx, rand.New(rand.NewPCG(uint64(now().UnixNano()), b.OldUin))); err != nil {
-			return res, fmt.Errorf("restore: old uin %d was reused and no new uin is available: %w", res.OldUin, err)
-		}
+	if claimed >= 0 {
+		res.Uin = uint32(claimed)
+	} else if res.Uin, err = t.Pool.TakeFor(ctx, intent, rand.New(rand.NewPCG(uint64(now().UnixNano()), b.OldUin)), IntentTTL); err != nil {
+		return res, fmt.Errorf("restore: old uin %d was reused and no new uin is available: %w", res.OldUin, err)
 	}
+	res.Reused = res.Uin != res.OldUin
 	a, err := t.Accounts.FromBackup(ctx, b, res.Uin)
 	if err != nil {
 		return res, err
@@ -114,18 +131,17 @@ func (t *Tool) Restore(ctx context.Context, username string) (Result, error) {
 	if err := t.Accounts.Create(ctx, a); err != nil {
 		return res, err
 	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(t.Brokers...))
-	if err != nil {
-		return res, err
-	}
-	defer cl.Close()
-	rec, err := streams.NewRecord(t.Namespace+schemas.TopicRegistrations, schemas.UinKey(res.Uin), &pb.UinRegistration{
-		Uin: uint64(res.Uin), Username: username, Channel: tracker.ChannelRestore, Completed: true, AtMs: now().UnixMilli()})
-	if err != nil {
-		return res, err
-	}
-	if err := cl.ProduceSync(ctx, rec).FirstErr(); err != nil {
-		return res, fmt.Errorf("restore: account restored on uin %d but its registration was not published: %w", res.Uin, err)
-	}
 	return res, nil
+}
+
+// Registration announces a restored account on uin.registrations (channel
+// "restore"), so the sinks, the tracker and the stock classification know
+// who holds the uin.
+func (t *Tool) Registration(res Result, at time.Time) *kgo.Record {
+	rec, err := streams.NewRecord(t.Namespace+schemas.TopicRegistrations, schemas.UinKey(res.Uin), &pb.UinRegistration{
+		Uin: uint64(res.Uin), Username: res.Username, Channel: tracker.ChannelRestore, Completed: true, AtMs: at.UnixMilli()})
+	if err != nil {
+		panic(err) // a registration always encodes
+	}
+	return rec
 }
