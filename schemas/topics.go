@@ -38,6 +38,7 @@ const (
 	TopicClicks         = "push.clicks"
 	TopicJobClicks      = "push.job-clicks"
 	TopicPlannerCkpt    = "push.planner-checkpoints"
+	TopicJobCommands    = "push.job-commands"
 	TopicGrants         = "wallet.grants"
 	TopicTokens         = "wallet.tokens"
 	TopicLedger         = "wallet.ledger"
@@ -80,6 +81,7 @@ var Topics = []Topic{
 	{TopicClicks, "surge.v1.ClickEvent", "job_id", 6, false, 7 * day, "clicks on delivered messages; push-ctr counts them per job"},
 	{TopicJobClicks, "surge.v1.JobClicks", "job_id", 6, true, 0, "per-job click-through (push-ctr's changelog); the planner sets each account's daily job quota by its last delivery's"},
 	{TopicJobs, "surge.v1.SendJob", "job_id", 6, true, 0, "send jobs as submitted"},
+	{TopicJobCommands, "surge.v1.JobCommand", "job_id", 6, false, 7 * day, "operators' pause, resume and cancel of send jobs (surge push pause|resume|cancel)"},
 	{TopicJobTransitions, "surge.v1.JobTransition", "job_id", 6, false, 30 * day, "every state transition of every send job"},
 	{TopicPlannerCkpt, "surge.v1.PlannerCheckpoint", "chunk index (decimal)", 1, true, 0, "checkpoints of the push planner's memory with their position in push.job-transitions; a restore replays only the transitions after the newest"},
 	{TopicUnits, "surge.v1.SendTaskUnit", "job_id", 1, false, 7 * day, "per-executor unit queues are named push.units.<executor>: one partition, so units run in dispatch (priority) order"},

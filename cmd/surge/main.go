@@ -42,6 +42,7 @@ commands:
              timers), "uin classify" (stock classification from ClickHouse),
              "uin restore --username U", "uin gaps --ranges A-B", "uin demo"
              (the stock pipeline end to end on synthetic accounts, embedded)
+  push       control a send job: "push pause|resume|cancel --job ID [--reason R]"
   run NAME   run one processor or sink against the configured servers
              (names: presence, sink-dead-letters, sink-presence, sink-grants,
              sink-cash-grants, sink-tokens, sink-ledger, sink-withdrawals, sink-job-states,
@@ -73,6 +74,8 @@ func main() {
 		err = cmdRecon(ctx, args)
 	case "uin":
 		err = cmdUin(ctx, args)
+	case "push":
+		err = cmdPush(ctx, args)
 	case "wallet":
 		err = cmdWallet(ctx, args)
 	case "loadgen":

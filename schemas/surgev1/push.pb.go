@@ -282,6 +282,58 @@ func (FanDelta_Op) EnumDescriptor() ([]byte, []int) {
 	return file_surge_v1_push_proto_rawDescGZIP(), []int{1, 0}
 }
 
+type JobCommand_Op int32
+
+const (
+	JobCommand_OP_UNSPECIFIED JobCommand_Op = 0
+	JobCommand_PAUSE          JobCommand_Op = 1 // stop dispatching (units already with executors finish)
+	JobCommand_RESUME         JobCommand_Op = 2 // dispatch again
+	JobCommand_CANCEL         JobCommand_Op = 3 // end the job; targets never dispatched get their quota back
+)
+
+// Enum value maps for JobCommand_Op.
+var (
+	JobCommand_Op_name = map[int32]string{
+		0: "OP_UNSPECIFIED",
+		1: "PAUSE",
+		2: "RESUME",
+		3: "CANCEL",
+	}
+	JobCommand_Op_value = map[string]int32{
+		"OP_UNSPECIFIED": 0,
+		"PAUSE":          1,
+		"RESUME":         2,
+		"CANCEL":         3,
+	}
+)
+
+func (x JobCommand_Op) Enum() *JobCommand_Op {
+	p := new(JobCommand_Op)
+	*p = x
+	return p
+}
+
+func (x JobCommand_Op) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (JobCommand_Op) Descriptor() protoreflect.EnumDescriptor {
+	return file_surge_v1_push_proto_enumTypes[4].Descriptor()
+}
+
+func (JobCommand_Op) Type() protoreflect.EnumType {
+	return &file_surge_v1_push_proto_enumTypes[4]
+}
+
+func (x JobCommand_Op) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use JobCommand_Op.Descriptor instead.
+func (JobCommand_Op) EnumDescriptor() ([]byte, []int) {
+	return file_surge_v1_push_proto_rawDescGZIP(), []int{19, 0}
+}
+
 // A login or logout of one user; feeds the online bitmap and offline delivery.
 type LoginEvent struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1992,6 +2044,85 @@ func (x *ContentSent) GetUins() []byte {
 	return nil
 }
 
+// An operator's command to a send job (push.job-commands, keyed by job
+// id): the planner applies it as a transition, or dead-letters it with the
+// reason it cannot (unknown job, a state the command does not apply to).
+type JobCommand struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	JobId         string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	Op            JobCommand_Op          `protobuf:"varint,2,opt,name=op,proto3,enum=surge.v1.JobCommand_Op" json:"op,omitempty"`
+	Reason        string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	RequestedBy   string                 `protobuf:"bytes,4,opt,name=requested_by,json=requestedBy,proto3" json:"requested_by,omitempty"`
+	AtMs          int64                  `protobuf:"varint,5,opt,name=at_ms,json=atMs,proto3" json:"at_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JobCommand) Reset() {
+	*x = JobCommand{}
+	mi := &file_surge_v1_push_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JobCommand) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JobCommand) ProtoMessage() {}
+
+func (x *JobCommand) ProtoReflect() protoreflect.Message {
+	mi := &file_surge_v1_push_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JobCommand.ProtoReflect.Descriptor instead.
+func (*JobCommand) Descriptor() ([]byte, []int) {
+	return file_surge_v1_push_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *JobCommand) GetJobId() string {
+	if x != nil {
+		return x.JobId
+	}
+	return ""
+}
+
+func (x *JobCommand) GetOp() JobCommand_Op {
+	if x != nil {
+		return x.Op
+	}
+	return JobCommand_OP_UNSPECIFIED
+}
+
+func (x *JobCommand) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *JobCommand) GetRequestedBy() string {
+	if x != nil {
+		return x.RequestedBy
+	}
+	return ""
+}
+
+func (x *JobCommand) GetAtMs() int64 {
+	if x != nil {
+		return x.AtMs
+	}
+	return 0
+}
+
 var File_surge_v1_push_proto protoreflect.FileDescriptor
 
 const file_surge_v1_push_proto_rawDesc = "" +
@@ -2186,7 +2317,21 @@ const file_surge_v1_push_proto_rawDesc = "" +
 	"queuedAtMs\"3\n" +
 	"\vContentSent\x12\x10\n" +
 	"\x03crc\x18\x01 \x01(\rR\x03crc\x12\x12\n" +
-	"\x04uins\x18\x02 \x01(\fR\x04uins*S\n" +
+	"\x04uins\x18\x02 \x01(\fR\x04uins\"\xd9\x01\n" +
+	"\n" +
+	"JobCommand\x12\x15\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12'\n" +
+	"\x02op\x18\x02 \x01(\x0e2\x17.surge.v1.JobCommand.OpR\x02op\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x12!\n" +
+	"\frequested_by\x18\x04 \x01(\tR\vrequestedBy\x12\x13\n" +
+	"\x05at_ms\x18\x05 \x01(\x03R\x04atMs\";\n" +
+	"\x02Op\x12\x12\n" +
+	"\x0eOP_UNSPECIFIED\x10\x00\x12\t\n" +
+	"\x05PAUSE\x10\x01\x12\n" +
+	"\n" +
+	"\x06RESUME\x10\x02\x12\n" +
+	"\n" +
+	"\x06CANCEL\x10\x03*S\n" +
 	"\fTargetSource\x12\x1d\n" +
 	"\x19TARGET_SOURCE_UNSPECIFIED\x10\x00\x12\r\n" +
 	"\tFOLLOWERS\x10\x01\x12\v\n" +
@@ -2238,55 +2383,58 @@ func file_surge_v1_push_proto_rawDescGZIP() []byte {
 	return file_surge_v1_push_proto_rawDescData
 }
 
-var file_surge_v1_push_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_surge_v1_push_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_surge_v1_push_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
+var file_surge_v1_push_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_surge_v1_push_proto_goTypes = []any{
 	(TargetSource)(0),         // 0: surge.v1.TargetSource
 	(JobState)(0),             // 1: surge.v1.JobState
 	(DeliveryStatus)(0),       // 2: surge.v1.DeliveryStatus
 	(FanDelta_Op)(0),          // 3: surge.v1.FanDelta.Op
-	(*LoginEvent)(nil),        // 4: surge.v1.LoginEvent
-	(*FanDelta)(nil),          // 5: surge.v1.FanDelta
-	(*SendJob)(nil),           // 6: surge.v1.SendJob
-	(*JobTransition)(nil),     // 7: surge.v1.JobTransition
-	(*SendTaskUnit)(nil),      // 8: surge.v1.SendTaskUnit
-	(*ExecutorLoad)(nil),      // 9: surge.v1.ExecutorLoad
-	(*OfflineEntry)(nil),      // 10: surge.v1.OfflineEntry
-	(*OfflineBatch)(nil),      // 11: surge.v1.OfflineBatch
-	(*DeliveryReport)(nil),    // 12: surge.v1.DeliveryReport
-	(*AccountInfo)(nil),       // 13: surge.v1.AccountInfo
-	(*TagChange)(nil),         // 14: surge.v1.TagChange
-	(*BlacklistChange)(nil),   // 15: surge.v1.BlacklistChange
-	(*PackageChunk)(nil),      // 16: surge.v1.PackageChunk
-	(*ClickEvent)(nil),        // 17: surge.v1.ClickEvent
-	(*JobClicks)(nil),         // 18: surge.v1.JobClicks
-	(*PlannerCheckpoint)(nil), // 19: surge.v1.PlannerCheckpoint
-	(*PlannerState)(nil),      // 20: surge.v1.PlannerState
-	(*PlannerOpenJob)(nil),    // 21: surge.v1.PlannerOpenJob
-	(*ContentSent)(nil),       // 22: surge.v1.ContentSent
-	nil,                       // 23: surge.v1.PlannerState.TransitionsNextEntry
-	nil,                       // 24: surge.v1.PlannerState.StatesEntry
-	nil,                       // 25: surge.v1.PlannerState.JobsTodayEntry
+	(JobCommand_Op)(0),        // 4: surge.v1.JobCommand.Op
+	(*LoginEvent)(nil),        // 5: surge.v1.LoginEvent
+	(*FanDelta)(nil),          // 6: surge.v1.FanDelta
+	(*SendJob)(nil),           // 7: surge.v1.SendJob
+	(*JobTransition)(nil),     // 8: surge.v1.JobTransition
+	(*SendTaskUnit)(nil),      // 9: surge.v1.SendTaskUnit
+	(*ExecutorLoad)(nil),      // 10: surge.v1.ExecutorLoad
+	(*OfflineEntry)(nil),      // 11: surge.v1.OfflineEntry
+	(*OfflineBatch)(nil),      // 12: surge.v1.OfflineBatch
+	(*DeliveryReport)(nil),    // 13: surge.v1.DeliveryReport
+	(*AccountInfo)(nil),       // 14: surge.v1.AccountInfo
+	(*TagChange)(nil),         // 15: surge.v1.TagChange
+	(*BlacklistChange)(nil),   // 16: surge.v1.BlacklistChange
+	(*PackageChunk)(nil),      // 17: surge.v1.PackageChunk
+	(*ClickEvent)(nil),        // 18: surge.v1.ClickEvent
+	(*JobClicks)(nil),         // 19: surge.v1.JobClicks
+	(*PlannerCheckpoint)(nil), // 20: surge.v1.PlannerCheckpoint
+	(*PlannerState)(nil),      // 21: surge.v1.PlannerState
+	(*PlannerOpenJob)(nil),    // 22: surge.v1.PlannerOpenJob
+	(*ContentSent)(nil),       // 23: surge.v1.ContentSent
+	(*JobCommand)(nil),        // 24: surge.v1.JobCommand
+	nil,                       // 25: surge.v1.PlannerState.TransitionsNextEntry
+	nil,                       // 26: surge.v1.PlannerState.StatesEntry
+	nil,                       // 27: surge.v1.PlannerState.JobsTodayEntry
 }
 var file_surge_v1_push_proto_depIdxs = []int32{
 	3,  // 0: surge.v1.FanDelta.op:type_name -> surge.v1.FanDelta.Op
 	0,  // 1: surge.v1.SendJob.source:type_name -> surge.v1.TargetSource
 	1,  // 2: surge.v1.JobTransition.from:type_name -> surge.v1.JobState
 	1,  // 3: surge.v1.JobTransition.to:type_name -> surge.v1.JobState
-	6,  // 4: surge.v1.JobTransition.job:type_name -> surge.v1.SendJob
+	7,  // 4: surge.v1.JobTransition.job:type_name -> surge.v1.SendJob
 	2,  // 5: surge.v1.DeliveryReport.status:type_name -> surge.v1.DeliveryStatus
-	23, // 6: surge.v1.PlannerState.transitions_next:type_name -> surge.v1.PlannerState.TransitionsNextEntry
-	24, // 7: surge.v1.PlannerState.states:type_name -> surge.v1.PlannerState.StatesEntry
-	21, // 8: surge.v1.PlannerState.open:type_name -> surge.v1.PlannerOpenJob
-	22, // 9: surge.v1.PlannerState.sent:type_name -> surge.v1.ContentSent
-	25, // 10: surge.v1.PlannerState.jobs_today:type_name -> surge.v1.PlannerState.JobsTodayEntry
-	6,  // 11: surge.v1.PlannerOpenJob.job:type_name -> surge.v1.SendJob
-	1,  // 12: surge.v1.PlannerState.StatesEntry.value:type_name -> surge.v1.JobState
-	13, // [13:13] is the sub-list for method output_type
-	13, // [13:13] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	25, // 6: surge.v1.PlannerState.transitions_next:type_name -> surge.v1.PlannerState.TransitionsNextEntry
+	26, // 7: surge.v1.PlannerState.states:type_name -> surge.v1.PlannerState.StatesEntry
+	22, // 8: surge.v1.PlannerState.open:type_name -> surge.v1.PlannerOpenJob
+	23, // 9: surge.v1.PlannerState.sent:type_name -> surge.v1.ContentSent
+	27, // 10: surge.v1.PlannerState.jobs_today:type_name -> surge.v1.PlannerState.JobsTodayEntry
+	7,  // 11: surge.v1.PlannerOpenJob.job:type_name -> surge.v1.SendJob
+	4,  // 12: surge.v1.JobCommand.op:type_name -> surge.v1.JobCommand.Op
+	1,  // 13: surge.v1.PlannerState.StatesEntry.value:type_name -> surge.v1.JobState
+	14, // [14:14] is the sub-list for method output_type
+	14, // [14:14] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_surge_v1_push_proto_init() }
@@ -2300,8 +2448,8 @@ func file_surge_v1_push_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_surge_v1_push_proto_rawDesc), len(file_surge_v1_push_proto_rawDesc)),
-			NumEnums:      4,
-			NumMessages:   22,
+			NumEnums:      5,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -264,6 +264,16 @@ func (s *Sent) Record(crc uint32, uins *roaring.Bitmap) {
 	s.byCRC[crc].Or(uins)
 }
 
+// Forget unmarks content crc for uins (a cancelled job's targets it never
+// reached).
+func (s *Sent) Forget(crc uint32, uins *roaring.Bitmap) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if b := s.byCRC[crc]; b != nil {
+		b.AndNot(uins)
+	}
+}
+
 // Export serializes who received each content (a checkpoint).
 func (s *Sent) Export() (map[uint32][]byte, error) {
 	s.mu.Lock()

@@ -31,7 +31,29 @@ type fakeExecutor struct {
 	t        *testing.T
 	ns       string
 	brokers  []string
+	mu       sync.Mutex
 	holdBack map[string]bool
+	held     []*pb.SendTaskUnit        // units of held-back jobs, not finished
+	units    map[string]map[uint32]int // units received per job (and how often)
+}
+
+// release finishes job's held units and every later one.
+func (x *fakeExecutor) release(job string) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.holdBack[job] = false
+}
+
+// received is how many distinct units of job arrived, and whether one
+// arrived twice.
+func (x *fakeExecutor) received(job string) (n int, twice bool) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	for _, c := range x.units[job] {
+		n++
+		twice = twice || c > 1
+	}
+	return n, twice
 }
 
 func (x *fakeExecutor) run(ctx context.Context) {
@@ -45,12 +67,31 @@ func (x *fakeExecutor) run(ctx context.Context) {
 		pctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
 		f := cl.PollFetches(pctx)
 		cancel()
+		x.mu.Lock()
 		f.EachRecord(func(r *kgo.Record) {
-			var u pb.SendTaskUnit
-			if streams.Decode(r, &u) == nil && !x.holdBack[u.JobId] {
-				recs = append(recs, x.load(&pb.ExecutorLoad{Executor: "x", DoneJobId: u.JobId, DoneUnitId: u.UnitId, DoneUins: u.Count}))
+			u := new(pb.SendTaskUnit)
+			if streams.Decode(r, u) != nil {
+				return
 			}
+			if x.units == nil {
+				x.units = map[string]map[uint32]int{}
+			}
+			if x.units[u.JobId] == nil {
+				x.units[u.JobId] = map[uint32]int{}
+			}
+			x.units[u.JobId][u.UnitId]++
+			x.held = append(x.held, u)
 		})
+		kept := x.held[:0]
+		for _, u := range x.held {
+			if x.holdBack[u.JobId] {
+				kept = append(kept, u)
+				continue
+			}
+			recs = append(recs, x.load(&pb.ExecutorLoad{Executor: "x", DoneJobId: u.JobId, DoneUnitId: u.UnitId, DoneUins: u.Count}))
+		}
+		x.held = kept
+		x.mu.Unlock()
 		if ctx.Err() == nil {
 			_ = cl.ProduceSync(ctx, recs...).FirstErr()
 		}

@@ -238,6 +238,8 @@ func (p *Planner) Handle() streams.Handler {
 		switch {
 		case p.deps.Directory.Owns(in.Topic):
 			return p.deps.Directory.Apply(in)
+		case in.Topic == p.topic(schemas.TopicJobCommands):
+			return p.command(ctx, e, in)
 		case in.Topic == p.topic(schemas.TopicExecutors):
 			var l pb.ExecutorLoad
 			if err := streams.Decode(in, &l); err != nil {
@@ -312,7 +314,7 @@ func (p *Planner) intake(ctx context.Context, e emitter, j *pb.SendJob) error {
 		return err
 	}
 	if j.ScheduledAtMs > e.now.UnixMilli() {
-		rec, err := timer.Schedule("push-job/"+j.JobId, time.UnixMilli(j.ScheduledAtMs), p.topic(schemas.TopicJobs), []byte(j.JobId), j)
+		rec, err := timer.Schedule(scheduleTimer(j.JobId), time.UnixMilli(j.ScheduledAtMs), p.topic(schemas.TopicJobs), []byte(j.JobId), j)
 		if err != nil {
 			return err
 		}
@@ -326,6 +328,9 @@ func (p *Planner) intake(ctx context.Context, e emitter, j *pb.SendJob) error {
 // release is a scheduled job whose timer fired.
 func (p *Planner) release(ctx context.Context, e emitter, j *pb.SendJob) error {
 	if st := p.machine.State(j.JobId); st != pb.JobState_WAITING_SCHEDULE {
+		if st == pb.JobState_CANCELLED {
+			return nil // cancelled while its timer was on its way
+		}
 		return streams.Reject(fmt.Sprintf("timer fired for job %s in state %s", j.JobId, st), nil)
 	}
 	acc, ok := p.deps.Directory.Account(j.AccountId)
@@ -536,6 +541,9 @@ func (p *Planner) dispatch(_ context.Context, e emitter) error {
 	}
 	slices.Sort(names)
 	for _, q := range jobs {
+		if q.state == pb.JobState_PAUSED {
+			continue // its dispatched units finish; nothing more goes out
+		}
 		if q.next == q.units {
 			if len(q.done) == int(q.units) {
 				if err := e.move(q.job.JobId, pb.JobState_COMPLETED, "", func(t *pb.JobTransition) {

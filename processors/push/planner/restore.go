@@ -153,6 +153,14 @@ func (p *Planner) observe(ctx context.Context, r *kgo.Record, jobs map[string]*p
 		}
 	case pb.JobState_SENDING:
 		pr.position = uint32(t.Position)
+	case pb.JobState_CANCELLED:
+		if pr.job != nil && pr.queuedAt != 0 { // it was filtered and charged
+			kept, err := p.deps.Packages.Get(ctx, pr.job.PackageUri)
+			if err != nil {
+				return fmt.Errorf("planner: restore %s: filtered package: %w", t.JobId, err)
+			}
+			p.giveBack(pr.job, kept, uint32(t.Position), pr.queuedAt, now)
+		}
 	}
 	if job.Terminal(t.To) {
 		delete(jobs, t.JobId)
@@ -193,7 +201,7 @@ const executorClockSkew = 10 * time.Minute
 // is that a standby takes over within seconds (SessionTimeout).
 func (p *Planner) Run(ctx context.Context, brokers []string, opts ...streams.Option) error {
 	p.brokers = brokers
-	inputs := append([]string{p.topic(schemas.TopicJobs), p.topic(schemas.TopicExecutors)}, p.deps.Directory.Topics()...)
+	inputs := append([]string{p.topic(schemas.TopicJobs), p.topic(schemas.TopicJobCommands), p.topic(schemas.TopicExecutors)}, p.deps.Directory.Topics()...)
 	opts = append([]streams.Option{
 		streams.Brokers(brokers...),
 		streams.Declare(Spec, p.deps.Namespace), // group: pipeline.PlannerGroup

@@ -10,7 +10,7 @@ import (
 // in the same transaction as the units it dispatches.
 var Spec = streams.Spec{
 	Name: "push-planner", Group: "push-planner", Guarantee: streams.ExactlyOnce,
-	Inputs: []string{schemas.TopicJobs, schemas.TopicExecutors,
+	Inputs: []string{schemas.TopicJobs, schemas.TopicJobCommands, schemas.TopicExecutors,
 		schemas.TopicAccounts, schemas.TopicFanDelta, schemas.TopicTags, schemas.TopicBlacklists, schemas.TopicJobClicks},
 	Reads: []string{schemas.TopicPlannerCkpt, schemas.TopicJobTransitions, schemas.TopicPackages, schemas.TopicExecutors,
 		schemas.TopicAccounts, schemas.TopicFanDelta, schemas.TopicTags, schemas.TopicBlacklists, schemas.TopicJobClicks},

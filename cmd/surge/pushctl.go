@@ -1,0 +1,62 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"surge/schemas"
+	pb "surge/schemas/surgev1"
+	"surge/streams"
+)
+
+const pushUsage = `surge push ACTION --job ID [--reason TEXT]: control a send job
+  pause   stop dispatching it (units already with executors still go out)
+  resume  dispatch a paused job again
+  cancel  end it; its targets not yet dispatched get their quota back
+The planner applies the command (push.job-commands) as a transition on
+push.job-transitions, or dead-letters it with the reason it cannot.
+`
+
+func cmdPush(ctx context.Context, args []string) error {
+	var jobID, reason string
+	v, fs, err := loadConfig("push", args, func(fs *pflag.FlagSet) {
+		fs.StringVar(&jobID, "job", "", "the job's id")
+		fs.StringVar(&reason, "reason", "", "why (kept on the transition)")
+	})
+	if err != nil {
+		return err
+	}
+	ops := map[string]pb.JobCommand_Op{"pause": pb.JobCommand_PAUSE, "resume": pb.JobCommand_RESUME, "cancel": pb.JobCommand_CANCEL}
+	op, ok := ops[fs.Arg(0)]
+	if fs.NArg() != 1 || !ok {
+		fmt.Fprint(os.Stderr, pushUsage)
+		return fmt.Errorf("push takes one action: pause, resume or cancel")
+	}
+	if jobID == "" {
+		return fmt.Errorf("push %s needs --job", fs.Arg(0))
+	}
+	by := "surge push"
+	if u := os.Getenv("USER"); u != "" {
+		by += " (" + u + ")"
+	}
+	topic := v.GetString("push.namespace") + schemas.TopicJobCommands
+	rec, err := streams.NewRecord(topic, []byte(jobID), &pb.JobCommand{JobId: jobID, Op: op, Reason: reason, RequestedBy: by, AtMs: time.Now().UnixMilli()})
+	if err != nil {
+		return err
+	}
+	cl, err := newClient(v)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	if err := cl.ProduceSync(ctx, rec).FirstErr(); err != nil {
+		return fmt.Errorf("push %s: %w", fs.Arg(0), err)
+	}
+	fmt.Printf("%s of job %s requested on %s; the planner's answer is on %s (a refusal on %s)\n",
+		fs.Arg(0), jobID, topic, v.GetString("push.namespace")+schemas.TopicJobTransitions, schemas.TopicDeadLetter)
+	return nil
+}
