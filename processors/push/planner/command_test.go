@@ -126,8 +126,8 @@ func TestPauseResumeCancel(t *testing.T) {
 
 		// Commands that do not apply.
 		command("nobody", pb.JobCommand_PAUSE)
-		command("p", pb.JobCommand_CANCEL)  // completed
-		command("c", pb.JobCommand_RESUME)  // cancelled
+		command("p", pb.JobCommand_CANCEL)                              // completed
+		command("c", pb.JobCommand_RESUME)                              // cancelled
 		send(schemas.TopicJobCommands, "p", &pb.JobCommand{JobId: "p"}) // no op
 		dead := streamstest.ReadN(t, b.Brokers, ns+schemas.TopicDeadLetter, true, 4, 30*time.Second, time.Second)
 		var reasons []string
