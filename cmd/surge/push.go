@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"os/signal"
 	"regexp"
+	"syscall"
 	"time"
 
 	"github.com/spf13/viper"
@@ -76,6 +78,9 @@ func startPushStack(ctx context.Context, v *viper.Viper, log *slog.Logger, bs []
 // runPush runs one push service until ctx ends or it fails (the process
 // then exits non-zero, for its supervisor to restart it).
 func runPush(ctx context.Context, v *viper.Viper, log *slog.Logger, bs []string, component string) error {
+	if component == push.Executor {
+		return runExecutor(ctx, v, log, bs)
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	s, stop, err := startPushStack(ctx, v, log, bs, []string{component})
@@ -85,6 +90,53 @@ func runPush(ctx context.Context, v *viper.Viper, log *slog.Logger, bs []string,
 	err = untilStopped(ctx, cancel, s.Group)
 	stop()
 	return err
+}
+
+// runExecutor runs one executor. The first SIGTERM (or interrupt) drains
+// it for an upgrade: it tells the planner it takes nothing new, finishes
+// the units it was given, and exits 0, so nothing is lost or sent twice. A
+// second signal, or push.drain_timeout, stops it at once; what it held is
+// then resumed when it comes back under the same name.
+func runExecutor(signalled context.Context, v *viper.Viper, log *slog.Logger, bs []string) error {
+	// The stack outlives the first signal: it is what the drain needs.
+	ctx, cancel := context.WithCancel(context.WithoutCancel(signalled))
+	defer cancel()
+	s, stop, err := startPushStack(ctx, v, log, bs, []string{push.Executor})
+	if err != nil {
+		return err
+	}
+	defer stop()
+	for signalled.Err() == nil && s.Err() == nil && !s.Executors[0].Drained() {
+		select {
+		case <-signalled.Done():
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	x := s.Executors[0]
+	if signalled.Err() != nil && s.Err() == nil && !x.Drained() {
+		again := make(chan os.Signal, 1)
+		signal.Notify(again, os.Interrupt, syscall.SIGTERM)
+		defer signal.Stop(again)
+		timeout := v.GetDuration("push.drain_timeout")
+		log.Info("executor: draining: finishing its units, taking no new ones (a second signal stops at once)",
+			"executor", x.UnitsTopic(), "timeout", timeout)
+		x.Drain()
+		deadline := time.After(timeout)
+	drain:
+		for !x.Drained() && s.Err() == nil {
+			select {
+			case <-again:
+				log.Warn("executor: second signal: stopping without finishing the drain; its queue resumes when it returns")
+				break drain
+			case <-deadline:
+				log.Warn("executor: drain timed out; stopping; its queue resumes when it returns", "timeout", timeout)
+				break drain
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}
+	cancel()
+	return s.Wait()
 }
 
 // untilStopped runs a service's components until ctx ends or one of them

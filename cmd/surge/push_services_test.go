@@ -110,7 +110,7 @@ func (s *service) start() {
 func (s *service) kill() {
 	if s.cmd != nil && s.cmd.ProcessState == nil {
 		_ = s.cmd.Process.Kill()
-		_ = s.cmd.Wait()
+		_ = s.cmd.Wait() // an error when a test waited for it already
 	}
 }
 

@@ -1,0 +1,116 @@
+package main
+
+import (
+	"context"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/RoaringBitmap/roaring/v2"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"google.golang.org/protobuf/proto"
+
+	"surge/processors/push/directory"
+	push "surge/processors/push/pipeline"
+	"surge/schemas"
+	pb "surge/schemas/surgev1"
+	"surge/streams"
+	"surge/streams/streamstest"
+)
+
+// SIGTERM drains an executor for an upgrade: in the middle of a job it
+// stops taking units, finishes those it holds and exits 0; the other
+// executor sends the rest, and every target gets exactly one message.
+func TestExecutorDrainsOnSIGTERM(t *testing.T) {
+	streamstest.Each(t, func(t *testing.T, b streamstest.Backend) {
+		ns, dir := streamstest.Unique("drain")+".", t.TempDir()
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		cl := streamstest.Client(t, b.Brokers, kgo.ProducerBatchMaxBytes(1<<20))
+		if err := streams.EnsureTopics(ctx, cl, 1, push.Topics(ns)...); err != nil {
+			t.Fatal(err)
+		}
+		env := []string{"SURGE_KAFKA_BROKERS=" + strings.Join(b.Brokers, ","), "SURGE_PUSH_NAMESPACE=" + ns,
+			"SURGE_PUSH_UNIT_SIZE=200", "SURGE_PUSH_MAX_BACKLOG=2", "SURGE_LOG_LEVEL=info"}
+		in := func(name string) string { return "--push.dir=" + dir + "/" + name }
+		const users = 40000
+		var recs []*kgo.Record
+		recs = append(recs, directory.AccountRecord(ns, &pb.AccountInfo{AccountId: 1, Type: "subscription",
+			Filters: proto.Uint32(1), Followers: users})) // relation only
+		target := roaring.New()
+		for u := uint32(1); u <= users; u++ {
+			target.Add(u)
+			recs = append(recs, directory.FollowRecord(ns, 1, u, true))
+			r, _ := streams.NewRecord(ns+schemas.TopicLogin, schemas.UinKey(u), &pb.LoginEvent{Uin: uint64(u), Online: true})
+			recs = append(recs, r)
+		}
+		streamstest.ProduceSync(t, cl, recs...)
+
+		runService(t, env, "presence", "push-presence", "--processor.instance_id=pres", in("pres"))
+		runService(t, env, "planner", "push-planner", "--processor.instance_id=pl", in("pl"))
+		exA := runService(t, env, "executor-a", "push-executor", "--push.executor_name=ea", in("ea"))
+		runService(t, env, "executor-b", "push-executor", "--push.executor_name=eb", in("eb"))
+		if err := streams.WaitConsumed(ctx, b.Brokers, push.PlannerGroup(ns), directory.New(ns).Topics()...); err != nil {
+			t.Fatal(err)
+		}
+		if err := streams.WaitConsumed(ctx, b.Brokers, ns+"presence", ns+schemas.TopicLogin); err != nil {
+			t.Fatal(err)
+		}
+		job := &pb.SendJob{JobId: "j1", AccountId: 1, Source: pb.TargetSource_FOLLOWERS, ContentId: "c1", ContentCrc: 1, Realtime: true}
+		jr, _ := streams.NewRecord(ns+schemas.TopicJobs, []byte(job.JobId), job)
+		streamstest.ProduceSync(t, cl, jr)
+
+		waitFor(t, ctx, "first delivery by executor a", func() bool { return byExecutor(t, b.Brokers, ns, "j1")["ea"] > 0 })
+		if err := exA.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+		exited := make(chan error, 1)
+		go func() { exited <- exA.cmd.Wait() }()
+		select {
+		case err := <-exited:
+			if err != nil {
+				t.Fatalf("executor a after SIGTERM: %v (want exit 0 once drained)", err)
+			}
+		case <-ctx.Done():
+			t.Fatal("executor a did not exit after SIGTERM")
+		}
+		exA.mu.Lock()
+		drained := strings.Contains(exA.log.String(), "executor: drained")
+		exA.mu.Unlock()
+		if !drained {
+			t.Fatal("executor a exited without draining")
+		}
+		atExit := byExecutor(t, b.Brokers, ns, "j1")["ea"]
+
+		waitFor(t, ctx, "job completed", func() bool { return stateOf(t, b.Brokers, ns, "j1") == pb.JobState_COMPLETED })
+		time.Sleep(time.Second) // anything sent twice would have arrived by now
+		r := reportsOf(t, ns, b.Brokers, "j1")
+		if r.twice != 0 || !r.reached.Equals(target) {
+			t.Fatalf("reached %d of %d targets, %d twice", r.reached.GetCardinality(), target.GetCardinality(), r.twice)
+		}
+		per := byExecutor(t, b.Brokers, ns, "j1")
+		if per["ea"] != atExit || per["eb"] == 0 {
+			t.Fatalf("deliveries per executor %v; executor a had %d when it exited (it must take nothing after)", per, atExit)
+		}
+	})
+}
+
+// byExecutor counts a job's delivery reports per executor.
+func byExecutor(t *testing.T, brokers []string, ns, jobID string) map[string]int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	out := map[string]int{}
+	err := streams.ReadToEnd(ctx, brokers, ns+schemas.TopicReports, func(r *kgo.Record) error {
+		var rep pb.DeliveryReport
+		if streams.Decode(r, &rep) == nil && rep.JobId == jobID && rep.Status == pb.DeliveryStatus_DELIVERED {
+			out[rep.Executor]++
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
