@@ -194,11 +194,26 @@ func fail(w http.ResponseWriter, code int, err error) {
 	reply(w, code, map[string]string{"error": err.Error()})
 }
 
+// readBody reads a request body of at most limit bytes; a larger one is
+// answered 413 (not read on, and not mistaken for a bad signature).
+func readBody(w http.ResponseWriter, r *http.Request, limit int64, what string) ([]byte, bool) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	var tooLarge *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooLarge):
+		fail(w, http.StatusRequestEntityTooLarge, fmt.Errorf("%s larger than %d bytes", what, limit))
+		return nil, false
+	case err != nil:
+		fail(w, http.StatusBadRequest, fmt.Errorf("malformed %s: %w", what, err))
+		return nil, false
+	}
+	return body, true
+}
+
 func (s *Server) grant(w http.ResponseWriter, r *http.Request) {
 	var g pb.RewardGrant
-	body, err := io.ReadAll(io.LimitReader(r.Body, 64<<10))
-	if err != nil {
-		fail(w, http.StatusBadRequest, fmt.Errorf("malformed grant: %w", err))
+	body, ok := readBody(w, r, 64<<10, "grant")
+	if !ok {
 		return
 	}
 	// The signature covers the body: verified before it is parsed.
@@ -223,9 +238,8 @@ const MaxBatch = 1000
 // trip for many grants). Each grant is answered on its own, in order,
 // with the code and body /v1/grants would give it, less the token.
 func (s *Server) grantBatch(w http.ResponseWriter, r *http.Request) {
-	body, err := io.ReadAll(io.LimitReader(r.Body, 4<<20))
-	if err != nil {
-		fail(w, http.StatusBadRequest, fmt.Errorf("malformed batch: %w", err))
+	body, ok := readBody(w, r, 4<<20, "batch")
+	if !ok {
 		return
 	}
 	app, err := s.appOf(r, body)
@@ -389,7 +403,7 @@ func (s *Server) withdraw(w http.ResponseWriter, r *http.Request) {
 		WithdrawID string `json:"withdraw_id"`
 		Amount     int64  `json:"amount"`
 	}
-	if err := json.NewDecoder(r.Body).Decode(&req); err != nil || req.WithdrawID == "" || req.Amount <= 0 {
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 4<<10)).Decode(&req); err != nil || req.WithdrawID == "" || req.Amount <= 0 {
 		fail(w, http.StatusBadRequest, errors.New("want {\"withdraw_id\": non-empty, \"amount\": positive cents}"))
 		return
 	}

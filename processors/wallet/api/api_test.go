@@ -288,6 +288,8 @@ func refusals(t *testing.T, srv *httptest.Server) {
 		{"withdrawal with another user's token", "POST", "/v1/users/u1/withdrawals", `{"withdraw_id":"steal","amount":100}`, bearer(tokenFor("u2", 3*time.Hour, userKey)), 403},
 		{"withdrawal with a forged token", "POST", "/v1/users/u1/withdrawals", `{"withdraw_id":"steal2","amount":100}`, bearer(tokenFor("u1", 3*time.Hour, forgedKey)), 401},
 		{"total without credentials", "GET", "/v1/total", "", nil, 401},
+		{"grant of 100 KiB, signed", "POST", "/v1/grants", strings.Repeat(" ", 100<<10) + grant, credentials(t), 413},
+		{"batch of 5 MiB, signed", "POST", "/v1/grants/batch", strings.Repeat(" ", 5<<20) + "{}", credentials(t), 413},
 	} {
 		code, out := callWith(t, srv, c.method, c.path, c.body, c.sign)
 		if code != c.want || out["error"] == nil {
