@@ -53,6 +53,7 @@ var options = []struct {
 	{"push.max_backlog", 8, "mass push: units an executor may hold not yet done"},
 	{"push.min_lead", 15 * time.Minute, "mass push: a scheduled job starts at least this long after creation"},
 	{"push.mirror_threshold", 10_000_000, "mass push: accounts with this many followers use the local fan-list mirror"},
+	{"push.executor_capacity", 0, "`run push-executor`: uins this executor takes at once (it reports it; the planner keeps its units in flight within it, at least one); 0: only push.max_backlog limits it"},
 	{"push.drain_timeout", time.Minute, "`run push-executor`: on SIGTERM the executor drains (takes nothing new, finishes its units, exits 0) for at most this long"},
 	{"push.planner_checkpoint_every", 30 * time.Second, "mass push: how often the active planner checkpoints its memory to push.planner-checkpoints (a restore replays only the transitions after it); 0: never, every restore replays all"},
 	{"wallet.config", "", "`wallet`: activity tree file (YAML/TOML/JSON), reloaded on change; empty uses a built-in demo tree"},

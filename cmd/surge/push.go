@@ -51,7 +51,8 @@ func startPushStack(ctx context.Context, v *viper.Viper, log *slog.Logger, bs []
 		return nil, nil, err
 	}
 	o := push.Options{Namespace: v.GetString("push.namespace"), Dir: dir, Components: components,
-		Executors: v.GetInt("push.executors"), Planner: cfg, MirrorThreshold: uint64(v.GetInt("push.mirror_threshold")),
+		Executors: v.GetInt("push.executors"), ExecutorCapacity: uint64(v.GetInt64("push.executor_capacity")),
+		Planner: cfg, MirrorThreshold: uint64(v.GetInt("push.mirror_threshold")),
 		Log: log, Metrics: metrics.Default, StreamOpts: opts}
 	if len(components) == 1 && components[0] == push.Executor {
 		name := v.GetString("push.executor_name")

@@ -34,7 +34,7 @@ import (
 type Config struct {
 	Name      string
 	Namespace string        // topic prefix (see planner.Deps.Namespace)
-	Capacity  uint64        // uins per unit it is sized for (reported)
+	Capacity  uint64        // uins it takes at once (reported; the planner gives it at most that many in flight); 0: no limit of its own
 	Heartbeat time.Duration // load report period
 	// Dir holds the online bitmap's checkpoint (empty: none; a restart
 	// then reads push.presence from the start).

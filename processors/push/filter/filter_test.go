@@ -80,3 +80,43 @@ func TestMaskAndModes(t *testing.T) {
 		t.Fatal("a filter not in the mask ran")
 	}
 }
+
+// The targeting filter keeps only users with every tag of the job; an
+// unknown tag matches nobody; a tag taken away stops matching; a job whose
+// targets came from the tags is not filtered by them again.
+func TestTargetingRemovesUsersWithoutTheTags(t *testing.T) {
+	tags := NewTags()
+	tags.Tag("vip", 2, 4, 6, 8)
+	tags.Tag("new", 4, 5, 6)
+	run := func(src pb.TargetSource, want ...string) *roaring.Bitmap {
+		t.Helper()
+		c := NewChain(tags)
+		j := &Job{SendJob: &pb.SendJob{AccountId: 9, Source: src, Tags: want}, Now: time.Now()}
+		targets := roaring.New()
+		targets.AddRange(1, 11)
+		res, err := c.Run(context.Background(), j, Targeting, targets)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if removed := res.Removed[Targeting]; removed.GetCardinality()+res.Kept.GetCardinality() != 10 {
+			t.Fatalf("kept %v and removed %v of 10", res.Kept.ToArray(), removed.ToArray())
+		}
+		return res.Kept
+	}
+	if kept := run(pb.TargetSource_FOLLOWERS, "vip", "new"); !kept.Equals(roaring.BitmapOf(4, 6)) {
+		t.Errorf("vip and new: kept %v, want [4 6]", kept.ToArray())
+	}
+	if kept := run(pb.TargetSource_PACKAGE, "vip"); !kept.Equals(roaring.BitmapOf(2, 4, 6, 8)) {
+		t.Errorf("vip: kept %v", kept.ToArray())
+	}
+	if kept := run(pb.TargetSource_FOLLOWERS, "vip", "nobody-has-this"); !kept.IsEmpty() {
+		t.Errorf("an unknown tag kept %v", kept.ToArray())
+	}
+	tags.Untag("vip", 4)
+	if kept := run(pb.TargetSource_FOLLOWERS, "vip", "new"); !kept.Equals(roaring.BitmapOf(6)) {
+		t.Errorf("after untagging 4: kept %v, want [6]", kept.ToArray())
+	}
+	if kept := run(pb.TargetSource_TAGS, "vip"); kept.GetCardinality() != 10 {
+		t.Errorf("a TAGS job filtered by its own tags: kept %v", kept.ToArray())
+	}
+}

@@ -51,13 +51,17 @@ type Options struct {
 	Components []string // which to run here; empty: all
 	// Executors is how many executors run here (named exec-0...), unless
 	// ExecutorNames names them.
-	Executors       int
-	ExecutorNames   []string
-	Planner         planner.Config
-	MirrorThreshold uint64 // accounts with this many fans use the mirror
-	Log             *slog.Logger
-	Metrics         *metrics.Registry
-	StreamOpts      []streams.Option // extra runtime options for every processor
+	Executors     int
+	ExecutorNames []string
+	// ExecutorCapacity is the uins an executor here takes at once (it
+	// reports it; the planner keeps its units in flight within it); 0:
+	// only the planner's push.max_backlog limits it.
+	ExecutorCapacity uint64
+	Planner          planner.Config
+	MirrorThreshold  uint64 // accounts with this many fans use the mirror
+	Log              *slog.Logger
+	Metrics          *metrics.Registry
+	StreamOpts       []streams.Option // extra runtime options for every processor
 }
 
 // Stack is a running push pipeline.
@@ -183,7 +187,7 @@ func (s *Stack) Start(ctx context.Context) error {
 
 // StartExecutor starts (or brings back) the executor called name.
 func (s *Stack) StartExecutor(ctx context.Context, name string) *executor.Executor {
-	x := executor.New(executor.Config{Name: name, Namespace: s.Opts.Namespace, Capacity: s.Opts.Planner.UnitSize,
+	x := executor.New(executor.Config{Name: name, Namespace: s.Opts.Namespace, Capacity: s.Opts.ExecutorCapacity,
 		Dir: filepath.Join(s.Opts.Dir, "executor-"+name), Log: s.Opts.Log, Metrics: s.Opts.Metrics}, s.Brokers)
 	s.mu.Lock()
 	replaced := false

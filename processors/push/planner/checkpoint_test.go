@@ -3,9 +3,6 @@ package planner
 import (
 	"context"
 	"fmt"
-	"io"
-	"log/slog"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -16,8 +13,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/protobuf/proto"
 
-	"surge/processors/push/directory"
-	"surge/processors/push/internal/job"
 	"surge/processors/push/numpkg"
 	"surge/schemas"
 	pb "surge/schemas/surgev1"
@@ -31,6 +26,8 @@ type fakeExecutor struct {
 	t        *testing.T
 	ns       string
 	brokers  []string
+	name     string // "x" when empty
+	capacity uint64 // reported CapacityUins
 	mu       sync.Mutex
 	holdBack map[string]bool
 	held     []*pb.SendTaskUnit        // units of held-back jobs, not finished
@@ -57,13 +54,17 @@ func (x *fakeExecutor) received(job string) (n int, twice bool) {
 }
 
 func (x *fakeExecutor) run(ctx context.Context) {
-	cl := streamstest.Client(x.t, x.brokers, kgo.ConsumeTopics(x.ns+schemas.TopicUnits+".x"),
+	if x.name == "" {
+		x.name = "x"
+	}
+	cl := streamstest.Client(x.t, x.brokers, kgo.ConsumeTopics(x.ns+schemas.TopicUnits+"."+x.name),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.DefaultProduceTopic(x.ns+schemas.TopicExecutors))
 	tick := time.NewTicker(200 * time.Millisecond)
 	defer tick.Stop()
 	for ctx.Err() == nil {
-		recs := []*kgo.Record{x.load(&pb.ExecutorLoad{Executor: "x", UnitsTopic: x.ns + schemas.TopicUnits + ".x", AtMs: time.Now().UnixMilli()})}
+		recs := []*kgo.Record{x.load(&pb.ExecutorLoad{Executor: x.name, UnitsTopic: x.ns + schemas.TopicUnits + "." + x.name,
+			CapacityUins: x.capacity, AtMs: time.Now().UnixMilli()})}
 		pctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
 		f := cl.PollFetches(pctx)
 		cancel()
@@ -88,7 +89,7 @@ func (x *fakeExecutor) run(ctx context.Context) {
 				kept = append(kept, u)
 				continue
 			}
-			recs = append(recs, x.load(&pb.ExecutorLoad{Executor: "x", DoneJobId: u.JobId, DoneUnitId: u.UnitId, DoneUins: u.Count}))
+			recs = append(recs, x.load(&pb.ExecutorLoad{Executor: x.name, DoneJobId: u.JobId, DoneUnitId: u.UnitId, DoneUins: u.Count}))
 		}
 		x.held = kept
 		x.mu.Unlock()
@@ -103,7 +104,7 @@ func (x *fakeExecutor) run(ctx context.Context) {
 }
 
 func (x *fakeExecutor) load(l *pb.ExecutorLoad) *kgo.Record {
-	r, err := streams.NewRecord(x.ns+schemas.TopicExecutors, []byte("x"), l)
+	r, err := streams.NewRecord(x.ns+schemas.TopicExecutors, []byte(x.name), l)
 	if err != nil {
 		x.t.Fatal(err)
 	}
@@ -171,57 +172,14 @@ func cmpString(a, b string) int {
 // reads far fewer of them.
 func TestRestoreFromCheckpointEqualsFullReplay(t *testing.T) {
 	streamstest.Each(t, func(t *testing.T, b streamstest.Backend) {
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-		defer cancel()
-		ns := streamstest.Unique("ck") + "."
-		admin := streamstest.Client(t, b.Brokers)
-		topics := schemas.Namespaced(ns, schemas.TopicJobs, schemas.TopicJobTransitions, schemas.TopicPlannerCkpt,
-			schemas.TopicExecutors, schemas.TopicReports, schemas.TopicPackages, schemas.TopicAccounts, schemas.TopicFanDelta,
-			schemas.TopicTags, schemas.TopicBlacklists, schemas.TopicJobClicks, schemas.TopicTimers, schemas.TopicDeadLetter)
-		topics = append(topics, schemas.Topic{Name: ns + schemas.TopicUnits + ".x", Partitions: 1, Retention: time.Hour})
-		if err := streams.EnsureTopics(ctx, admin, 1, topics...); err != nil {
-			t.Fatal(err)
-		}
-		log := slog.New(slog.NewTextHandler(io.Discard, nil))
-		pkgs, err := numpkg.OpenTopicStore(ctx, b.Brokers, ns+schemas.TopicPackages, filepath.Join(t.TempDir(), "pkgs"), log)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer func() { cancel(); time.Sleep(300 * time.Millisecond); _ = pkgs.Close() }()
-
-		var recs []*kgo.Record
-		recs = append(recs, directory.AccountRecord(ns, &pb.AccountInfo{AccountId: 7, Type: "subscription"}))
-		for u := uint32(1); u <= 900; u++ {
-			recs = append(recs, directory.FollowRecord(ns, 7, u, true))
-		}
-		streamstest.ProduceSync(t, admin, recs...)
-
+		e := newTestEnv(t, b, 900, "x")
+		ctx, ns, pkgs, log := e.ctx, e.ns, e.pkgs, e.log
 		cfg := DefaultConfig()
 		cfg.UnitSize, cfg.MaxBacklog, cfg.MinLead, cfg.CheckpointEvery = 100, 4, time.Second, 300*time.Millisecond
 		live := New(cfg, Deps{Packages: pkgs, Namespace: ns, Log: log})
-		rctx, stopRun := context.WithCancel(ctx)
-		var wg sync.WaitGroup
-		wg.Add(2)
-		go func() { defer wg.Done(); _ = live.Run(rctx, b.Brokers, streams.Logger(log), streams.InstanceID("a")) }()
-		x := &fakeExecutor{t: t, ns: ns, brokers: b.Brokers, holdBack: map[string]bool{"held": true, "tail-held": true}}
-		go func() { defer wg.Done(); x.run(rctx) }()
-
-		submit := func(j *pb.SendJob) {
-			r, err := streams.NewRecord(ns+schemas.TopicJobs, []byte(j.JobId), j)
-			if err != nil {
-				t.Fatal(err)
-			}
-			streamstest.ProduceSync(t, admin, r)
-		}
-		wait := func(id string, want pb.JobState) {
-			t.Helper()
-			for st := live.State(id); st != want; st = live.State(id) {
-				if ctx.Err() != nil || job.Terminal(st) {
-					t.Fatalf("job %s is %s, want %s", id, live.State(id), want)
-				}
-				time.Sleep(20 * time.Millisecond)
-			}
-		}
+		stopRun := e.run(live, &fakeExecutor{holdBack: map[string]bool{"held": true, "tail-held": true}})
+		submit := func(j *pb.SendJob) { e.send(schemas.TopicJobs, j.JobId, j) }
+		wait := func(id string, want pb.JobState) { t.Helper(); e.wait(live, id, want) }
 		pkg := func(lo, hi uint32) []byte {
 			bm := roaring.New()
 			bm.AddRange(uint64(lo), uint64(hi))
@@ -269,7 +227,6 @@ func TestRestoreFromCheckpointEqualsFullReplay(t *testing.T) {
 		wait("tail-held", pb.JobState_SENDING)
 		time.Sleep(500 * time.Millisecond) // the executor's last completions land
 		stopRun()
-		wg.Wait()
 
 		restored := func(every time.Duration) *Planner {
 			c := cfg

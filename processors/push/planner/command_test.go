@@ -1,21 +1,10 @@
 package planner
 
 import (
-	"context"
-	"io"
-	"log/slog"
-	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kgo"
-	"google.golang.org/protobuf/proto"
-
-	"surge/processors/push/directory"
-	"surge/processors/push/internal/job"
-	"surge/processors/push/numpkg"
 	"surge/schemas"
 	pb "surge/schemas/surgev1"
 	"surge/streams"
@@ -30,64 +19,22 @@ import (
 // from the transitions holds the same memory as the live one.
 func TestPauseResumeCancel(t *testing.T) {
 	streamstest.Each(t, func(t *testing.T, b streamstest.Backend) {
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-		defer cancel()
-		ns := streamstest.Unique("cmd") + "."
-		admin := streamstest.Client(t, b.Brokers)
-		topics := schemas.Namespaced(ns, schemas.TopicJobs, schemas.TopicJobCommands, schemas.TopicJobTransitions, schemas.TopicPlannerCkpt,
-			schemas.TopicExecutors, schemas.TopicReports, schemas.TopicPackages, schemas.TopicAccounts, schemas.TopicFanDelta,
-			schemas.TopicTags, schemas.TopicBlacklists, schemas.TopicJobClicks, schemas.TopicTimers, schemas.TopicDeadLetter)
-		topics = append(topics, schemas.Topic{Name: ns + schemas.TopicUnits + ".x", Partitions: 1, Retention: time.Hour})
-		if err := streams.EnsureTopics(ctx, admin, 1, topics...); err != nil {
-			t.Fatal(err)
-		}
-		log := slog.New(slog.NewTextHandler(io.Discard, nil))
-		pkgs, err := numpkg.OpenTopicStore(ctx, b.Brokers, ns+schemas.TopicPackages, filepath.Join(t.TempDir(), "pkgs"), log)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer func() { cancel(); time.Sleep(300 * time.Millisecond); _ = pkgs.Close() }()
-		var recs []*kgo.Record
-		recs = append(recs, directory.AccountRecord(ns, &pb.AccountInfo{AccountId: 7, Type: "subscription"}))
-		for u := uint32(1); u <= 900; u++ {
-			recs = append(recs, directory.FollowRecord(ns, 7, u, true))
-		}
-		streamstest.ProduceSync(t, admin, recs...)
-
+		e := newTestEnv(t, b, 900, "x")
+		ctx := e.ctx
 		// Late in the day every quota window is released, whenever the test runs.
 		y, m, d := time.Now().Date()
 		late := time.Date(y, m, d, 23, 30, 0, 0, time.Local)
 		cfg := DefaultConfig()
 		cfg.UnitSize, cfg.MaxBacklog, cfg.MinLead, cfg.CheckpointEvery = 100, 2, time.Second, 0
 		cfg.Now = func() time.Time { return late }
-		live := New(cfg, Deps{Packages: pkgs, Namespace: ns, Log: log})
-		rctx, stopRun := context.WithCancel(ctx)
-		var wg sync.WaitGroup
-		wg.Add(2)
-		go func() { defer wg.Done(); _ = live.Run(rctx, b.Brokers, streams.Logger(log), streams.InstanceID("a")) }()
-		x := &fakeExecutor{t: t, ns: ns, brokers: b.Brokers, holdBack: map[string]bool{"p": true, "c": true}}
-		go func() { defer wg.Done(); x.run(rctx) }()
-
-		send := func(topic, key string, m proto.Message) {
-			t.Helper()
-			r, err := streams.NewRecord(ns+topic, []byte(key), m)
-			if err != nil {
-				t.Fatal(err)
-			}
-			streamstest.ProduceSync(t, admin, r)
-		}
+		live := New(cfg, Deps{Packages: e.pkgs, Namespace: e.ns, Log: e.log})
+		x := &fakeExecutor{holdBack: map[string]bool{"p": true, "c": true}}
+		stopRun := e.run(live, x)
+		send, wait := e.send, func(id string, want pb.JobState) { t.Helper(); e.wait(live, id, want) }
 		command := func(id string, op pb.JobCommand_Op) {
 			send(schemas.TopicJobCommands, id, &pb.JobCommand{JobId: id, Op: op, RequestedBy: "test"})
 		}
-		wait := func(id string, want pb.JobState) {
-			t.Helper()
-			for st := live.State(id); st != want; st = live.State(id) {
-				if ctx.Err() != nil || job.Terminal(st) {
-					t.Fatalf("job %s is %s, want %s (%s)", id, st, want, live.Describe(id))
-				}
-				time.Sleep(20 * time.Millisecond)
-			}
-		}
+		ns, pkgs, log := e.ns, e.pkgs, e.log
 
 		// Pause: two units are out (the executor holds them); once it has
 		// room again, still nothing more goes to the paused job.
@@ -147,7 +94,6 @@ func TestPauseResumeCancel(t *testing.T) {
 		}
 		time.Sleep(500 * time.Millisecond)
 		stopRun()
-		wg.Wait()
 
 		restored := New(cfg, Deps{Packages: pkgs, Namespace: ns, Log: log})
 		if err := restored.Restore(ctx, b.Brokers); err != nil {

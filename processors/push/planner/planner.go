@@ -514,12 +514,19 @@ func (p *Planner) topic(name string) string { return p.deps.Namespace + name }
 
 func unitKey(jobID string, unit uint32) string { return fmt.Sprintf("%s/%d", jobID, unit) }
 
-// free is how many more units an executor takes now.
+// free is how many more units an executor takes now: within the
+// planner's backlog per executor and the capacity the executor reports
+// (uins it takes at once; a smaller machine reports less), at least one
+// unit in flight so any executor makes progress.
 func (p *Planner) free(ev *executorView, now time.Time) int {
 	if ev.load == nil || ev.load.Draining || now.Sub(ev.seen) > p.cfg.ExecutorTimeout {
 		return 0
 	}
-	return max(p.cfg.MaxBacklog-len(ev.inflight), 0)
+	limit := p.cfg.MaxBacklog
+	if c := ev.load.CapacityUins; c > 0 {
+		limit = min(limit, max(int(c/p.cfg.UnitSize), 1))
+	}
+	return max(limit-len(ev.inflight), 0)
 }
 
 // dispatch hands out units by score while executors have room, finishes

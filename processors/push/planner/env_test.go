@@ -1,0 +1,101 @@
+package planner
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"google.golang.org/protobuf/proto"
+
+	"surge/processors/push/directory"
+	"surge/processors/push/internal/job"
+	"surge/processors/push/numpkg"
+	"surge/schemas"
+	pb "surge/schemas/surgev1"
+	"surge/streams"
+	"surge/streams/streamstest"
+)
+
+// testEnv is a planner's topics on one backend: account 7 with followers
+// 1..followers, a package store, and unit queues for the named executors.
+type testEnv struct {
+	t       *testing.T
+	ctx     context.Context
+	ns      string
+	brokers []string
+	admin   *kgo.Client
+	pkgs    *numpkg.TopicStore
+	log     *slog.Logger
+	wg      sync.WaitGroup
+}
+
+func newTestEnv(t *testing.T, b streamstest.Backend, followers uint32, executors ...string) *testEnv {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	e := &testEnv{t: t, ctx: ctx, ns: streamstest.Unique("pl") + ".", brokers: b.Brokers,
+		admin: streamstest.Client(t, b.Brokers), log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	topics := schemas.Namespaced(e.ns, schemas.TopicJobs, schemas.TopicJobCommands, schemas.TopicJobTransitions, schemas.TopicPlannerCkpt,
+		schemas.TopicExecutors, schemas.TopicReports, schemas.TopicPackages, schemas.TopicAccounts, schemas.TopicFanDelta,
+		schemas.TopicTags, schemas.TopicBlacklists, schemas.TopicJobClicks, schemas.TopicTimers, schemas.TopicDeadLetter)
+	for _, x := range executors {
+		topics = append(topics, schemas.Topic{Name: e.ns + schemas.TopicUnits + "." + x, Partitions: 1, Retention: time.Hour})
+	}
+	if err := streams.EnsureTopics(ctx, e.admin, 1, topics...); err != nil {
+		t.Fatal(err)
+	}
+	pkgs, err := numpkg.OpenTopicStore(ctx, b.Brokers, e.ns+schemas.TopicPackages, filepath.Join(t.TempDir(), "pkgs"), e.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.pkgs = pkgs
+	t.Cleanup(func() {
+		cancel()
+		e.wg.Wait()
+		time.Sleep(300 * time.Millisecond) // the package table's goroutine ends
+		_ = pkgs.Close()
+	})
+	recs := []*kgo.Record{directory.AccountRecord(e.ns, &pb.AccountInfo{AccountId: 7, Type: "subscription"})}
+	for u := uint32(1); u <= followers; u++ {
+		recs = append(recs, directory.FollowRecord(e.ns, 7, u, true))
+	}
+	streamstest.ProduceSync(t, e.admin, recs...)
+	return e
+}
+
+// run runs p (and the fake executors) until stop is called.
+func (e *testEnv) run(p *Planner, xs ...*fakeExecutor) (stop func()) {
+	ctx, cancel := context.WithCancel(e.ctx)
+	e.wg.Add(1 + len(xs))
+	go func() { defer e.wg.Done(); _ = p.Run(ctx, e.brokers, streams.Logger(e.log), streams.InstanceID("a")) }()
+	for _, x := range xs {
+		x.t, x.ns, x.brokers = e.t, e.ns, e.brokers
+		go func() { defer e.wg.Done(); x.run(ctx) }()
+	}
+	return func() { cancel(); e.wg.Wait() }
+}
+
+// send publishes m on the namespaced topic, keyed by key.
+func (e *testEnv) send(topic, key string, m proto.Message) {
+	e.t.Helper()
+	r, err := streams.NewRecord(e.ns+topic, []byte(key), m)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	streamstest.ProduceSync(e.t, e.admin, r)
+}
+
+// wait waits until job id is in state want, failing if it ends elsewhere.
+func (e *testEnv) wait(p *Planner, id string, want pb.JobState) {
+	e.t.Helper()
+	for st := p.State(id); st != want; st = p.State(id) {
+		if e.ctx.Err() != nil || job.Terminal(st) {
+			e.t.Fatalf("job %s is %s, want %s (%s)", id, st, want, p.Describe(id))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
