@@ -18,6 +18,8 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -195,6 +197,61 @@ func (s *Store) DeleteMany(ctx context.Context, ds []Deletion) error {
 
 // unmap drops a username's mapping only if it still points at the uin.
 var unmap = redis.NewScript(`if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end return 0`)
+
+// Ban is one account banned for recycling: logins are refused until
+// Until (the platform's login service reads Banned), and the ban ends by
+// itself then, or earlier when recycling stops (Unban).
+type Ban struct {
+	Uin      uint32
+	Until    time.Time
+	TicketID string
+	Reason   string
+}
+
+func (s *Store) banKey(uin uint32) string { return s.prefix + "ban:" + strconv.FormatUint(uint64(uin), 10) }
+
+// BanMany bans accounts; banning again with the same ticket changes
+// nothing (an aborted batch writes its effects again).
+func (s *Store) BanMany(ctx context.Context, bans []Ban) error {
+	pipe := s.rdb.Pipeline()
+	for _, b := range bans {
+		pipe.Set(ctx, s.banKey(b.Uin), b.TicketID+"|"+b.Reason, 0)
+		pipe.PExpireAt(ctx, s.banKey(b.Uin), b.Until)
+	}
+	_, err := pipe.Exec(ctx)
+	return err
+}
+
+// UnbanMany lifts the bans of tickets that stopped (a login, an unban):
+// only a ban that ticket set, so a later ticket's ban stays.
+func (s *Store) UnbanMany(ctx context.Context, bans []Ban) error {
+	pipe := s.rdb.Pipeline()
+	for _, b := range bans {
+		unban.Eval(ctx, pipe, []string{s.banKey(b.Uin)}, b.TicketID+"|")
+	}
+	_, err := pipe.Exec(ctx)
+	if errors.Is(err, redis.Nil) {
+		err = nil
+	}
+	return err
+}
+
+var unban = redis.NewScript(`local v = redis.call('GET', KEYS[1])
+if v and string.sub(v, 1, #ARGV[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end return 0`)
+
+// Banned reports whether uin is banned, for how much longer and why.
+func (s *Store) Banned(ctx context.Context, uin uint32) (bool, time.Duration, string, error) {
+	pipe := s.rdb.Pipeline()
+	v := pipe.Get(ctx, s.banKey(uin))
+	ttl := pipe.PTTL(ctx, s.banKey(uin))
+	if _, err := pipe.Exec(ctx); errors.Is(err, redis.Nil) {
+		return false, 0, "", nil
+	} else if err != nil {
+		return false, 0, "", err
+	}
+	_, reason, _ := strings.Cut(v.Val(), "|")
+	return true, ttl.Val(), reason, nil
+}
 
 // Exists reports whether uin holds a live account.
 func (s *Store) Exists(ctx context.Context, uin uint32) (bool, error) {

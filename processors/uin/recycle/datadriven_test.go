@@ -1,6 +1,7 @@
 package recycle
 
 import (
+	"fmt"
 	"context"
 	"io"
 	"log/slog"
@@ -36,13 +37,16 @@ var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 //	usage uin=N kind=K at=T [source=S]
 //	state uin=N
 //	pooled uin=N                       whether the uin is free in the central pool
+//	banned uin=N                       whether the account is banned, how much longer, why
 //
 // Regenerate the expected output with -rewrite.
 func TestTicketDataDriven(t *testing.T) {
 	datadriven.Walk(t, "testdata", func(t *testing.T, path string) {
 		ctx := context.Background()
 		quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-		rdb := redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr()})
+		mr := miniredis.RunT(t)
+		mr.SetTime(epoch) // TTLs (bans) count on the scripts' clock
+		rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 		accounts, central := account.NewStore(rdb, "dd:acct:"), pool.NewCentral(rdb, "dd:pool:", 16)
 		db, err := localstore.Open(t.TempDir(), true, quiet)
 		if err != nil {
@@ -91,7 +95,10 @@ func TestTicketDataDriven(t *testing.T) {
 				}
 				return "ok\n"
 			case "clock":
-				now = time.UnixMilli(offset("at")).UTC()
+				next := time.UnixMilli(offset("at")).UTC()
+				mr.FastForward(next.Sub(now)) // TTLs run out on the scripts' clock
+				now = next
+				mr.SetTime(now)
 				return "now +" + now.Sub(epoch).String() + "\n"
 			case "grant":
 				err = s.request(recycling.Grant(uint32(uin), str("category"), str("username"), "scripted", offset("last-login"), now))
@@ -116,6 +123,15 @@ func TestTicketDataDriven(t *testing.T) {
 				rec, _ := streams.NewRecord("uin.recycle-steps", nil, cur)
 				_, fields, _ := strings.Cut(streamstest.Describe(rec, "", epoch), ":")
 				return strings.TrimSpace(fields) + "\n"
+			case "banned":
+				banned, left, why, err := accounts.Banned(ctx, uint32(uin))
+				switch {
+				case err != nil:
+					return err.Error() + "\n"
+				case !banned:
+					return "not banned\n"
+				}
+				return fmt.Sprintf("banned for %s: %s\n", left, why)
 			case "pooled":
 				used, err := central.InUse(ctx, uint32(uin))
 				if err != nil {

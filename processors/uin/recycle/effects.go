@@ -30,8 +30,9 @@ type prefetched struct {
 
 // effects is what the batch's steps write.
 type effects struct {
-	deletes  []account.Deletion
-	releases []uint32
+	bans, unbans []account.Ban
+	deletes      []account.Deletion
+	releases     []uint32
 }
 
 // prefetchBatch reads, in two or three round trips, what the batch's
@@ -98,11 +99,22 @@ func (c *Controller) inUse(ctx context.Context, uin uint32) (bool, error) {
 	return c.prefetch.used[uin], nil
 }
 
-// applyEffects writes the batch's deletions and releases before it commits.
+// applyEffects writes the batch's bans, deletions and releases before it
+// commits.
 func (c *Controller) applyEffects(ctx context.Context) error {
 	c.mu.Lock()
 	e := c.effects
 	c.mu.Unlock()
+	if len(e.bans) > 0 {
+		if err := c.cfg.Accounts.BanMany(ctx, e.bans); err != nil {
+			return fmt.Errorf("recycle: ban accounts: %w", err)
+		}
+	}
+	if len(e.unbans) > 0 {
+		if err := c.cfg.Accounts.UnbanMany(ctx, e.unbans); err != nil {
+			return fmt.Errorf("recycle: lift bans: %w", err)
+		}
+	}
 	if len(e.deletes) > 0 {
 		if err := c.cfg.Accounts.DeleteMany(ctx, e.deletes); err != nil {
 			return fmt.Errorf("recycle: delete accounts: %w", err)

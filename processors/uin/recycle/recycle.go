@@ -414,6 +414,10 @@ func (s *step) ban(cur *pb.RecycleStep) error {
 	if err := s.apply(b); err != nil {
 		return err
 	}
+	// The account is banned (logins refused) until the ban expires; written
+	// before the batch commits (applyEffects).
+	s.c.effects.bans = append(s.c.effects.bans, account.Ban{Uin: uint32(cur.Uin), Until: until, TicketID: cur.TicketId,
+		Reason: "recycle: " + cur.Category})
 	return s.schedule(b, "backup", until, pb.RecycleStepKind_BACKUP)
 }
 
@@ -500,6 +504,9 @@ func (s *step) release(cur *pb.RecycleStep) error {
 
 // stop ends a ticket before anything irreversible, cancelling its timers.
 func (s *step) stop(cur *pb.RecycleStep, reason string) error {
+	if cur.Step == pb.RecycleStepKind_BAN { // recycling stops: so does its ban
+		s.c.effects.unbans = append(s.c.effects.unbans, account.Ban{Uin: uint32(cur.Uin), TicketID: cur.TicketId})
+	}
 	for _, what := range []string{"backup", "release"} {
 		cancel := timer.Cancel(timerID(cur.TicketId, what))
 		cancel.Topic = s.c.topic(schemas.TopicTimers)
