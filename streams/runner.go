@@ -28,6 +28,7 @@ type Runner struct {
 	declared map[string]bool // output topics found in the spec (checked once each)
 
 	mIn, mOut, mDLQ, mCommitted, mAborted, mRetries, mRestarts metrics.Counter
+	mBatchTime                                                 metrics.Histogram
 	// Waits of a transaction's first request for the previous
 	// transaction's end (txnCommitter.awaitPreviousEnd).
 	mSettled metrics.Counter
@@ -79,6 +80,8 @@ func New(name string, h Handler, opts ...Option) (*Runner, error) {
 		mRestarts:  reg.NewCounterVec("surge_errors_total", "errors by kind", "processor", "kind").With(name, "session_restart"),
 		mSettled:   reg.NewCounterVec("surge_txn_settle_waits_total", "waits of a transaction's first request for the previous transaction to finish", "processor").With(name),
 		mLag:       reg.NewGaugeVec("surge_consumer_lag", "records behind the high watermark", "processor", "topic", "partition"),
+		mBatchTime: reg.NewHistogramVec("surge_batch_duration_seconds", "time from a batch's first record to its commit (or abort)",
+			metrics.LatencyBuckets, "processor").With(name),
 	}
 	return r, nil
 }
@@ -236,7 +239,9 @@ func (r *Runner) loop(ctx context.Context, cl *kgo.Client, c committer) error {
 
 		// The batch in flight finishes even when shutdown has begun.
 		work, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.shutdownTO)
+		began := time.Now()
 		committed, err := r.runBatch(work, ctx, c, recs)
+		r.mBatchTime.Since(began)
 		cancel()
 		if r.cfg.onBatchEnd != nil {
 			r.cfg.onBatchEnd(committed && err == nil)

@@ -412,9 +412,12 @@ func (s *Service) publishMetrics() func() {
 		return func() {}
 	}
 	pending := s.o.reg.NewGaugeVec("surge_timer_pending", "armed timers").With()
-	fired := s.o.reg.NewGaugeVec("surge_timer_fired", "timers fired by this instance since start").With()
+	fired := s.o.reg.NewCounterVec("surge_timer_fired_total", "timers fired by this instance").With()
+	var published int64
 	return func() {
 		pending.Set(float64(s.pending.Load()))
-		fired.Set(float64(s.fired.Load()))
+		n := s.fired.Load()
+		fired.Add(float64(n - published))
+		published = n
 	}
 }

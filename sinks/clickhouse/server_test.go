@@ -225,7 +225,7 @@ func TestServerSinkRidesOutALostConnection(t *testing.T) {
 	}
 	var text strings.Builder
 	_ = reg.WriteText(&text)
-	if !regexp.MustCompile(`surge_sink_inserts_total\{sink="sink-presence",outcome="failed"\} [1-9]`).MatchString(text.String()) {
+	if !regexp.MustCompile(`surge_sink_inserts_total\{outcome="failed",sink="sink-presence"\} [1-9]`).MatchString(text.String()) {
 		t.Fatalf("no failed insert counted while the server was away:\n%s", text.String())
 	}
 	t.Logf("%d inserts tried, the second with the server away", d.inserts.Load())

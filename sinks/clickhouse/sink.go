@@ -45,7 +45,8 @@ type Sink struct {
 // sinkMetrics tell an operator how fast each sink inserts and how much of
 // its time the inserts take (rate of seconds over rate of rows).
 type sinkMetrics struct {
-	rows, inserts, failed, seconds metrics.Counter
+	rows, inserts, failed metrics.Counter
+	took                  metrics.Histogram
 }
 
 func (s *Sink) metrics() *sinkMetrics {
@@ -58,7 +59,8 @@ func (s *Sink) metrics() *sinkMetrics {
 			rows:    reg.NewCounterVec("surge_sink_rows_total", "rows inserted into ClickHouse", "sink").With(s.Name),
 			inserts: reg.NewCounterVec("surge_sink_inserts_total", "inserts by outcome", "sink", "outcome").With(s.Name, "ok"),
 			failed:  reg.NewCounterVec("surge_sink_inserts_total", "inserts by outcome", "sink", "outcome").With(s.Name, "failed"),
-			seconds: reg.NewCounterVec("surge_sink_insert_seconds_total", "time spent in inserts, failed ones included", "sink").With(s.Name),
+			took: reg.NewHistogramVec("surge_sink_insert_duration_seconds", "inserts into ClickHouse, failed ones included",
+				metrics.LatencyBuckets, "sink").With(s.Name),
 		}
 	}
 	return s.m
@@ -105,7 +107,7 @@ func (s *Sink) flush(ctx context.Context) error {
 	}
 	start := time.Now()
 	err := s.store.Insert(ctx, s.Table, s.Columns, w)
-	m.seconds.Add(time.Since(start).Seconds())
+	m.took.Since(start)
 	if err != nil {
 		m.failed.Inc()
 		return err

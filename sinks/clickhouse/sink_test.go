@@ -167,7 +167,7 @@ func sinkLosesNoRow(t *testing.T, b streamstest.Backend, store clickhouse.Store)
 	_ = reg.WriteText(&text)
 	for _, want := range []string{
 		`surge_sink_rows_total{sink="sink-presence"} 10000`,
-		`surge_sink_inserts_total{sink="sink-presence",outcome="failed"} 3`,
+		`surge_sink_inserts_total{outcome="failed",sink="sink-presence"} 3`,
 	} {
 		if !strings.Contains(text.String(), want) {
 			t.Errorf("metrics lack %s:\n%s", want, text.String())

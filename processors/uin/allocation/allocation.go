@@ -117,7 +117,7 @@ func (s *Service) Run(ctx context.Context, opts ...streams.Option) error {
 	go func() { errs <- s.alloc.Run(ctx) }()
 	go func() { errs <- s.watch(ctx) }()
 	go func() { errs <- s.consumeReleases(ctx, opts...) }()
-	srv := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 5 * time.Second, Protocols: protocols()}
+	srv := &http.Server{Handler: s.cfg.Metrics.InstrumentHTTP("uin-pool", s.Handler()), ReadHeaderTimeout: 5 * time.Second, Protocols: protocols()}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			errs <- err
