@@ -129,7 +129,9 @@ func (r *Registry) NewHistogramVec(name, help string, buckets []float64, labels 
 }
 
 // With returns the series for the label values.
-func (h HistogramVec) With(values ...string) Histogram { return Histogram{h.v.WithLabelValues(values...)} }
+func (h HistogramVec) With(values ...string) Histogram {
+	return Histogram{h.v.WithLabelValues(values...)}
+}
 
 // Observe records one value.
 func (h Histogram) Observe(v float64) { h.h.Observe(v) }

@@ -208,7 +208,9 @@ type Ban struct {
 	Reason   string
 }
 
-func (s *Store) banKey(uin uint32) string { return s.prefix + "ban:" + strconv.FormatUint(uint64(uin), 10) }
+func (s *Store) banKey(uin uint32) string {
+	return s.prefix + "ban:" + strconv.FormatUint(uint64(uin), 10)
+}
 
 // BanMany bans accounts; banning again with the same ticket changes
 // nothing (an aborted batch writes its effects again).

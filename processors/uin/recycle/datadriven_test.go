@@ -1,8 +1,8 @@
 package recycle
 
 import (
-	"fmt"
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"strings"

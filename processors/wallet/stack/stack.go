@@ -141,7 +141,9 @@ func (w *Wallet) Run(ctx context.Context, opts ...streams.Option) error {
 }
 
 // Handler is the HTTP API.
-func (w *Wallet) Handler() http.Handler { return w.opts.Metrics.InstrumentHTTP("wallet", w.API.Handler()) }
+func (w *Wallet) Handler() http.Handler {
+	return w.opts.Metrics.InstrumentHTTP("wallet", w.API.Handler())
+}
 
 // Close stops the batcher (after Run returned).
 func (w *Wallet) Close() {
