@@ -12,6 +12,8 @@ CHDB_LIB_PATH="$(scripts/chdb.sh)"
 export CHDB_LIB_PATH
 export SURGE_TEST_KAFKA="127.0.0.1:${KAFKA_PORT:-19092}" SURGE_TEST_REDIS="127.0.0.1:${REDIS_PORT:-16379}"
 export SURGE_TEST_REQUIRE_REAL=1
+unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './.git/*'))
+if [ -n "$unformatted" ]; then echo "test.sh: not gofmt-ed: $unformatted" >&2; exit 1; fi
 go vet ./...
 go test -count=1 -timeout 40m "$@" ./...
 # The README's main job, bounded, so it cannot break unnoticed (only on a

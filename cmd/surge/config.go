@@ -108,28 +108,67 @@ var options = []struct {
 }
 
 // loadConfig parses flags for one command into a viper instance.
+// commandKeys are the configuration keys (by prefix) each command takes
+// as flags, beyond kafka.* and log.* which every command takes; a command
+// not listed takes them all. Every key is still read from the config file
+// and from SURGE_* environment variables by every command.
+var commandKeys = map[string][]string{
+	"embedded":     {"demo.", "clickhouse.", "redis.", "metrics.", "processor.", "sink.", "push.", "uin.", "loadgen."},
+	"loadgen":      {"loadgen.", "push.", "metrics.", "processor."},
+	"wallet":       {"wallet.", "redis.", "metrics.", "processor."},
+	"wallet token": {"wallet."},
+	"wallet sign":  {"wallet."},
+	"uin":          {"uin.", "redis.", "clickhouse.", "metrics.", "processor."},
+	"push":         {"push.namespace"},
+	"recon":        {"clickhouse.", "metrics.", "processor.", "sink.", "wallet.namespace"},
+	"topics":       {},
+	"produce":      {},
+	"consume":      {},
+	"replay":       {},
+}
+
+// takesKey reports whether command name takes key as a flag.
+func takesKey(name, key string) bool {
+	prefixes, scoped := commandKeys[name]
+	if !scoped || strings.HasPrefix(key, "kafka.") || strings.HasPrefix(key, "log.") {
+		return true
+	}
+	for _, p := range prefixes {
+		if strings.HasPrefix(key, p) {
+			return true
+		}
+	}
+	return false
+}
+
 func loadConfig(name string, args []string, extra func(*pflag.FlagSet)) (*viper.Viper, *pflag.FlagSet, error) {
 	fs := pflag.NewFlagSet(name, pflag.ContinueOnError)
 	fs.String("config", "", "config file (YAML, TOML or JSON)")
 	for _, o := range options {
+		if !takesKey(name, o.key) {
+			continue
+		}
+		// pflag takes a back-quoted word of the help as the value's name.
+		help := strings.ReplaceAll(o.help, "`", "'")
 		switch d := o.def.(type) {
 		case string:
-			fs.String(o.key, d, o.help)
+			fs.String(o.key, d, help)
 		case int:
-			fs.Int(o.key, d, o.help)
+			fs.Int(o.key, d, help)
 		case time.Duration:
-			fs.Duration(o.key, d, o.help)
+			fs.Duration(o.key, d, help)
 		case float64:
-			fs.Float64(o.key, d, o.help)
+			fs.Float64(o.key, d, help)
 		case bool:
-			fs.Bool(o.key, d, o.help)
+			fs.Bool(o.key, d, help)
 		}
 	}
 	if extra != nil {
 		extra(fs)
 	}
 	fs.Usage = func() {
-		fmt.Fprintf(os.Stderr, "usage: surge %s [flags]\n%s", name, fs.FlagUsages())
+		fmt.Fprintf(os.Stderr, "usage: surge %s [flags]\n%s\nEvery configuration key (surge config) can also be set in the --config file or as SURGE_<KEY> (dots as _).\n",
+			name, fs.FlagUsages())
 	}
 	if err := fs.Parse(args); err != nil {
 		return nil, nil, err

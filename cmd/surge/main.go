@@ -43,11 +43,10 @@ commands:
              "uin restore --username U", "uin gaps --ranges A-B", "uin demo"
              (the stock pipeline end to end on synthetic accounts, embedded)
   push       control a send job: "push pause|resume|cancel --job ID [--reason R]"
-  run NAME   run one processor or sink against the configured servers
-             (names: presence, sink-dead-letters, sink-presence, sink-grants,
-             sink-cash-grants, sink-tokens, sink-ledger, sink-withdrawals, sink-job-states,
-             sink-deliveries, sink-recycle-steps, sink-uin-registrations,
-             sink-uin-usage, sink-recon)
+  run NAME   run one processor or sink against the configured servers: presence,
+             push-presence, push-planner, push-executor, push-offline, push-timers,
+             push-ctr, uin-tracker, uin-recycle, uin-timers, uin-pool, uin-restore,
+             sink-* (one per ClickHouse table); 'surge run --help' lists them all
   recon      reconciliation over ClickHouse: "recon report [--json]" (status
              per hour, open mismatches, totals), "recon run --hour TIME"
              (one hour now), "recon serve" (h+1, h+2 fallback, every minute)
@@ -58,6 +57,11 @@ commands:
   replay     re-read a topic from --offset N or --since TIME into --into TOPIC
              (or print it)
   config     print the effective configuration
+  completion bash|zsh: shell completion of commands and each command's flags
+             (source <(surge completion bash))
+
+Each command's --help lists its own flags; every configuration key can also
+be set in a --config file (YAML, TOML or JSON) or as SURGE_<KEY> (dots as _).
 `
 
 func main() {
@@ -76,6 +80,8 @@ func main() {
 		err = cmdUin(ctx, args)
 	case "push":
 		err = cmdPush(ctx, args)
+	case "completion":
+		err = cmdCompletion(args)
 	case "wallet":
 		err = cmdWallet(ctx, args)
 	case "loadgen":

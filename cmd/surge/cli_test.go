@@ -1,0 +1,60 @@
+package main
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// surge runs the built binary and returns its combined output.
+func surge(t *testing.T, args ...string) string {
+	t.Helper()
+	out, _ := exec.Command(binary(t), args...).CombinedOutput()
+	return string(out)
+}
+
+// Each command shows its own flags (and the shared kafka.* and log.*),
+// not every other command's.
+func TestEachCommandShowsItsOwnFlags(t *testing.T) {
+	for _, c := range []struct {
+		args        []string
+		has, hasNot []string
+	}{
+		{[]string{"wallet", "--help"}, []string{"--wallet.http_addr", "--redis.addr", "--kafka.brokers", "--log.level"}, []string{"--push.unit_size", "--uin.buckets", "--loadgen.users"}},
+		{[]string{"push", "--help"}, []string{"--job", "--reason", "--push.namespace"}, []string{"--wallet.dir", "--push.unit_size", "--uin.buckets"}},
+		{[]string{"uin", "--help"}, []string{"--uin.buckets", "--username", "--redis.addr"}, []string{"--wallet.dir", "--push.unit_size"}},
+		{[]string{"produce", "--help"}, []string{"--topic", "--json", "--kafka.brokers"}, []string{"--wallet.dir", "--uin.buckets"}},
+		{[]string{"run", "--help"}, []string{"--push.unit_size", "--uin.buckets", "--wallet.dir", "--processor.instance_id"}, nil},
+	} {
+		out := surge(t, c.args...)
+		for _, f := range c.has {
+			if !strings.Contains(out, f+" ") {
+				t.Errorf("surge %s: no %s in\n%s", strings.Join(c.args, " "), f, out)
+			}
+		}
+		for _, f := range c.hasNot {
+			if strings.Contains(out, f+" ") {
+				t.Errorf("surge %s lists another command's %s", strings.Join(c.args, " "), f)
+			}
+		}
+		if strings.Contains(out, "--kafka.brokers embedded") {
+			t.Errorf("surge %s: a help text's quoted word shown as the value's name", strings.Join(c.args, " "))
+		}
+	}
+	// A flag of another command is refused, by name.
+	if out := surge(t, "push", "pause", "--job", "j", "--wallet.dir", "/tmp"); !strings.Contains(out, "unknown flag: --wallet.dir") {
+		t.Errorf("another command's flag: %s", out)
+	}
+}
+
+func TestCompletionScript(t *testing.T) {
+	out := surge(t, "completion", "bash")
+	for _, want := range []string{"complete -F _surge surge", "embedded run loadgen wallet uin push", "push-planner", "uin-restore", "--help"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("completion script lacks %q:\n%s", want, out)
+		}
+	}
+	if out := surge(t, "completion", "fish"); !strings.Contains(out, "usage: surge completion bash|zsh") {
+		t.Errorf("unknown shell: %s", out)
+	}
+}
