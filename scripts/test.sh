@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command: starts the real components the tests need (Apache Kafka
-# in KRaft mode from Maven Central, chDB from npm), then runs every Go test
+# in KRaft mode from Maven Central, chDB from npm, chromium from Debian for
+# the web page), then runs every Go test
 # against both the embedded kfake broker and the real one. Safe to re-run.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -9,7 +10,8 @@ trap 'scripts/kafka.sh stop >/dev/null 2>&1 || true; scripts/redis.sh stop || tr
 scripts/kafka.sh start
 scripts/redis.sh start
 CHDB_LIB_PATH="$(scripts/chdb.sh)"
-export CHDB_LIB_PATH
+SURGE_TEST_CHROME="$(scripts/chromium.sh)"
+export CHDB_LIB_PATH SURGE_TEST_CHROME
 export SURGE_TEST_KAFKA="127.0.0.1:${KAFKA_PORT:-19092}" SURGE_TEST_REDIS="127.0.0.1:${REDIS_PORT:-16379}"
 export SURGE_TEST_REQUIRE_REAL=1
 unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './.git/*'))

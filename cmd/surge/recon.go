@@ -2,11 +2,14 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"time"
 
 	"github.com/spf13/pflag"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"surge/sinks/clickhouse"
@@ -40,13 +43,14 @@ func cmdRecon(ctx context.Context, args []string) error {
 		return err
 	}
 	r := &recon.Reconciler{Store: st, Log: log, Metrics: metrics.Default}
+	var admin *kadm.Client
 	if bs := brokers(v); len(bs) > 0 {
 		cl, err := kgo.NewClient(kgo.SeedBrokers(bs...))
 		if err != nil {
 			return err
 		}
 		defer cl.Close()
-		r.Producer = cl
+		r.Producer, admin = cl, kadm.NewClient(cl)
 	}
 	switch fs.Arg(0) {
 	case "report":
@@ -76,6 +80,25 @@ func cmdRecon(ctx context.Context, args []string) error {
 		return nil
 	case "serve":
 		serveMetrics(ctx, v, log)
+		keys, err := apiKeys(v, "recon.keys", log)
+		if err != nil {
+			return err
+		}
+		d := &recon.Dashboard{Store: st, Admin: admin, Keys: keys, Hours: hours, Log: log}
+		hs := &http.Server{Addr: v.GetString("recon.http_addr"), Handler: metrics.Default.InstrumentHTTP("recon", d.Handler()),
+			ReadHeaderTimeout: 5 * time.Second}
+		go func() {
+			<-ctx.Done()
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = hs.Shutdown(sctx)
+		}()
+		go func() {
+			log.Info("recon: page serving", "addr", hs.Addr)
+			if err := hs.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Error("recon: page", "err", err)
+			}
+		}()
 		r.Serve(ctx, time.Minute)
 		return nil
 	}
