@@ -1,11 +1,11 @@
-// Package pipeline wires the mass-push processors into one running stack:
-// presence, the planner, N executors, the offline queues and the timer
-// service, over one set of topics (optionally namespaced). It is what the
-// load generator (`surge loadgen`, on kfake or real brokers), the tests and
-// the benchmarks start. Its follower, account, tag and blacklist sources
-// are in-memory stand-ins (fanlist.Lists, planner.MemAccounts,
-// filter.Tags, filter.Blacklists) for the platform's own services, which
-// is why the push processors are not offered as `surge run` components.
+// Package pipeline wires the mass-push processors over one set of topics
+// (optionally namespaced): presence, the planner, executors, the offline
+// queues, the timers and push-ctr. `surge run push-*` starts one component
+// of it per process; `surge loadgen`, the tests and the benchmarks start
+// several in one. Every input comes from a topic: the follower lists,
+// accounts, tags and blacklists are the planner's directory, materialised
+// from the topics other teams publish to (push.fan-delta, push.accounts,
+// push.tags, push.blacklists).
 package pipeline
 
 import (
