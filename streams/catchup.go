@@ -21,21 +21,23 @@ type CatchUp struct {
 	txn       bool // see Transactional
 }
 
-// Transactional says every record of the topic was written in a
-// transaction that ended: the offset after the last data record read is
-// its commit marker, so a partition read to end-2 is caught up at once
-// instead of after a second without records. (An open transaction's
-// records past it are not committed, so not read either way.)
+// Transactional says the topic is written in transactions: after a
+// transactional record read at end-2, the offset left is its commit
+// marker, so the partition is caught up at once instead of after a second
+// without records; so is a partition whose start (a checkpoint's position
+// after a transaction) is end-1. (An open transaction's records are not
+// committed, so not read either way; a record written outside a
+// transaction gets no such shortcut.)
 func (c *CatchUp) Transactional() *CatchUp {
 	c.txn = true
 	for p, last := range c.last {
-		c.caughtUp(p, last)
+		c.caughtUp(p, last, true)
 	}
 	return c
 }
 
-func (c *CatchUp) caughtUp(p int32, last int64) {
-	if end, ok := c.ends[p]; ok && (last+1 >= end || c.txn && last+2 >= end) {
+func (c *CatchUp) caughtUp(p int32, last int64, txnRecord bool) {
+	if end, ok := c.ends[p]; ok && (last+1 >= end || c.txn && txnRecord && last+2 >= end) {
 		delete(c.ends, p)
 	}
 }
@@ -56,14 +58,14 @@ func NewCatchUp(ends map[int32]int64) *CatchUp {
 func (c *CatchUp) From(p int32, offset int64) {
 	c.last[p] = offset - 1
 	if c.txn {
-		c.caughtUp(p, offset-1)
+		c.caughtUp(p, offset-1, true)
 	}
 }
 
 // Saw records a record read.
 func (c *CatchUp) Saw(r *kgo.Record) {
 	c.last[r.Partition] = r.Offset
-	c.caughtUp(r.Partition, r.Offset)
+	c.caughtUp(r.Partition, r.Offset, r.Attrs.IsTransactional())
 }
 
 // Polled is called after each poll with the number of records it gave.
