@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -280,6 +281,12 @@ func cmdReplay(ctx context.Context, args []string) error {
 	enc := json.NewEncoder(os.Stdout)
 	n := 0
 	start := time.Now()
+	var produceErr atomic.Pointer[error] // the first record that did not land
+	failed := func(_ *kgo.Record, err error) {
+		if err != nil {
+			produceErr.CompareAndSwap(nil, &err)
+		}
+	}
 	err = streams.Replay(ctx, bs, topic, from, func(r *kgo.Record) error {
 		n++
 		if n%100000 == 0 {
@@ -288,12 +295,18 @@ func cmdReplay(ctx context.Context, args []string) error {
 		if cl == nil {
 			return enc.Encode(recordJSON(r))
 		}
-		cl.Produce(ctx, &kgo.Record{Topic: into, Key: r.Key, Value: r.Value, Headers: r.Headers}, nil)
+		if e := produceErr.Load(); e != nil {
+			return fmt.Errorf("replay into %s: %w", into, *e)
+		}
+		cl.Produce(ctx, &kgo.Record{Topic: into, Key: r.Key, Value: r.Value, Headers: r.Headers}, failed)
 		return nil
 	})
 	if cl != nil {
 		if ferr := cl.Flush(ctx); err == nil {
 			err = ferr
+		}
+		if e := produceErr.Load(); err == nil && e != nil {
+			err = fmt.Errorf("replay into %s: %w", into, *e)
 		}
 	}
 	fmt.Fprintf(os.Stderr, "\rreplayed %d records from %s in %v\n", n, topic, time.Since(start).Round(time.Millisecond))
