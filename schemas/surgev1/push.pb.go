@@ -489,6 +489,10 @@ type SendJob struct {
 	CreatedAtMs   int64                  `protobuf:"varint,12,opt,name=created_at_ms,json=createdAtMs,proto3" json:"created_at_ms,omitempty"`
 	FilterMask    uint32                 `protobuf:"varint,13,opt,name=filter_mask,json=filterMask,proto3" json:"filter_mask,omitempty"`         // which filters of the chain are on
 	InlinePackage []byte                 `protobuf:"bytes,14,opt,name=inline_package,json=inlinePackage,proto3" json:"inline_package,omitempty"` // small packages may travel inline (roaring-serialized)
+	// 0 = none. A job not fully dispatched by then stops: EXPIRED when
+	// nothing went out, PARTIALLY_COMPLETED once what went out is done; its
+	// targets never reached get their quota back.
+	ExpiresAtMs   int64 `protobuf:"varint,15,opt,name=expires_at_ms,json=expiresAtMs,proto3" json:"expires_at_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -619,6 +623,13 @@ func (x *SendJob) GetInlinePackage() []byte {
 		return x.InlinePackage
 	}
 	return nil
+}
+
+func (x *SendJob) GetExpiresAtMs() int64 {
+	if x != nil {
+		return x.ExpiresAtMs
+	}
+	return 0
 }
 
 // One transition of a job's state machine; every transition is an event.
@@ -2144,7 +2155,7 @@ const file_surge_v1_push_proto_rawDesc = "" +
 	"\x0eOP_UNSPECIFIED\x10\x00\x12\n" +
 	"\n" +
 	"\x06FOLLOW\x10\x01\x12\f\n" +
-	"\bUNFOLLOW\x10\x02\"\xd4\x03\n" +
+	"\bUNFOLLOW\x10\x02\"\xf8\x03\n" +
 	"\aSendJob\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x1d\n" +
 	"\n" +
@@ -2165,7 +2176,8 @@ const file_surge_v1_push_proto_rawDesc = "" +
 	"\rcreated_at_ms\x18\f \x01(\x03R\vcreatedAtMs\x12\x1f\n" +
 	"\vfilter_mask\x18\r \x01(\rR\n" +
 	"filterMask\x12%\n" +
-	"\x0einline_package\x18\x0e \x01(\fR\rinlinePackage\"\x96\x02\n" +
+	"\x0einline_package\x18\x0e \x01(\fR\rinlinePackage\x12\"\n" +
+	"\rexpires_at_ms\x18\x0f \x01(\x03R\vexpiresAtMs\"\x96\x02\n" +
 	"\rJobTransition\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12&\n" +
 	"\x04from\x18\x02 \x01(\x0e2\x12.surge.v1.JobStateR\x04from\x12\"\n" +

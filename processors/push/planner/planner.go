@@ -333,6 +333,9 @@ func (p *Planner) release(ctx context.Context, e emitter, j *pb.SendJob) error {
 		}
 		return streams.Reject(fmt.Sprintf("timer fired for job %s in state %s", j.JobId, st), nil)
 	}
+	if expired(j, e.now) {
+		return e.move(j.JobId, pb.JobState_EXPIRED, "expired before its scheduled time came", nil)
+	}
 	acc, ok := p.deps.Directory.Account(j.AccountId)
 	if !ok {
 		return p.refuse(e, j, pb.JobState_CANCELLED, fmt.Errorf("unknown account: %d vanished before the job's time", j.AccountId))
@@ -383,6 +386,8 @@ func (p *Planner) validate(j *pb.SendJob, now time.Time) (Account, error) {
 			time.UnixMilli(j.ScheduledAtMs).UTC().Format(time.RFC3339), now.UTC().Format(time.RFC3339))
 	case j.ScheduledAtMs != 0 && j.ScheduledAtMs < j.CreatedAtMs+p.cfg.MinLead.Milliseconds():
 		return acc, fmt.Errorf("scheduled too soon: a scheduled job starts at least %s after creation", p.cfg.MinLead)
+	case j.ExpiresAtMs != 0 && j.ExpiresAtMs <= max(now.UnixMilli(), j.ScheduledAtMs):
+		return acc, fmt.Errorf("expired before it starts: expires_at %s", time.UnixMilli(j.ExpiresAtMs).UTC().Format(time.RFC3339))
 	}
 	switch j.Source {
 	case pb.TargetSource_FOLLOWERS:
@@ -562,6 +567,12 @@ func (p *Planner) dispatch(_ context.Context, e emitter) error {
 			}
 			continue
 		}
+		if expired(q.job, e.now) {
+			if err := p.expire(e, q); err != nil {
+				return err
+			}
+			continue // nothing more goes out
+		}
 		assigned, err := p.assign(e, q, names, room)
 		if err != nil {
 			return err
@@ -574,6 +585,42 @@ func (p *Planner) dispatch(_ context.Context, e emitter) error {
 		}
 	}
 	return nil
+}
+
+// expired reports whether a job with a deadline is past it.
+func expired(j *pb.SendJob, now time.Time) bool {
+	return j.ExpiresAtMs != 0 && now.UnixMilli() >= j.ExpiresAtMs
+}
+
+// expire ends a job past its deadline that still had units to dispatch:
+// EXPIRED when none went out, PARTIALLY_COMPLETED once those that did are
+// done (until then it waits, dispatching nothing). Its targets never
+// dispatched get their quota and CRC mark back (giveBack; restore does
+// the same on these transitions).
+func (p *Planner) expire(e emitter, q *queued) error {
+	id := q.job.JobId
+	why := "expired at " + time.UnixMilli(q.job.ExpiresAtMs).UTC().Format(time.RFC3339)
+	switch {
+	case q.next == 0 && (q.state == pb.JobState_QUEUED || q.state == pb.JobState_PREEMPTED):
+		p.giveBack(q.job, q.targets, 0, q.queuedAt, e.now)
+		delete(p.queue, id)
+		return e.move(id, pb.JobState_EXPIRED, why+" before any unit went out", nil)
+	case len(q.done) < int(q.next):
+		return nil // units still out: their outcome is the job's
+	}
+	if q.state == pb.JobState_PREEMPTED {
+		if err := e.move(id, pb.JobState_RESUMING, why, nil); err != nil {
+			return err
+		}
+		if err := e.move(id, pb.JobState_SENDING, why, func(t *pb.JobTransition) { t.Position, t.Targets = uint64(q.next), q.total }); err != nil {
+			return err
+		}
+	}
+	p.giveBack(q.job, q.targets, q.next, q.queuedAt, e.now)
+	delete(p.queue, id)
+	return e.move(id, pb.JobState_PARTIALLY_COMPLETED, fmt.Sprintf("%s: %d of %d units sent", why, q.next, q.units), func(t *pb.JobTransition) {
+		t.Position, t.Targets = uint64(q.next), q.total
+	})
 }
 
 // busyWithHigher reports whether a higher-score job is holding units.

@@ -153,7 +153,7 @@ func (p *Planner) observe(ctx context.Context, r *kgo.Record, jobs map[string]*p
 		}
 	case pb.JobState_SENDING:
 		pr.position = uint32(t.Position)
-	case pb.JobState_CANCELLED:
+	case pb.JobState_CANCELLED, pb.JobState_EXPIRED, pb.JobState_PARTIALLY_COMPLETED:
 		if pr.job != nil && pr.queuedAt != 0 { // it was filtered and charged
 			kept, err := p.deps.Packages.Get(ctx, pr.job.PackageUri)
 			if err != nil {
