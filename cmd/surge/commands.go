@@ -181,12 +181,7 @@ func cmdProduce(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	cl, err := newClient(v)
-	if err != nil {
-		return err
-	}
-	defer cl.Close()
-	r, err := cl.ProduceSync(ctx, rec).First()
+	r, err := produceOne(ctx, v, rec)
 	if err != nil {
 		return err
 	}

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+	"github.com/spf13/viper"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"surge/schemas"
 	pb "surge/schemas/surgev1"
@@ -39,24 +41,36 @@ func cmdPush(ctx context.Context, args []string) error {
 	if jobID == "" {
 		return fmt.Errorf("push %s needs --job", fs.Arg(0))
 	}
-	by := "surge push"
-	if u := os.Getenv("USER"); u != "" {
-		by += " (" + u + ")"
-	}
 	topic := v.GetString("push.namespace") + schemas.TopicJobCommands
-	rec, err := streams.NewRecord(topic, []byte(jobID), &pb.JobCommand{JobId: jobID, Op: op, Reason: reason, RequestedBy: by, AtMs: time.Now().UnixMilli()})
+	rec, err := streams.NewRecord(topic, []byte(jobID), &pb.JobCommand{JobId: jobID, Op: op, Reason: reason,
+		RequestedBy: requestedBy("surge push"), AtMs: time.Now().UnixMilli()})
 	if err != nil {
 		return err
 	}
-	cl, err := newClient(v)
-	if err != nil {
-		return err
-	}
-	defer cl.Close()
-	if err := cl.ProduceSync(ctx, rec).FirstErr(); err != nil {
+	if _, err := produceOne(ctx, v, rec); err != nil {
 		return fmt.Errorf("push %s: %w", fs.Arg(0), err)
 	}
 	fmt.Printf("%s of job %s requested on %s; the planner's answer is on %s (a refusal on %s)\n",
 		fs.Arg(0), jobID, topic, v.GetString("push.namespace")+schemas.TopicJobTransitions, schemas.TopicDeadLetter)
 	return nil
+}
+
+// requestedBy names who asked, for the records a command publishes: the
+// command and the operator's login.
+func requestedBy(command string) string {
+	if u := os.Getenv("USER"); u != "" {
+		return command + " (" + u + ")"
+	}
+	return command
+}
+
+// produceOne publishes rec with a client of the configured brokers and
+// returns it as the broker took it (partition and offset).
+func produceOne(ctx context.Context, v *viper.Viper, rec *kgo.Record) (*kgo.Record, error) {
+	cl, err := newClient(v)
+	if err != nil {
+		return nil, err
+	}
+	defer cl.Close()
+	return cl.ProduceSync(ctx, rec).First()
 }

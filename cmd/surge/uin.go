@@ -284,11 +284,7 @@ func uinRestore(ctx context.Context, v *viper.Viper, username string) error {
 		return fmt.Errorf("restore: %s: %w (surge topics --create)", ns+schemas.TopicRestoreResults, err)
 	}
 	id := fmt.Sprintf("cli-%d", time.Now().UnixNano())
-	by := "surge uin restore"
-	if u := os.Getenv("USER"); u != "" {
-		by += " (" + u + ")"
-	}
-	if err := cl.ProduceSync(ctx, restore.Request(ns, id, username, by, time.Now())).FirstErr(); err != nil {
+	if err := cl.ProduceSync(ctx, restore.Request(ns, id, username, requestedBy("surge uin restore"), time.Now())).FirstErr(); err != nil {
 		return fmt.Errorf("restore: publish request: %w", err)
 	}
 	fmt.Printf("restore of %q requested (%s); waiting for uin-restore's answer\n", username, id)
