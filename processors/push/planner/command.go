@@ -106,8 +106,7 @@ func (p *Planner) giveBack(j *pb.SendJob, targets *roaring.Bitmap, dispatched ui
 	rest.AddRange(uint64(start), uint64(targets.Maximum())+1)
 	rest.And(targets)
 	p.sent.Forget(j.ContentCrc, rest)
-	day := func(t time.Time) string { return t.In(now.Location()).Format("2006-01-02") }
-	if !j.Realtime && day(time.UnixMilli(queuedAtMs)) == day(now) {
+	if !j.Realtime && sameDay(queuedAtMs, now) {
 		p.ledger.Refund(rest)
 	}
 }

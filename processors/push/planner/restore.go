@@ -127,7 +127,6 @@ func (p *Planner) observe(ctx context.Context, r *kgo.Record, jobs map[string]*p
 		p.illegal++
 		return nil
 	}
-	today := now.Format("2006-01-02")
 	pr := jobs[t.JobId]
 	if pr == nil {
 		pr = &progress{}
@@ -138,8 +137,8 @@ func (p *Planner) observe(ctx context.Context, r *kgo.Record, jobs map[string]*p
 	}
 	switch t.To {
 	case pb.JobState_PACKAGE_READY:
-		if at := time.UnixMilli(t.AtMs).In(now.Location()); at.Format("2006-01-02") == today && t.Job != nil {
-			p.countJob(t.Job.AccountId, at)
+		if sameDay(t.AtMs, now) && t.Job != nil {
+			p.countJob(t.Job.AccountId, time.UnixMilli(t.AtMs).In(now.Location()))
 		}
 	case pb.JobState_QUEUED:
 		kept, err := p.deps.Packages.Get(ctx, t.Job.PackageUri)
@@ -148,7 +147,7 @@ func (p *Planner) observe(ctx context.Context, r *kgo.Record, jobs map[string]*p
 		}
 		pr.queuedAt = t.AtMs
 		p.sent.Record(t.Job.ContentCrc, kept)
-		if time.UnixMilli(t.AtMs).In(now.Location()).Format("2006-01-02") == today && !t.Job.Realtime {
+		if sameDay(t.AtMs, now) && !t.Job.Realtime {
 			p.ledger.Charge(now, kept)
 		}
 	case pb.JobState_SENDING:
@@ -166,6 +165,14 @@ func (p *Planner) observe(ctx context.Context, r *kgo.Record, jobs map[string]*p
 		delete(jobs, t.JobId)
 	}
 	return nil
+}
+
+// sameDay reports whether ms falls on now's day, in now's location: the
+// quota and the jobs per account count per day.
+func sameDay(ms int64, now time.Time) bool {
+	y, m, d := time.UnixMilli(ms).In(now.Location()).Date()
+	ny, nm, nd := now.Date()
+	return y == ny && m == nm && d == nd
 }
 
 // restoreDone marks the queued jobs' units done from push.executors: the
