@@ -218,29 +218,18 @@ func (c *Central) Claim(ctx context.Context, uin uint32) (bool, error) {
 	return n == 1, nil
 }
 
-var claimScript = redis.NewScript(`
-if redis.call('GETBIT', KEYS[1], ARGV[1]) == 1 then return 0 end
-if redis.call('GETBIT', KEYS[2], ARGV[1]) == 1 and redis.call('SREM', KEYS[3], ARGV[1]) == 0 then return 0 end
+// claimLua claims ARGV[1] (KEYS: used, held, its bucket): not when an
+// account holds it, nor when it is pooled or leased and not in its bucket
+// (a lease has it); else out of the bucket and marked used. %s is what a
+// refused claim returns. Claim and ClaimFor share it.
+const claimLua = `
+if redis.call('GETBIT', KEYS[1], ARGV[1]) == 1 then return %[1]s end
+if redis.call('GETBIT', KEYS[2], ARGV[1]) == 1 and redis.call('SREM', KEYS[3], ARGV[1]) == 0 then return %[1]s end
 redis.call('SETBIT', KEYS[2], ARGV[1], 0)
 redis.call('SETBIT', KEYS[1], ARGV[1], 1)
-return 1`)
+`
 
-// TakeOne hands out one uin straight from the central pool, marked used,
-// for a one-off allocation outside the allocators (the restore tool),
-// which must not strand a leased chunk.
-func (c *Central) TakeOne(ctx context.Context, rng *rand.Rand) (uint32, error) {
-	for _, b := range rng.Perm(c.buckets) {
-		v, err := c.rdb.SPop(ctx, c.prefix+"bucket:"+strconv.Itoa(b)).Uint64()
-		if errors.Is(err, redis.Nil) {
-			continue
-		}
-		if err != nil {
-			return 0, err
-		}
-		return uint32(v), c.setBits(ctx, c.used(), []uint32{uint32(v)})
-	}
-	return 0, ErrExhausted
-}
+var claimScript = redis.NewScript(fmt.Sprintf(claimLua, "0") + "return 1")
 
 // Intents record what a one-off claim decided (a restore's uin), under a
 // key naming the claim: the decision and the claim are one script, so a
@@ -260,21 +249,19 @@ func (c *Central) Decided(ctx context.Context, intent string) (int64, error) {
 // intent holds a decision already, which it returns. -1: uin is not free
 // and nothing was decided.
 func (c *Central) ClaimFor(ctx context.Context, intent string, uin uint32, ttl time.Duration) (int64, error) {
-	return claimForScript.Run(ctx, c.rdb, []string{intent, c.used(), c.held(), c.bucket(uin)}, uin, ttl.Milliseconds()).Int64()
+	return claimForScript.Run(ctx, c.rdb, []string{c.used(), c.held(), c.bucket(uin), intent}, uin, ttl.Milliseconds()).Int64()
 }
 
 var claimForScript = redis.NewScript(`
-local d = redis.call('GET', KEYS[1])
-if d then return tonumber(d) end
-if redis.call('GETBIT', KEYS[2], ARGV[1]) == 1 then return -1 end
-if redis.call('GETBIT', KEYS[3], ARGV[1]) == 1 and redis.call('SREM', KEYS[4], ARGV[1]) == 0 then return -1 end
-redis.call('SETBIT', KEYS[3], ARGV[1], 0)
-redis.call('SETBIT', KEYS[2], ARGV[1], 1)
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+local d = redis.call('GET', KEYS[4])
+if d then return tonumber(d) end` + fmt.Sprintf(claimLua, "-1") + `
+redis.call('SET', KEYS[4], ARGV[1], 'PX', ARGV[2])
 return tonumber(ARGV[1])`)
 
-// TakeFor hands out one uin from the central pool (as TakeOne) and
-// records it under intent, unless intent holds a decision already.
+// TakeFor hands out one uin straight from the central pool, marked used,
+// and records it under intent, unless intent holds a decision already: a
+// one-off allocation outside the allocators (a restore), which must not
+// strand a leased chunk.
 func (c *Central) TakeFor(ctx context.Context, intent string, rng *rand.Rand, ttl time.Duration) (uint32, error) {
 	order := rng.Perm(c.buckets)
 	const per = 32 // buckets tried per script run
