@@ -144,7 +144,7 @@ type chart struct {
 func (d *Dashboard) overview(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	now := d.Now()
-	since := now.Add(-time.Duration(d.Hours) * time.Hour).Truncate(time.Hour)
+	since := d.since(now)
 	rep, err := BuildReport(ctx, d.Store, since)
 	if err != nil {
 		d.fail(w, err)
@@ -169,6 +169,11 @@ func (d *Dashboard) overview(w http.ResponseWriter, r *http.Request) {
 	}
 	data.Lags, data.LagErr = d.lags(ctx)
 	d.render(w, "overview.html", data)
+}
+
+// since is where the pages' window starts: Hours back, on the hour.
+func (d *Dashboard) since(now time.Time) time.Time {
+	return now.Add(-time.Duration(d.Hours) * time.Hour).Truncate(time.Hour)
 }
 
 func (d *Dashboard) deadLetters(ctx context.Context, since time.Time) ([]deadLetters, error) {
@@ -355,7 +360,7 @@ func quote(s string) string {
 }
 
 func (d *Dashboard) reportJSON(w http.ResponseWriter, r *http.Request) {
-	rep, err := BuildReport(r.Context(), d.Store, d.Now().Add(-time.Duration(d.Hours)*time.Hour).Truncate(time.Hour))
+	rep, err := BuildReport(r.Context(), d.Store, d.since(d.Now()))
 	if err != nil {
 		http.Error(w, `{"error":"report unavailable"}`, http.StatusServiceUnavailable)
 		d.Log.Warn("recon: report", "err", err)
