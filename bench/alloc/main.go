@@ -29,6 +29,7 @@ import (
 	"surge/processors/uin/account"
 	"surge/processors/uin/allocation"
 	"surge/processors/uin/pool"
+	"surge/streams"
 	"surge/streams/embedded"
 )
 
@@ -59,9 +60,11 @@ func main() {
 		}
 	}
 	keys, secret := apikey.Generate("bench")
-	svc := allocation.New(allocation.Config{Namespace: ns, Instance: "bench", Addr: "127.0.0.1:0", Keys: keys,
-		Local: []pool.AllocatorOption{pool.LowWater(*local), pool.Chunk(2 * *local)},
-		Log:   slog.New(slog.NewTextHandler(io.Discard, nil))}, brokers, central, account.NewStore(rdb, ns))
+	svc := allocation.New(allocation.Config{
+		Env:      streams.Env{Brokers: brokers, Namespace: ns, Log: slog.New(slog.NewTextHandler(io.Discard, nil))},
+		Instance: "bench", Addr: "127.0.0.1:0", Keys: keys,
+		Local:   []pool.AllocatorOption{pool.LowWater(*local), pool.Chunk(2 * *local)},
+		Central: central, Accounts: account.NewStore(rdb, ns)})
 	sctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- svc.Run(sctx) }()

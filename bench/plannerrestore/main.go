@@ -122,10 +122,11 @@ func main() {
 	// on push.executors gives it batches).
 	cfg := planner.DefaultConfig()
 	cfg.CheckpointEvery = 100 * time.Millisecond
-	live := planner.New(cfg, planner.Deps{Packages: pkgs, Namespace: ns, Log: log})
+	cfg.Env, cfg.Packages = streams.Env{Brokers: brokers, Namespace: ns, Log: log}, pkgs
+	live := planner.New(cfg)
 	rctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
-	go func() { done <- live.Run(rctx, brokers, streams.Logger(log), streams.InstanceID("bench")) }()
+	go func() { done <- live.Run(rctx, streams.Logger(log), streams.InstanceID("bench")) }()
 	ckpt := waitCheckpoint(ctx, brokers, admin, ns)
 	stop()
 	<-done
@@ -135,8 +136,8 @@ func main() {
 	for _, every := range []time.Duration{0, time.Minute} {
 		c := cfg
 		c.CheckpointEvery = every
-		p := planner.New(c, planner.Deps{Packages: pkgs, Namespace: ns, Log: log})
-		must(p.Restore(ctx, brokers))
+		p := planner.New(c)
+		must(p.Restore(ctx))
 		st := p.LastRestore()
 		how := "full replay"
 		if st.FromCheckpoint {

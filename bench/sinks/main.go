@@ -155,7 +155,7 @@ func main() {
 	gen("INSERT INTO tokens SELECT " + order + ", " + user + ", 'spring-live', " + scene + ", 1 + number % 100, 'PROCESSING', {H0} + number % 3600000 FROM numbers({N})")
 	gen("INSERT INTO ledger SELECT " + order + ", " + user + ", 'GRANT', 1 + number % 100, 'spring-live', " + scene + ", 0, {H0} + number % 3600000 + 5000, {H0} + number % 3600000 FROM numbers({N})")
 	fmt.Printf("generated %d grants, tokens and bookings in %v (through the wallet_orders views)\n", *grants, time.Since(t0).Round(time.Millisecond))
-	r := &recon.Reconciler{Store: st, Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))}
+	r := recon.New(recon.Config{Store: st, Env: streams.Env{Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))}})
 	hourly := func(when string) {
 		start := time.Now()
 		res, bad, err := r.Run(ctx, recon.Hour(hour, recon.AttemptH1))

@@ -59,8 +59,8 @@ func main() {
 	dir, err := os.MkdirTemp("", "tbench-")
 	must(err)
 	defer os.RemoveAll(dir)
-	s := timer.New(brokers, timer.Topic(tt.Name), timer.Dir(dir+"/db"), timer.TransactionalID(ns+"timer"),
-		timer.Logger(slog.New(slog.NewTextHandler(io.Discard, nil))))
+	s := timer.New(timer.Config{Env: streams.Env{Brokers: brokers, Log: slog.New(slog.NewTextHandler(io.Discard, nil))},
+		Topic: tt.Name, Dir: dir + "/db", TransactionalID: ns + "timer"})
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
 		must(err)

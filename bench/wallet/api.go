@@ -22,6 +22,7 @@ import (
 	"surge/processors/wallet/config"
 	"surge/processors/wallet/grant"
 	"surge/processors/wallet/ledger"
+	"surge/streams"
 )
 
 // httpBench drives the wallet's HTTP API on loopback, as the activity
@@ -51,10 +52,12 @@ func (h *httpBench) start() {
 	h.app = auth.Key{ID: "bench-1", App: "bench", Secret: []byte(auth.NewSecret())}
 	h.userSet = auth.NewUsers([]auth.Key{{ID: "u-1", Secret: []byte(auth.NewSecret())}})
 	for i, on := range []bool{false, true} {
-		s := &api.Server{Intake: h.in, Batcher: h.batcher, Ledger: h.led, Producer: h.cl, Redis: h.rdb, Config: h.src, Namespace: h.ns, Log: h.log}
+		cfg := api.Config{Env: streams.Env{Namespace: h.ns, Log: h.log}, Intake: h.in, Batcher: h.batcher, Ledger: h.led,
+			Producer: h.cl, Redis: h.rdb, Source: h.src}
 		if on {
-			s.Apps, s.Users = auth.NewApps([]auth.Key{h.app}), h.userSet
+			cfg.Apps, cfg.Users = auth.NewApps([]auth.Key{h.app}), h.userSet
 		}
+		s := api.New(cfg)
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		must(err)
 		h.srv[i] = &http.Server{Handler: s.Handler()}

@@ -11,7 +11,6 @@ import (
 	"github.com/spf13/viper"
 
 	"surge/processors/presence"
-	"surge/schemas"
 	"surge/sinks/clickhouse"
 	"surge/streams"
 )
@@ -63,11 +62,11 @@ func startPipeline(ctx context.Context, log *slog.Logger, brokers []string, stor
 		o := opts[name]
 		switch name {
 		case "presence":
-			p.presence = presence.New(schemas.TopicPresence)
+			p.presence = presence.New(presence.Config{Env: streams.Env{Brokers: brokers, Log: log}})
 			if mirror != nil {
 				p.presence.WithMirror(ctx, mirror)
 			}
-			run = func(ctx context.Context) error { return p.presence.Run(ctx, brokers, o...) }
+			run = func(ctx context.Context) error { return p.presence.Run(ctx, o...) }
 		default:
 			var s *clickhouse.Sink
 			for _, f := range clickhouse.Facts() {

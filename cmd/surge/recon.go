@@ -14,6 +14,7 @@ import (
 
 	"surge/sinks/clickhouse"
 	"surge/sinks/recon"
+	"surge/streams"
 	"surge/streams/metrics"
 )
 
@@ -42,7 +43,7 @@ func cmdRecon(ctx context.Context, args []string) error {
 	if _, err := clickhouse.Migrate(ctx, st); err != nil {
 		return err
 	}
-	r := &recon.Reconciler{Store: st, Log: log, Metrics: metrics.Default}
+	rc := recon.Config{Env: streams.Env{Log: log, Metrics: metrics.Default}, Store: st}
 	var admin *kadm.Client
 	if bs := brokers(v); len(bs) > 0 {
 		cl, err := kgo.NewClient(kgo.SeedBrokers(bs...))
@@ -50,8 +51,9 @@ func cmdRecon(ctx context.Context, args []string) error {
 			return err
 		}
 		defer cl.Close()
-		r.Producer, admin = cl, kadm.NewClient(cl)
+		rc.Producer, admin = cl, kadm.NewClient(cl)
 	}
+	r := recon.New(rc)
 	switch fs.Arg(0) {
 	case "report":
 		rep, err := recon.BuildReport(ctx, st, time.Now().Add(-time.Duration(hours)*time.Hour).Truncate(time.Hour))

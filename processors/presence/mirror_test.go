@@ -39,7 +39,7 @@ func TestRedisMirrorMatchesTheCommittedBitmap(t *testing.T) {
 		ctx := context.Background()
 		prefix := "test.online." + time.Now().Format("150405.000000") + ":"
 		m := NewRedisMirror(rdb, prefix, metrics.NewRegistry(), quiet)
-		p := New("presence").WithMirror(ctx, m)
+		p := New(Config{Output: "presence"}).WithMirror(ctx, m)
 		// Uins across many shards, including both ends of the space.
 		var evs []*surgev1.LoginEvent
 		for i := uint64(0); i < 5000; i++ {
@@ -85,7 +85,7 @@ func TestRedisOutageDoesNotBlockAndIsRepaired(t *testing.T) {
 	m.timeout, m.resyncEvery = 300*time.Millisecond, 100*time.Millisecond
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	p := New("presence").WithMirror(ctx, m)
+	p := New(Config{Output: "presence"}).WithMirror(ctx, m)
 	feed(t, p, &surgev1.LoginEvent{Uin: 1, Online: true})
 	if err := m.WaitSynced(ctx); err != nil {
 		t.Fatal(err)

@@ -10,7 +10,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"strings"
 	"sync"
 
 	"github.com/RoaringBitmap/roaring/v2"
@@ -29,6 +28,7 @@ import (
 // The bitmaps are a cache: changes made while a batch is in flight are
 // staged and applied only when it commits.
 type Processor struct {
+	cfg      Config
 	mu       sync.RWMutex
 	parts    map[int32]*roaring.Bitmap
 	staged   map[uint32]staged
@@ -50,9 +50,26 @@ func (p *Processor) WithMirror(ctx context.Context, m *RedisMirror) *Processor {
 	return p
 }
 
-// New returns a processor writing state changes to outTopic.
-func New(outTopic string) *Processor {
-	return &Processor{parts: map[int32]*roaring.Bitmap{}, staged: map[uint32]staged{}, outTopic: outTopic}
+// Config configures the presence processor.
+type Config struct {
+	streams.Env
+	// Output is the topic of state changes (default push.presence in the
+	// namespace; logins come from push.login in the namespace).
+	Output string
+}
+
+// EnsureDefaults fills what the Config left out.
+func (c *Config) EnsureDefaults() {
+	c.Env.EnsureDefaults()
+	if c.Output == "" {
+		c.Output = c.Topic(schemas.TopicPresence)
+	}
+}
+
+// New returns a processor.
+func New(cfg Config) *Processor {
+	cfg.EnsureDefaults()
+	return &Processor{cfg: cfg, parts: map[int32]*roaring.Bitmap{}, staged: map[uint32]staged{}, outTopic: cfg.Output}
 }
 
 // Handle is the streams handler.
@@ -146,9 +163,9 @@ func (p *Processor) Online() *roaring.Bitmap {
 
 // Restore rebuilds the bitmap by reading the presence topic from the start
 // to its current end. It returns the number of records read.
-func (p *Processor) Restore(ctx context.Context, brokers []string, topic string) (int, error) {
+func (p *Processor) Restore(ctx context.Context) (int, error) {
 	n := 0
-	err := streams.ReadToEnd(ctx, brokers, topic, func(r *kgo.Record) error {
+	err := streams.ReadToEnd(ctx, p.cfg.Brokers, p.outTopic, func(r *kgo.Record) error {
 		if p.applyChange(r) {
 			n++
 		}
@@ -185,8 +202,8 @@ func (p *Processor) clearPartitions(ps map[int32]bool) error {
 
 // Run restores the bitmap, then processes logins until ctx ends. With a
 // mirror, Redis is first rewritten from the restored bitmap.
-func (p *Processor) Run(ctx context.Context, brokers []string, opts ...streams.Option) error {
-	ns := strings.TrimSuffix(p.outTopic, schemas.TopicPresence)
+func (p *Processor) Run(ctx context.Context, opts ...streams.Option) error {
+	ns, brokers := p.cfg.Namespace, p.cfg.Brokers
 	if _, err := streams.CoPartitioned(ctx, brokers, ns+schemas.TopicLogin, p.outTopic); err != nil {
 		return fmt.Errorf("presence: %w", err)
 	}
@@ -196,7 +213,7 @@ func (p *Processor) Run(ctx context.Context, brokers []string, opts ...streams.O
 	if err := p.restore.Baseline(ctx); err != nil {
 		return fmt.Errorf("presence: restore: %w", err)
 	}
-	if _, err := p.Restore(ctx, brokers, p.outTopic); err != nil {
+	if _, err := p.Restore(ctx); err != nil {
 		return fmt.Errorf("presence: restore: %w", err)
 	}
 	if p.mirror != nil {
@@ -204,8 +221,8 @@ func (p *Processor) Run(ctx context.Context, brokers []string, opts ...streams.O
 	}
 	opts = append([]streams.Option{
 		streams.Brokers(brokers...),
-		// behind the namespace of its output (push-presence: push.namespace)
 		streams.Declare(Spec, ns),
+		streams.Logger(p.cfg.Log), streams.Metrics(p.cfg.Metrics),
 		streams.OnBatchEnd(p.BatchEnd),
 		p.restore.Option(),
 	}, opts...)

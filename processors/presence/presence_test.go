@@ -43,7 +43,7 @@ func TestPresenceFollowsLoginsAndRestoresByReplay(t *testing.T) {
 		recs = append(recs, login(t, in, 1<<32, true), login(t, in, schemas.MaxUin, true))
 		streamstest.ProduceSync(t, cl, recs...)
 
-		p := presence.New(out)
+		p := presence.New(presence.Config{Output: out})
 		r, err := streams.New(streamstest.Unique("presence"), p.Handle(), streams.Brokers(b.Brokers...),
 			streams.Inputs(in), streams.WithGuarantee(streams.ExactlyOnce), streams.DeadLetterTopic(dlq),
 			streams.OnBatchEnd(p.BatchEnd), streams.Metrics(metrics.NewRegistry()),
@@ -70,8 +70,8 @@ func TestPresenceFollowsLoginsAndRestoresByReplay(t *testing.T) {
 			t.Fatalf("online bitmap: %d users", online.GetCardinality())
 		}
 
-		rebuilt := presence.New(out)
-		n, err := rebuilt.Restore(context.Background(), b.Brokers, out)
+		rebuilt := presence.New(presence.Config{Env: streams.Env{Brokers: b.Brokers}, Output: out})
+		n, err := rebuilt.Restore(context.Background())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -83,7 +83,7 @@ func TestPresenceFollowsLoginsAndRestoresByReplay(t *testing.T) {
 
 // A batch that aborts leaves the bitmap as it was.
 func TestAbortedBatchLeavesStateUntouched(t *testing.T) {
-	p := presence.New("out")
+	p := presence.New(presence.Config{Output: "out"})
 	var o streams.Output
 	if err := p.Handle()(context.Background(), login(t, "in", 5, true), &o); err != nil {
 		t.Fatal(err)
@@ -143,11 +143,11 @@ func TestPartitionHandedBackIsRebuilt(t *testing.T) {
 			done chan error
 		}
 		run := func(id string) *instance {
-			p := presence.New(out)
+			p := presence.New(presence.Config{Env: streams.Env{Brokers: b.Brokers, Namespace: ns}})
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan error, 1)
 			go func() {
-				done <- p.Run(ctx, b.Brokers, streams.Group(ns+"presence"), streams.InstanceID(id),
+				done <- p.Run(ctx, streams.Group(ns+"presence"), streams.InstanceID(id),
 					streams.DeadLetterTopic(dlq), streams.Metrics(metrics.NewRegistry()), streams.Logger(quiet))
 			}()
 			return &instance{p, cancel, done}

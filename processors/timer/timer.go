@@ -18,7 +18,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"strconv"
 	"strings"
@@ -33,7 +32,6 @@ import (
 	"surge/schemas/surgev1"
 	"surge/streams"
 	"surge/streams/localstore"
-	"surge/streams/metrics"
 )
 
 // HeaderTimerID names the timer a fired record came from.
@@ -61,10 +59,48 @@ func Cancel(id string) *kgo.Record {
 	return &kgo.Record{Topic: schemas.TopicTimers, Key: []byte(id)}
 }
 
+// Config configures a timer service.
+type Config struct {
+	streams.Env
+	// Topic is the timer topic (default: platform.timers in the namespace).
+	Topic string
+	// Dir is the Pebble directory (wiped and rebuilt on start; default a
+	// temporary one).
+	Dir string
+	// TransactionalID fences another instance of the same shard (default
+	// surge-timer).
+	TransactionalID string
+	// Targets limits the service to the timers whose target topic starts
+	// with one of these prefixes (default: all). Services of different
+	// systems share one timer topic this way, each firing only its own
+	// system's timers under its own TransactionalID: two services firing
+	// every timer would fire each one twice, and two under one id would
+	// fence each other.
+	Targets []string
+	// Partitions limits the service to some partitions of the topic, so
+	// several instances can share millions of timers (default all).
+	Partitions []int32
+	// MaxFirePerTxn bounds one firing transaction (default 5000).
+	MaxFirePerTxn int
+}
+
+// EnsureDefaults fills what the Config left out.
+func (c *Config) EnsureDefaults() {
+	c.Env.EnsureDefaults()
+	if c.Topic == "" {
+		c.Topic = c.Env.Topic(schemas.TopicTimers)
+	}
+	if c.TransactionalID == "" {
+		c.TransactionalID = "surge-timer"
+	}
+	if c.MaxFirePerTxn <= 0 {
+		c.MaxFirePerTxn = 5000
+	}
+}
+
 // Service fires due timers.
 type Service struct {
-	brokers []string
-	o       options
+	cfg     Config
 	db      *pebble.DB
 	pending atomic.Int64
 	fired   atomic.Int64
@@ -73,60 +109,10 @@ type Service struct {
 	restore *streams.CatchUp // how far the restore has read
 }
 
-type options struct {
-	topic      string
-	dir        string
-	txnID      string
-	partitions []int32
-	maxFire    int
-	targets    []string
-	now        func() time.Time
-	log        *slog.Logger
-	reg        *metrics.Registry
-}
-
-// Option configures a Service.
-type Option func(*options)
-
-// Topic sets the timer topic (default platform.timers).
-func Topic(t string) Option { return func(o *options) { o.topic = t } }
-
-// Dir sets the Pebble directory (wiped and rebuilt on start).
-func Dir(d string) Option { return func(o *options) { o.dir = d } }
-
-// TransactionalID sets the id that fences another instance of the same shard.
-func TransactionalID(id string) Option { return func(o *options) { o.txnID = id } }
-
-// Targets limits the service to the timers whose target topic starts with
-// one of prefixes (default: all). Services of different systems share one
-// timer topic this way, each firing only its own system's timers under its
-// own TransactionalID: two services firing every timer would fire each
-// one twice, and two under one id would fence each other.
-func Targets(prefixes ...string) Option { return func(o *options) { o.targets = prefixes } }
-
-// Partitions limits the service to some partitions of the topic, so several
-// instances can share millions of timers; default all.
-func Partitions(p ...int32) Option { return func(o *options) { o.partitions = p } }
-
-// MaxFirePerTxn bounds one firing transaction.
-func MaxFirePerTxn(n int) Option { return func(o *options) { o.maxFire = n } }
-
-// Clock replaces time.Now (tests).
-func Clock(now func() time.Time) Option { return func(o *options) { o.now = now } }
-
-// Logger sets the logger.
-func Logger(l *slog.Logger) Option { return func(o *options) { o.log = l } }
-
-// Metrics registers the service's metrics.
-func Metrics(r *metrics.Registry) Option { return func(o *options) { o.reg = r } }
-
 // New returns a service; Run starts it.
-func New(brokers []string, opts ...Option) *Service {
-	o := options{topic: schemas.TopicTimers, txnID: "surge-timer", maxFire: 5000, now: time.Now, log: slog.Default()}
-	for _, f := range opts {
-		f(&o)
-	}
-	return &Service{brokers: brokers, o: o}
+func New(cfg Config) *Service {
+	cfg.EnsureDefaults()
+	return &Service{cfg: cfg}
 }
 
 // Pending is the number of armed timers.
@@ -150,7 +136,7 @@ func idKey(id string) []byte { return append([]byte{'i'}, id...) }
 
 // Run restores the pending set and fires timers until ctx ends.
 func (s *Service) Run(ctx context.Context) error {
-	dir := s.o.dir
+	dir := s.cfg.Dir
 	if dir == "" {
 		d, err := os.MkdirTemp("", "surge-timer-")
 		if err != nil {
@@ -159,29 +145,29 @@ func (s *Service) Run(ctx context.Context) error {
 		defer os.RemoveAll(d)
 		dir = d
 	}
-	db, err := localstore.Open(dir, true, s.o.log)
+	db, err := localstore.Open(dir, true, s.cfg.Log)
 	if err != nil {
 		return err
 	}
 	s.db = db
 	defer db.Close()
 
-	consume := kgo.ConsumeTopics(s.o.topic)
-	if len(s.o.partitions) > 0 {
+	consume := kgo.ConsumeTopics(s.cfg.Topic)
+	if len(s.cfg.Partitions) > 0 {
 		ps := map[int32]kgo.Offset{}
-		for _, p := range s.o.partitions {
+		for _, p := range s.cfg.Partitions {
 			ps[p] = kgo.NewOffset().AtStart()
 		}
-		consume = kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{s.o.topic: ps})
+		consume = kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{s.cfg.Topic: ps})
 	}
-	in, err := kgo.NewClient(kgo.SeedBrokers(s.brokers...), consume,
+	in, err := kgo.NewClient(kgo.SeedBrokers(s.cfg.Brokers...), consume,
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()))
 	if err != nil {
 		return err
 	}
 	defer in.Close()
-	out, err := kgo.NewClient(kgo.SeedBrokers(s.brokers...), kgo.TransactionalID(s.o.txnID),
+	out, err := kgo.NewClient(kgo.SeedBrokers(s.cfg.Brokers...), kgo.TransactionalID(s.cfg.TransactionalID),
 		kgo.TransactionTimeout(30*time.Second))
 	if err != nil {
 		return err
@@ -199,7 +185,7 @@ func (s *Service) Run(ctx context.Context) error {
 		wait := 200 * time.Millisecond
 		if s.live.Load() {
 			if next, ok := s.nextDue(); ok {
-				if d := time.Duration(next-s.o.now().UnixMilli()) * time.Millisecond; d < wait {
+				if d := time.Duration(next-s.cfg.Now().UnixMilli()) * time.Millisecond; d < wait {
 					wait = max(d, time.Millisecond)
 				}
 			}
@@ -212,11 +198,11 @@ func (s *Service) Run(ctx context.Context) error {
 		}
 		if !s.live.Load() && s.restore.Done() {
 			s.live.Store(true)
-			s.o.log.Info("timer: restored", "pending", s.pending.Load())
+			s.cfg.Log.Info("timer: restored", "pending", s.pending.Load())
 		}
 		if s.live.Load() {
 			if err := s.fireDue(ctx, out); err != nil && ctx.Err() == nil {
-				s.o.log.Warn("timer: fire failed; retrying", "err", err)
+				s.cfg.Log.Warn("timer: fire failed; retrying", "err", err)
 				time.Sleep(200 * time.Millisecond)
 			}
 		}
@@ -225,13 +211,13 @@ func (s *Service) Run(ctx context.Context) error {
 }
 
 func (s *Service) endOffsets(ctx context.Context, cl *kgo.Client) (map[int32]int64, error) {
-	ends, err := streams.EndOffsets(ctx, cl, s.o.topic)
+	ends, err := streams.EndOffsets(ctx, cl, s.cfg.Topic)
 	if err != nil {
-		return nil, fmt.Errorf("timer: end offsets of %s: %w", s.o.topic, err)
+		return nil, fmt.Errorf("timer: end offsets of %s: %w", s.cfg.Topic, err)
 	}
-	if len(s.o.partitions) > 0 {
+	if len(s.cfg.Partitions) > 0 {
 		owned := map[int32]bool{}
-		for _, p := range s.o.partitions {
+		for _, p := range s.cfg.Partitions {
 			owned[p] = true
 		}
 		for p := range ends {
@@ -264,7 +250,7 @@ func (s *Service) apply(fs kgo.Fetches) error {
 		var t surgev1.Timer
 		if err := streams.Decode(r, &t); err != nil || t.Cancel || t.TimerId != id {
 			if err != nil {
-				s.o.log.Warn("timer: unreadable timer ignored", "id", id, "err", err)
+				s.cfg.Log.Warn("timer: unreadable timer ignored", "id", id, "err", err)
 			}
 			return
 		}
@@ -284,10 +270,10 @@ func (s *Service) apply(fs kgo.Fetches) error {
 }
 
 func (s *Service) owns(target string) bool {
-	if len(s.o.targets) == 0 {
+	if len(s.cfg.Targets) == 0 {
 		return true
 	}
-	for _, p := range s.o.targets {
+	for _, p := range s.cfg.Targets {
 		if strings.HasPrefix(target, p) {
 			return true
 		}
@@ -330,14 +316,14 @@ func (s *Service) nextDue() (int64, bool) {
 // fireDue fires due timers in transactions of at most maxFire each.
 func (s *Service) fireDue(ctx context.Context, out *kgo.Client) error {
 	for ctx.Err() == nil {
-		now := s.o.now().UnixMilli()
+		now := s.cfg.Now().UnixMilli()
 		upper := dueKey(now+1, "")
 		it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: []byte{'d'}, UpperBound: upper})
 		if err != nil {
 			return err
 		}
 		var due []*surgev1.Timer
-		for ok := it.First(); ok && len(due) < s.o.maxFire; ok = it.Next() {
+		for ok := it.First(); ok && len(due) < s.cfg.MaxFirePerTxn; ok = it.Next() {
 			t := new(surgev1.Timer)
 			if err := proto.Unmarshal(it.Value(), t); err == nil {
 				due = append(due, t)
@@ -361,7 +347,7 @@ func (s *Service) fireDue(ctx context.Context, out *kgo.Client) error {
 			return err
 		}
 		s.fired.Add(int64(len(due)))
-		if len(due) < s.o.maxFire {
+		if len(due) < s.cfg.MaxFirePerTxn {
 			return nil
 		}
 	}
@@ -388,7 +374,7 @@ func (s *Service) fire(ctx context.Context, out *kgo.Client, due []*surgev1.Time
 				produceErr.Store(err)
 			}
 		})
-		out.Produce(ctx, &kgo.Record{Topic: s.o.topic, Key: []byte(t.TimerId)}, func(_ *kgo.Record, err error) {
+		out.Produce(ctx, &kgo.Record{Topic: s.cfg.Topic, Key: []byte(t.TimerId)}, func(_ *kgo.Record, err error) {
 			if err != nil {
 				produceErr.Store(err)
 			}
@@ -408,11 +394,8 @@ func (s *Service) fire(ctx context.Context, out *kgo.Client, due []*surgev1.Time
 
 // publishMetrics returns a function that copies the counters to gauges.
 func (s *Service) publishMetrics() func() {
-	if s.o.reg == nil {
-		return func() {}
-	}
-	pending := s.o.reg.NewGaugeVec("surge_timer_pending", "armed timers").With()
-	fired := s.o.reg.NewCounterVec("surge_timer_fired_total", "timers fired by this instance").With()
+	pending := s.cfg.Metrics.NewGaugeVec("surge_timer_pending", "armed timers").With()
+	fired := s.cfg.Metrics.NewCounterVec("surge_timer_fired_total", "timers fired by this instance").With()
 	var published int64
 	return func() {
 		pending.Set(float64(s.pending.Load()))

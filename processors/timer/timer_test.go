@@ -42,7 +42,7 @@ func TestFiresOnceAcrossRestart(t *testing.T) {
 		}
 		streamstest.ProduceSync(t, cl, arms...)
 		run := func(d time.Duration) *timer.Service {
-			s := timer.New(b.Brokers, timer.Topic(timers), timer.Dir(t.TempDir()+"/db"), timer.MaxFirePerTxn(7))
+			s := timer.New(timer.Config{Env: streams.Env{Brokers: b.Brokers}, Topic: timers, Dir: t.TempDir() + "/db", MaxFirePerTxn: 7})
 			ctx, cancel := context.WithTimeout(context.Background(), d)
 			defer cancel()
 			var wg sync.WaitGroup
@@ -121,8 +121,8 @@ func TestTwoSystemsShareOneTimerTopic(t *testing.T) {
 		var wg sync.WaitGroup
 		services := map[string]*timer.Service{}
 		for sys := range targets {
-			s := timer.New(b.Brokers, timer.Topic(timers), timer.Dir(t.TempDir()+"/db"),
-				timer.TransactionalID(ns+"surge-timer-"+sys), timer.Targets(ns+sys+"."))
+			s := timer.New(timer.Config{Env: streams.Env{Brokers: b.Brokers}, Topic: timers, Dir: t.TempDir() + "/db",
+				TransactionalID: ns + "surge-timer-" + sys, Targets: []string{ns + sys + "."}})
 			services[sys] = s
 			wg.Add(1)
 			go func() {

@@ -21,6 +21,7 @@ import (
 
 	"surge/processors/apikey"
 	"surge/sinks/recon"
+	"surge/streams"
 	"surge/streams/embedded"
 )
 
@@ -47,7 +48,7 @@ func seedDashboard(t *testing.T, admin ...*kadm.Client) (*httptest.Server, strin
 	exec(t, "INSERT INTO ledger (order_no, act_id, kind, amount, activity_id, scene_id, balance_after, booked_at_ms, granted_at_ms) VALUES "+strings.Join(ledger, ","))
 	exec(t, fmt.Sprintf(`INSERT INTO dead_letters (source_topic, source_partition, source_offset, processor, reason, schema_name, key_hex, value_bytes, at)
 VALUES ('push.login', 0, 1, 'presence', 'uin 4294967296 outside the 32-bit space', 'surge.v1.LoginEvent', '', 3, fromUnixTimestamp64Milli(toInt64(%d)))`, at+60000))
-	r := &recon.Reconciler{Store: store, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	r := recon.New(recon.Config{Env: streams.Env{Log: slog.New(slog.NewTextHandler(io.Discard, nil))}, Store: store})
 	if _, bad, err := r.Run(context.Background(), recon.Hour(dashboardHour, recon.AttemptH1)); err != nil || bad == 0 {
 		t.Fatalf("reconciling the seeded hour: %d mismatches, %v", bad, err)
 	}

@@ -21,7 +21,6 @@ package recon
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"strconv"
 	"strings"
 	"time"
@@ -49,44 +48,41 @@ const (
 	TargetsVsDeliveries = "targets_vs_deliveries"
 )
 
+// Config configures a reconciler.
+type Config struct {
+	streams.Env
+	Store    clickhouse.Store // the facts the sinks wrote (required)
+	Producer *kgo.Client      // may be nil: results go to the table only
+	Topic    string           // default platform.recon in the namespace
+	// Lag is how old a grant must be before the near-real-time check
+	// expects it booked (booking runs behind the grant peak; default 5 min).
+	Lag time.Duration
+}
+
+// EnsureDefaults fills what the Config left out.
+func (c *Config) EnsureDefaults() {
+	c.Env.EnsureDefaults()
+	if c.Topic == "" {
+		c.Topic = c.Env.Topic(schemas.TopicRecon)
+	}
+	if c.Lag == 0 {
+		c.Lag = 5 * time.Minute
+	}
+}
+
 // Reconciler runs the checks.
 type Reconciler struct {
-	Store    clickhouse.Store
-	Producer *kgo.Client // may be nil: results go to the table only
-	Topic    string      // default platform.recon
-	Log      *slog.Logger
-	Metrics  *metrics.Registry
-	// Lag is how old a grant must be before the near-real-time check
-	// expects it booked (booking runs behind the grant peak).
-	Lag time.Duration
-	Now func() time.Time
-
-	ready     bool
+	cfg       Config
 	mMismatch metrics.CounterVec
 	mRuns     metrics.CounterVec
 }
 
-func (r *Reconciler) init() {
-	if r.Log == nil {
-		r.Log = slog.Default()
-	}
-	if r.Metrics == nil {
-		r.Metrics = metrics.NewRegistry()
-	}
-	if r.Now == nil {
-		r.Now = time.Now
-	}
-	if r.Topic == "" {
-		r.Topic = schemas.TopicRecon
-	}
-	if r.Lag == 0 {
-		r.Lag = 5 * time.Minute
-	}
-	if !r.ready {
-		r.ready = true
-		r.mMismatch = r.Metrics.NewCounterVec("surge_recon_mismatches_total", "reconciliation mismatches found", "check")
-		r.mRuns = r.Metrics.NewCounterVec("surge_recon_runs_total", "reconciliation runs", "attempt", "outcome")
-	}
+// New returns a reconciler.
+func New(cfg Config) *Reconciler {
+	cfg.EnsureDefaults()
+	return &Reconciler{cfg: cfg,
+		mMismatch: cfg.Metrics.NewCounterVec("surge_recon_mismatches_total", "reconciliation mismatches found", "check"),
+		mRuns:     cfg.Metrics.NewCounterVec("surge_recon_runs_total", "reconciliation runs", "attempt", "outcome")}
 }
 
 // Window is the time range a run covers.
@@ -108,26 +104,25 @@ func (w Window) between(col string) string {
 // Run runs every check over w and publishes the results; it returns them
 // and how many are mismatches.
 func (r *Reconciler) Run(ctx context.Context, w Window) ([]*pb.ReconResult, int, error) {
-	r.init()
 	var all []*pb.ReconResult
 	for i, check := range []func(context.Context, Window) ([]*pb.ReconResult, error){r.walletChecks, r.targetsVsDeliveries} {
 		t0 := time.Now()
 		res, err := check(ctx, w)
-		r.Log.Debug("recon: check ran", "check", i, "took", time.Since(t0))
+		r.cfg.Log.Debug("recon: check ran", "check", i, "took", time.Since(t0))
 		if err != nil {
 			r.mRuns.With(w.Attempt, "failed").Inc()
 			return nil, 0, err
 		}
 		all = append(all, res...)
 	}
-	now := r.Now().UnixMilli()
+	now := r.cfg.Now().UnixMilli()
 	mismatches := 0
 	for _, x := range all {
 		x.HourStartMs, x.RunAtMs, x.Attempt = w.From.UnixMilli(), now, w.Attempt
 		if x.Mismatch {
 			mismatches++
 			r.mMismatch.With(x.Check).Inc()
-			r.Log.Warn("reconciliation mismatch", "check", x.Check, "scope", x.Scope, "expected", x.Expected,
+			r.cfg.Log.Warn("reconciliation mismatch", "check", x.Check, "scope", x.Scope, "expected", x.Expected,
 				"actual", x.Actual, "from", w.From.UTC().Format(time.RFC3339), "attempt", w.Attempt)
 		}
 	}
@@ -147,18 +142,18 @@ func (r *Reconciler) publish(ctx context.Context, all []*pb.ReconResult) error {
 	w := clickhouse.NewRowWriter(sink.Columns)
 	recs := make([]*kgo.Record, 0, len(all))
 	for _, x := range all {
-		rec, err := streams.NewRecord(r.Topic, []byte(x.Check), x)
+		rec, err := streams.NewRecord(r.cfg.Topic, []byte(x.Check), x)
 		if err != nil {
 			return err
 		}
 		recs = append(recs, rec)
 		clickhouse.WriteRecon(w, x)
 	}
-	if err := r.Store.Insert(ctx, sink.Table, sink.Columns, w); err != nil {
+	if err := r.cfg.Store.Insert(ctx, sink.Table, sink.Columns, w); err != nil {
 		return fmt.Errorf("recon: write results: %w", err)
 	}
-	if r.Producer != nil {
-		if err := r.Producer.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+	if r.cfg.Producer != nil {
+		if err := r.cfg.Producer.ProduceSync(ctx, recs...).FirstErr(); err != nil {
 			return fmt.Errorf("recon: publish results: %w", err)
 		}
 	}
@@ -184,7 +179,7 @@ func walletOrders(w Window) string {
 // ("off") instead of grouping millions of users; only when some exist does
 // usersOff name the users who disagree (at most 100 per scene).
 func (r *Reconciler) walletChecks(ctx context.Context, w Window) ([]*pb.ReconResult, error) {
-	rows, err := r.Store.QueryStrings(ctx, fmt.Sprintf(`
+	rows, err := r.cfg.Store.QueryStrings(ctx, fmt.Sprintf(`
 SELECT activity_id, scene_id,
        countIf(has_grant = 1), sum(order_granted), sum(order_booked),
        countIf(has_grant = 1 AND nb = 0), countIf(nb > 1),
@@ -239,7 +234,7 @@ GROUP BY activity_id, scene_id ORDER BY activity_id, scene_id`, walletOrders(w))
 // groups only the users with an order that did not book what it granted.
 func (r *Reconciler) usersOff(ctx context.Context, w Window) (map[[2]string]string, error) {
 	orders := walletOrders(w)
-	rows, err := r.Store.QueryStrings(ctx, fmt.Sprintf(`
+	rows, err := r.cfg.Store.QueryStrings(ctx, fmt.Sprintf(`
 SELECT activity_id, scene_id,
        arrayStringConcat(arraySlice(groupArrayIf(concat(act_id, ':', toString(granted), ':', toString(booked)), granted != booked), 1, 100), ' ')
 FROM (
@@ -259,7 +254,7 @@ GROUP BY activity_id, scene_id`, orders, orders))
 }
 
 func (r *Reconciler) targetsVsDeliveries(ctx context.Context, w Window) ([]*pb.ReconResult, error) {
-	rows, err := r.Store.QueryStrings(ctx, fmt.Sprintf(`
+	rows, err := r.cfg.Store.QueryStrings(ctx, fmt.Sprintf(`
 SELECT j.job_id, j.targets, d.reached
 FROM (SELECT job_id, max(targets) AS targets FROM job_states FINAL WHERE to_state = 'QUEUED'
       AND job_id IN (SELECT job_id FROM job_states FINAL WHERE to_state = 'COMPLETED' AND %s) GROUP BY job_id) AS j
@@ -281,7 +276,6 @@ USING (job_id) ORDER BY j.job_id`, w.between("at_ms")))
 // h+1 (from minute 5, when the sinks have caught up) and the fallback at
 // h+2 when the h+1 run failed or found mismatches.
 func (r *Reconciler) Serve(ctx context.Context, tick time.Duration) {
-	r.init()
 	if tick == 0 {
 		tick = time.Minute
 	}
@@ -290,10 +284,10 @@ func (r *Reconciler) Serve(ctx context.Context, tick time.Duration) {
 	t := time.NewTicker(tick)
 	defer t.Stop()
 	for {
-		now := r.Now()
-		end := now.Add(-r.Lag).Truncate(time.Minute) // wallet_orders is folded per minute
+		now := r.cfg.Now()
+		end := now.Add(-r.cfg.Lag).Truncate(time.Minute) // wallet_orders is folded per minute
 		if _, _, err := r.Run(ctx, Window{From: end.Add(-time.Minute), To: end, Attempt: AttemptRealTime}); err != nil && ctx.Err() == nil {
-			r.Log.Warn("recon: near-real-time run failed", "err", err)
+			r.cfg.Log.Warn("recon: near-real-time run failed", "err", err)
 		}
 		cur := now.Truncate(time.Hour)
 		if now.Sub(cur) >= 5*time.Minute {
@@ -307,7 +301,7 @@ func (r *Reconciler) Serve(ctx context.Context, tick time.Duration) {
 				_, bad, err := r.Run(ctx, Hour(h2, AttemptH2))
 				st.ok = err == nil && bad == 0
 				if !st.ok {
-					r.Log.Error("recon: hour still not reconciled at h+2", "hour", h2.UTC().Format(time.RFC3339))
+					r.cfg.Log.Error("recon: hour still not reconciled at h+2", "hour", h2.UTC().Format(time.RFC3339))
 				}
 				delete(hours, h2.UnixMilli())
 			}

@@ -12,6 +12,7 @@ import (
 	"surge/sinks/clickhouse"
 	"surge/sinks/clickhouse/chdbhttp"
 	"surge/sinks/recon"
+	"surge/streams"
 )
 
 var store clickhouse.Store
@@ -96,7 +97,7 @@ func TestFindsLostDoubleAndUndelivered(t *testing.T) {
 		exec(t, "INSERT INTO deliveries (job_id, uin, status, filter, unit_id, display_at_ms, at_ms) VALUES "+strings.Join(del, ","))
 	}
 
-	r := &recon.Reconciler{Store: store, Now: func() time.Time { return base.Add(3 * time.Hour) }}
+	r := recon.New(recon.Config{Env: streams.Env{Now: func() time.Time { return base.Add(3 * time.Hour) }}, Store: store})
 	ctx := context.Background()
 	res, bad, err := r.Run(ctx, recon.Hour(base, recon.AttemptH1))
 	if err != nil {
@@ -213,7 +214,7 @@ func TestServerDriverReconcilesAlike(t *testing.T) {
 	base := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
 	now := func() time.Time { return base.Add(3 * time.Hour) }
 	results := func(st clickhouse.Store, h time.Time) []string {
-		res, _, err := (&recon.Reconciler{Store: st, Now: now}).Run(ctx, recon.Hour(h, recon.AttemptH1))
+		res, _, err := recon.New(recon.Config{Env: streams.Env{Now: now}, Store: st}).Run(ctx, recon.Hour(h, recon.AttemptH1))
 		if err != nil {
 			t.Fatal(err)
 		}

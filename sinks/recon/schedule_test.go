@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"surge/sinks/recon"
+	"surge/streams"
 )
 
 // recon serve's schedule on an injected clock: hour h is reconciled at
@@ -36,8 +37,8 @@ func TestServeRunsHourAtH1AndFallsBackAtH2(t *testing.T) {
 	}
 	var mu sync.Mutex
 	now := bad.Add(time.Hour + 4*time.Minute) // h+1, minute 4: too early
-	r := &recon.Reconciler{Store: store, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Now: func() time.Time { mu.Lock(); defer mu.Unlock(); return now }}
+	r := recon.New(recon.Config{Store: store, Env: streams.Env{Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Now: func() time.Time { mu.Lock(); defer mu.Unlock(); return now }}})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); r.Serve(ctx, 20*time.Millisecond) }()

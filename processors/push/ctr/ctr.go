@@ -28,10 +28,17 @@ import (
 	"surge/streams"
 )
 
+// Config configures a push-ctr instance: it needs only its Env.
+type Config struct {
+	streams.Env
+}
+
+// EnsureDefaults fills what the Config left out.
+func (c *Config) EnsureDefaults() { c.Env.EnsureDefaults() }
+
 // Processor is one push-ctr instance.
 type Processor struct {
-	ns      string
-	brokers []string
+	cfg     Config
 	log     *slog.Logger
 	restore *streams.Restorer
 
@@ -40,25 +47,23 @@ type Processor struct {
 	staged map[string]*pb.JobClicks // touched by the batch in flight
 }
 
-// New returns a processor for namespace ns.
-func New(ns string, brokers []string, log *slog.Logger) *Processor {
-	if log == nil {
-		log = slog.Default()
-	}
-	p := &Processor{ns: ns, brokers: brokers, log: log, jobs: map[string]*pb.JobClicks{}, staged: map[string]*pb.JobClicks{}}
-	p.restore = streams.NewRestorer(brokers, p.clear, p.applyChangelog, ns+schemas.TopicJobClicks)
+// New returns a processor.
+func New(cfg Config) *Processor {
+	cfg.EnsureDefaults()
+	p := &Processor{cfg: cfg, log: cfg.Log, jobs: map[string]*pb.JobClicks{}, staged: map[string]*pb.JobClicks{}}
+	p.restore = streams.NewRestorer(cfg.Brokers, p.clear, p.applyChangelog, cfg.Topic(schemas.TopicJobClicks))
 	return p
 }
 
 // Group is the consumer group.
-func (p *Processor) Group() string { return p.ns + "push-ctr" }
+func (p *Processor) Group() string { return p.cfg.Namespace + "push-ctr" }
 
 // Run processes until ctx ends.
 func (p *Processor) Run(ctx context.Context, opts ...streams.Option) error {
 	opts = append([]streams.Option{
-		streams.Brokers(p.brokers...),
-		streams.Declare(Spec, p.ns),
-		streams.DeadLetterTopic(p.ns + schemas.TopicDeadLetter),
+		streams.Brokers(p.cfg.Brokers...),
+		streams.Declare(Spec, p.cfg.Namespace),
+		streams.DeadLetterTopic(p.cfg.Namespace + schemas.TopicDeadLetter),
 		// clicks, transitions and the changelog are co-partitioned by job id
 		streams.ClientOpts(kgo.Balancers(kgo.RangeBalancer())),
 		streams.AfterBatch(p.emit),
@@ -115,7 +120,7 @@ func (p *Processor) handle(ctx context.Context, in *kgo.Record, _ *streams.Outpu
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if in.Topic == p.ns+schemas.TopicClicks {
+	if in.Topic == p.cfg.Namespace+schemas.TopicClicks {
 		var c pb.ClickEvent
 		if err := streams.Decode(in, &c); err != nil {
 			return err
@@ -169,7 +174,7 @@ func (p *Processor) emit(_ context.Context, out *streams.Output) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for id, j := range p.staged {
-		if err := out.EmitMsg(p.ns+schemas.TopicJobClicks, []byte(id), j); err != nil {
+		if err := out.EmitMsg(p.cfg.Namespace+schemas.TopicJobClicks, []byte(id), j); err != nil {
 			return err
 		}
 	}

@@ -20,7 +20,7 @@ import (
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
 func start(t *testing.T, ns string, b streamstest.Backend) (*ctr.Processor, func()) {
-	p := ctr.New(ns, b.Brokers, quiet)
+	p := ctr.New(ctr.Config{Env: streams.Env{Brokers: b.Brokers, Namespace: ns, Log: quiet}})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- p.Run(ctx, streams.InstanceID(streamstest.Unique("ctr"))) }()

@@ -15,7 +15,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -32,8 +31,8 @@ import (
 
 // Config configures an executor.
 type Config struct {
+	streams.Env
 	Name      string
-	Namespace string        // topic prefix (see planner.Deps.Namespace)
 	Capacity  uint64        // uins it takes at once (reported; the planner gives it at most that many in flight); 0: no limit of its own
 	Heartbeat time.Duration // load report period
 	// Dir holds the online bitmap's checkpoint (empty: none; a restart
@@ -41,14 +40,11 @@ type Config struct {
 	Dir string
 	// CheckpointEvery is the checkpoint period (default 10 s).
 	CheckpointEvery time.Duration
-	Log             *slog.Logger
-	Metrics         *metrics.Registry
 }
 
 // Executor is one sender.
 type Executor struct {
-	cfg     Config
-	brokers []string
+	cfg Config
 
 	mu     sync.RWMutex
 	online *roaring.Bitmap
@@ -65,18 +61,18 @@ type Executor struct {
 	mUnits, mUins metrics.CounterVec
 }
 
+// EnsureDefaults fills what the Config left out.
+func (c *Config) EnsureDefaults() {
+	c.Env.EnsureDefaults()
+	if c.Heartbeat == 0 {
+		c.Heartbeat = 200 * time.Millisecond
+	}
+}
+
 // New returns an executor.
-func New(cfg Config, brokers []string) *Executor {
-	if cfg.Heartbeat == 0 {
-		cfg.Heartbeat = 200 * time.Millisecond
-	}
-	if cfg.Log == nil {
-		cfg.Log = slog.Default()
-	}
-	if cfg.Metrics == nil {
-		cfg.Metrics = metrics.NewRegistry()
-	}
-	x := &Executor{cfg: cfg, brokers: brokers, online: roaring.New()}
+func New(cfg Config) *Executor {
+	cfg.EnsureDefaults()
+	x := &Executor{cfg: cfg, online: roaring.New()}
 	x.mUnits = cfg.Metrics.NewCounterVec("surge_push_units_sent_total", "units sent", "executor")
 	x.mUins = cfg.Metrics.NewCounterVec("surge_push_uins_total", "targets handled", "executor", "outcome")
 	return x
@@ -112,7 +108,7 @@ var ErrDrained = errors.New("executor drained")
 
 // Run sends until ctx ends or a drain completes.
 func (x *Executor) Run(ctx context.Context, opts ...streams.Option) error {
-	admin, err := kgo.NewClient(kgo.SeedBrokers(x.brokers...))
+	admin, err := kgo.NewClient(kgo.SeedBrokers(x.cfg.Brokers...))
 	if err != nil {
 		return err
 	}
@@ -120,7 +116,7 @@ func (x *Executor) Run(ctx context.Context, opts ...streams.Option) error {
 	if err := streams.EnsureTopics(ctx, admin, -1, schemas.Topic{Name: x.UnitsTopic(), Partitions: 1, Retention: 7 * 24 * time.Hour}); err != nil {
 		return fmt.Errorf("executor: create %s: %w", x.UnitsTopic(), err)
 	}
-	if x.loginParts, err = streams.CoPartitioned(ctx, x.brokers, x.topic(schemas.TopicLogin), x.topic(schemas.TopicOffline)); err != nil {
+	if x.loginParts, err = streams.CoPartitioned(ctx, x.cfg.Brokers, x.topic(schemas.TopicLogin), x.topic(schemas.TopicOffline)); err != nil {
 		return err
 	}
 	tctx, stopTable := context.WithCancel(ctx)
@@ -147,7 +143,7 @@ func (x *Executor) Run(ctx context.Context, opts ...streams.Option) error {
 			}
 		}))
 	}
-	table, err := streams.FollowTable(tctx, x.brokers, presenceTopic, x.applyPresence, topts...)
+	table, err := streams.FollowTable(tctx, x.cfg.Brokers, presenceTopic, x.applyPresence, topts...)
 	if err != nil {
 		return fmt.Errorf("executor: follow presence: %w", err)
 	}
@@ -165,7 +161,7 @@ func (x *Executor) Run(ctx context.Context, opts ...streams.Option) error {
 	go func() { defer close(hbDone); x.heartbeat(rctx, admin, stopRunner, drained) }()
 
 	opts = append([]streams.Option{
-		streams.Brokers(x.brokers...),
+		streams.Brokers(x.cfg.Brokers...),
 		streams.Declare(Spec, x.cfg.Namespace),
 		streams.Inputs(x.UnitsTopic()),
 		streams.Group(x.cfg.Namespace + "push-executor-" + x.cfg.Name),

@@ -23,7 +23,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -43,17 +42,14 @@ import (
 
 // Config configures the offline queues.
 type Config struct {
-	Namespace string
-	Dir       string // Pebble directory
-	Log       *slog.Logger
-	Metrics   *metrics.Registry
+	streams.Env
+	Dir string // Pebble directory
 }
 
 // Queues is the processor.
 type Queues struct {
-	cfg     Config
-	brokers []string
-	db      *pebble.DB
+	cfg Config
+	db  *pebble.DB
 	// open is db while Run has it open, for readers on other goroutines
 	// (Pending) that may call before Run opened it or after it closed it;
 	// openMu keeps Run from closing it under a reader.
@@ -86,16 +82,16 @@ type topicPartition struct {
 	partition int32
 }
 
+// EnsureDefaults fills what the Config left out.
+func (c *Config) EnsureDefaults() {
+	c.Env.EnsureDefaults()
+}
+
 // New returns the processor.
-func New(cfg Config, brokers []string) *Queues {
-	if cfg.Log == nil {
-		cfg.Log = slog.Default()
-	}
-	if cfg.Metrics == nil {
-		cfg.Metrics = metrics.NewRegistry()
-	}
+func New(cfg Config) *Queues {
+	cfg.EnsureDefaults()
 	c := cfg.Metrics.NewCounterVec("surge_push_offline_total", "offline messages", "event")
-	return &Queues{cfg: cfg, brokers: brokers, online: roaring.New(), onStg: map[uint32]bool{}, stgNext: map[topicPartition]int64{},
+	return &Queues{cfg: cfg, online: roaring.New(), onStg: map[uint32]bool{}, stgNext: map[topicPartition]int64{},
 		mQueued: c.With("queued"), mDone: c.With("delivered_on_login")}
 }
 
@@ -184,7 +180,7 @@ func (q *Queues) Run(ctx context.Context, opts ...streams.Option) error {
 	}
 	group := q.cfg.Namespace + "push-offline"
 	opts = append([]streams.Option{
-		streams.Brokers(q.brokers...),
+		streams.Brokers(q.cfg.Brokers...),
 		streams.Declare(Spec, q.cfg.Namespace),
 		streams.DeadLetterTopic(q.topic(schemas.TopicDeadLetter)),
 		streams.ClientOpts(kgo.Balancers(kgo.RangeBalancer()), // co-partitioned
@@ -310,7 +306,7 @@ func (q *Queues) restore(ctx context.Context) (int, error) {
 		b = q.db.NewBatch()
 		return nil
 	}
-	err := streams.ReadToEnd(ctx, q.brokers, q.topic(schemas.TopicOffline), func(r *kgo.Record) error {
+	err := streams.ReadToEnd(ctx, q.cfg.Brokers, q.topic(schemas.TopicOffline), func(r *kgo.Record) error {
 		var ob pb.OfflineBatch
 		if streams.Decode(r, &ob) != nil {
 			return nil
@@ -331,7 +327,7 @@ func (q *Queues) restore(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	err = streams.ReadToEnd(ctx, q.brokers, q.topic(schemas.TopicReports), func(r *kgo.Record) error {
+	err = streams.ReadToEnd(ctx, q.cfg.Brokers, q.topic(schemas.TopicReports), func(r *kgo.Record) error {
 		var rep pb.DeliveryReport
 		if streams.Decode(r, &rep) == nil && rep.Status == pb.DeliveryStatus_DELIVERED_ON_LOGIN {
 			_ = b.Delete(entryKey(uint32(rep.Uin), rep.JobId), nil)
@@ -345,7 +341,7 @@ func (q *Queues) restore(ctx context.Context) (int, error) {
 	if err := b.Commit(pebble.NoSync); err != nil {
 		return 0, err
 	}
-	err = streams.ReadToEnd(ctx, q.brokers, q.topic(schemas.TopicPresence), func(r *kgo.Record) error {
+	err = streams.ReadToEnd(ctx, q.cfg.Brokers, q.topic(schemas.TopicPresence), func(r *kgo.Record) error {
 		var ev pb.LoginEvent
 		if streams.Decode(r, &ev) == nil && ev.Uin <= schemas.MaxUin {
 			if ev.Online {

@@ -27,7 +27,7 @@ type instance struct {
 
 func start(t *testing.T, brokers []string, ns, dir string) instance {
 	t.Helper()
-	q := offline.New(offline.Config{Namespace: ns, Dir: dir, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}, brokers)
+	q := offline.New(offline.Config{Env: streams.Env{Brokers: brokers, Namespace: ns, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}, Dir: dir})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- q.Run(ctx, streams.MaxBatch(100)) }()

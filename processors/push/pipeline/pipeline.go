@@ -138,15 +138,20 @@ func (s *Stack) streamOpts(name string) []streams.Option {
 	return append([]streams.Option{streams.Metrics(s.Opts.Metrics), streams.Logger(s.Opts.Log.With("processor", name))}, s.Opts.StreamOpts...)
 }
 
+// env is what the stack gives the processor called name.
+func (s *Stack) env(name string) streams.Env {
+	return streams.Env{Brokers: s.Brokers, Namespace: s.Opts.Namespace, Log: s.Opts.Log.With("processor", name), Metrics: s.Opts.Metrics}
+}
+
 func (s *Stack) runs(component string) bool { return slices.Contains(s.Opts.Components, component) }
 
 // Start starts the stack's components.
 func (s *Stack) Start(ctx context.Context) error {
 	ns := s.Opts.Namespace
 	if s.runs(Presence) {
-		s.Presence = presence.New(ns + schemas.TopicPresence)
+		s.Presence = presence.New(presence.Config{Env: s.env("presence")})
 		s.Go(ctx, "presence", func(ctx context.Context) error {
-			return s.Presence.Run(ctx, s.Brokers, append(s.streamOpts("presence"),
+			return s.Presence.Run(ctx, append(s.streamOpts("presence"),
 				streams.DeadLetterTopic(ns+schemas.TopicDeadLetter))...)
 		})
 	}
@@ -156,25 +161,28 @@ func (s *Stack) Start(ctx context.Context) error {
 			return fmt.Errorf("push: package store: %w", err)
 		}
 		s.Packages = pkgs
-		s.Planner = planner.New(s.Opts.Planner, planner.Deps{Packages: pkgs, Directory: s.Directory,
-			MirrorThreshold: s.Opts.MirrorThreshold, Metrics: s.Opts.Metrics, Log: s.Opts.Log, Namespace: ns})
+		cfg := s.Opts.Planner
+		cfg.Env, cfg.Packages, cfg.Directory, cfg.MirrorThreshold = s.env("planner"), pkgs, s.Directory, s.Opts.MirrorThreshold
+		if s.Opts.Planner.Now != nil {
+			cfg.Now = s.Opts.Planner.Now
+		}
+		s.Planner = planner.New(cfg)
 		s.Go(ctx, "planner", func(ctx context.Context) error {
 			defer pkgs.Close()
-			return s.Planner.Run(ctx, s.Brokers, s.streamOpts("planner")...)
+			return s.Planner.Run(ctx, s.streamOpts("planner")...)
 		})
 	}
 	if s.runs(Offline) {
-		s.Offline = offline.New(offline.Config{Namespace: ns, Dir: filepath.Join(s.Opts.Dir, "offline"),
-			Log: s.Opts.Log, Metrics: s.Opts.Metrics}, s.Brokers)
+		s.Offline = offline.New(offline.Config{Env: s.env("offline"), Dir: filepath.Join(s.Opts.Dir, "offline")})
 		s.Go(ctx, "offline", func(ctx context.Context) error { return s.Offline.Run(ctx, s.streamOpts("offline")...) })
 	}
 	if s.runs(Timers) {
-		s.Timers = timer.New(s.Brokers, timer.Topic(ns+schemas.TopicTimers), timer.Dir(filepath.Join(s.Opts.Dir, "timers")),
-			timer.TransactionalID(ns+"surge-timer-push"), timer.Targets(ns+"push."), timer.Logger(s.Opts.Log), timer.Metrics(s.Opts.Metrics))
+		s.Timers = timer.New(timer.Config{Env: s.env("push-timers"), Dir: filepath.Join(s.Opts.Dir, "timers"),
+			TransactionalID: ns + "surge-timer-push", Targets: []string{ns + "push."}})
 		s.Go(ctx, "timers", s.Timers.Run)
 	}
 	if s.runs(CTR) {
-		s.CTR = ctr.New(ns, s.Brokers, s.Opts.Log.With("processor", "push-ctr"))
+		s.CTR = ctr.New(ctr.Config{Env: s.env("push-ctr")})
 		s.Go(ctx, "ctr", func(ctx context.Context) error { return s.CTR.Run(ctx, s.streamOpts("ctr")...) })
 	}
 	if s.runs(Executor) {
@@ -187,8 +195,8 @@ func (s *Stack) Start(ctx context.Context) error {
 
 // StartExecutor starts (or brings back) the executor called name.
 func (s *Stack) StartExecutor(ctx context.Context, name string) *executor.Executor {
-	x := executor.New(executor.Config{Name: name, Namespace: s.Opts.Namespace, Capacity: s.Opts.ExecutorCapacity,
-		Dir: filepath.Join(s.Opts.Dir, "executor-"+name), Log: s.Opts.Log, Metrics: s.Opts.Metrics}, s.Brokers)
+	x := executor.New(executor.Config{Env: s.env("executor"), Name: name, Capacity: s.Opts.ExecutorCapacity,
+		Dir: filepath.Join(s.Opts.Dir, "executor-"+name)})
 	s.mu.Lock()
 	replaced := false
 	for i, old := range s.Executors {

@@ -176,7 +176,7 @@ func TestRestoreFromCheckpointEqualsFullReplay(t *testing.T) {
 		ctx, ns, pkgs, log := e.ctx, e.ns, e.pkgs, e.log
 		cfg := DefaultConfig()
 		cfg.UnitSize, cfg.MaxBacklog, cfg.MinLead, cfg.CheckpointEvery = 100, 4, time.Second, 300*time.Millisecond
-		live := New(cfg, Deps{Packages: pkgs, Namespace: ns, Log: log})
+		live := New(withEnv(cfg, b.Brokers, pkgs, ns, log))
 		stopRun := e.run(live, &fakeExecutor{holdBack: map[string]bool{"held": true, "tail-held": true}})
 		submit := func(j *pb.SendJob) { e.send(schemas.TopicJobs, j.JobId, j) }
 		wait := func(id string, want pb.JobState) { t.Helper(); e.wait(live, id, want) }
@@ -231,8 +231,8 @@ func TestRestoreFromCheckpointEqualsFullReplay(t *testing.T) {
 		restored := func(every time.Duration) *Planner {
 			c := cfg
 			c.CheckpointEvery = every
-			p := New(c, Deps{Packages: pkgs, Namespace: ns, Log: log})
-			if err := p.Restore(ctx, b.Brokers); err != nil {
+			p := New(withEnv(c, b.Brokers, pkgs, ns, log))
+			if err := p.Restore(ctx); err != nil {
 				t.Fatal(err)
 			}
 			return p

@@ -27,7 +27,7 @@ func TestPauseResumeCancel(t *testing.T) {
 		cfg := DefaultConfig()
 		cfg.UnitSize, cfg.MaxBacklog, cfg.MinLead, cfg.CheckpointEvery = 100, 2, time.Second, 0
 		cfg.Now = func() time.Time { return late }
-		live := New(cfg, Deps{Packages: e.pkgs, Namespace: e.ns, Log: e.log})
+		live := New(withEnv(cfg, e.brokers, e.pkgs, e.ns, e.log))
 		x := &fakeExecutor{holdBack: map[string]bool{"p": true, "c": true}}
 		stopRun := e.run(live, x)
 		send, wait := e.send, func(id string, want pb.JobState) { t.Helper(); e.wait(live, id, want) }
@@ -95,8 +95,8 @@ func TestPauseResumeCancel(t *testing.T) {
 		time.Sleep(500 * time.Millisecond)
 		stopRun()
 
-		restored := New(cfg, Deps{Packages: pkgs, Namespace: ns, Log: log})
-		if err := restored.Restore(ctx, b.Brokers); err != nil {
+		restored := New(withEnv(cfg, b.Brokers, pkgs, ns, log))
+		if err := restored.Restore(ctx); err != nil {
 			t.Fatal(err)
 		}
 		if a, b := memory(t, live), memory(t, restored); a != b {

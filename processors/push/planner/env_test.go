@@ -71,7 +71,7 @@ func newTestEnv(t *testing.T, b streamstest.Backend, followers uint32, executors
 func (e *testEnv) run(p *Planner, xs ...*fakeExecutor) (stop func()) {
 	ctx, cancel := context.WithCancel(e.ctx)
 	e.wg.Add(1 + len(xs))
-	go func() { defer e.wg.Done(); _ = p.Run(ctx, e.brokers, streams.Logger(e.log), streams.InstanceID("a")) }()
+	go func() { defer e.wg.Done(); _ = p.Run(ctx, streams.Logger(e.log), streams.InstanceID("a")) }()
 	for _, x := range xs {
 		x.t, x.ns, x.brokers = e.t, e.ns, e.brokers
 		go func() { defer e.wg.Done(); x.run(ctx) }()
@@ -98,4 +98,12 @@ func (e *testEnv) wait(p *Planner, id string, want pb.JobState) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// withEnv is cfg with the test's brokers, namespace, log and packages.
+func withEnv(cfg Config, brokers []string, pkgs numpkg.Store, ns string, log *slog.Logger) Config {
+	now := cfg.Now
+	cfg.Env = streams.Env{Brokers: brokers, Namespace: ns, Log: log, Now: now}
+	cfg.Packages = pkgs
+	return cfg
 }

@@ -23,7 +23,7 @@ func TestJobsStopAtTheirDeadline(t *testing.T) {
 		cfg := DefaultConfig()
 		cfg.UnitSize, cfg.MaxBacklog, cfg.CheckpointEvery = 100, 2, 0
 		cfg.Now = func() time.Time { return late.Add(time.Since(began)) }
-		p := New(cfg, Deps{Packages: e.pkgs, Namespace: e.ns, Log: e.log})
+		p := New(withEnv(cfg, e.brokers, e.pkgs, e.ns, e.log))
 		x := &fakeExecutor{holdBack: map[string]bool{"p": true}}
 		stop := e.run(p, x)
 		deadline := cfg.Now().Add(4 * time.Second).UnixMilli()
@@ -58,8 +58,8 @@ func TestJobsStopAtTheirDeadline(t *testing.T) {
 			t.Errorf("uin 900: quota %d, want 0 (neither job reached it)", got)
 		}
 		stop()
-		restored := New(cfg, Deps{Packages: e.pkgs, Namespace: e.ns, Log: e.log})
-		if err := restored.Restore(e.ctx, e.brokers); err != nil {
+		restored := New(withEnv(cfg, e.brokers, e.pkgs, e.ns, e.log))
+		if err := restored.Restore(e.ctx); err != nil {
 			t.Fatal(err)
 		}
 		if a, b := memory(t, p), memory(t, restored); a != b {

@@ -40,8 +40,9 @@ import (
 // Account is what the planner knows of a public account.
 type Account = directory.Account
 
-// Config holds the planner's rules and limits.
+// Config holds the planner's rules and limits, and the stores it reads.
 type Config struct {
+	streams.Env
 	UnitSize        uint64        // uins per unit (bounds an executor's memory per unit)
 	MaxBacklog      int           // units an executor may hold not yet done
 	MinLead         time.Duration // a scheduled job starts at least this long after creation
@@ -56,18 +57,7 @@ type Config struct {
 	// memory (push.planner-checkpoints) so a restore replays only the
 	// transitions after it; 0 writes and reads none.
 	CheckpointEvery time.Duration
-	Now             func() time.Time
-}
 
-// DefaultConfig is the seed's rules with limits sized for one machine.
-func DefaultConfig() Config {
-	return Config{UnitSize: 1 << 18, MaxBacklog: 8, MinLead: 15 * time.Minute,
-		ExecutorTimeout: 5 * time.Second, QuotaSeed: 1, TargetCTR: 0.05, CTRMinTargets: 100,
-		CheckpointEvery: 30 * time.Second, Now: time.Now}
-}
-
-// Deps are the stores the planner reads.
-type Deps struct {
 	Packages numpkg.Store
 	// Directory is the accounts, follower lists, tags and blacklists: views
 	// of topics the planner consumes (and restores on assignment).
@@ -75,11 +65,32 @@ type Deps struct {
 	// MirrorThreshold: accounts with this many followers are read from the
 	// fan-list mirror when it validates (seed: 10M); 0 means never.
 	MirrorThreshold uint64
-	Metrics         *metrics.Registry
-	Log             *slog.Logger
-	// Namespace prefixes every topic name: "" in production, "shadow." for
-	// load-test traffic, a unique prefix per test.
-	Namespace string
+}
+
+// DefaultConfig is the seed's rules with limits sized for one machine.
+func DefaultConfig() Config {
+	return Config{UnitSize: 1 << 18, MaxBacklog: 8, MinLead: 15 * time.Minute,
+		ExecutorTimeout: 5 * time.Second, QuotaSeed: 1, TargetCTR: 0.05, CTRMinTargets: 100,
+		CheckpointEvery: 30 * time.Second}
+}
+
+// EnsureDefaults fills what the Config left out: the limits without which
+// nothing could be dispatched from DefaultConfig, and an empty directory.
+func (c *Config) EnsureDefaults() {
+	c.Env.EnsureDefaults()
+	d := DefaultConfig()
+	if c.UnitSize == 0 {
+		c.UnitSize = d.UnitSize
+	}
+	if c.MaxBacklog == 0 {
+		c.MaxBacklog = d.MaxBacklog
+	}
+	if c.ExecutorTimeout == 0 {
+		c.ExecutorTimeout = d.ExecutorTimeout
+	}
+	if c.Directory == nil {
+		c.Directory = directory.New(c.Namespace)
+	}
 }
 
 // queued is a job past filtering that still has units to send or finish.
@@ -112,9 +123,8 @@ type executorView struct {
 // Planner is the processor. Its state is guarded by mu; the handler runs
 // on the runner's goroutine, readers (tests, metrics) on others.
 type Planner struct {
-	cfg  Config
-	deps Deps
-	log  *slog.Logger
+	cfg Config
+	log *slog.Logger
 
 	mu         sync.Mutex
 	followers  *fanlist.Resolver
@@ -127,7 +137,6 @@ type Planner struct {
 	ledger     *quota.Ledger
 	chain      *filter.Chain
 	executors  map[string]*executorView
-	brokers    []string
 	ctx        context.Context
 	restoreErr error
 	illegal    int // transitions a restore could not apply
@@ -140,21 +149,10 @@ type Planner struct {
 }
 
 // New returns a planner.
-func New(cfg Config, deps Deps) *Planner {
-	if deps.Log == nil {
-		deps.Log = slog.Default()
-	}
-	if deps.Directory == nil {
-		deps.Directory = directory.New(deps.Namespace)
-	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
-	}
-	p := &Planner{cfg: cfg, deps: deps, log: deps.Log}
-	reg := deps.Metrics
-	if reg == nil {
-		reg = metrics.NewRegistry()
-	}
+func New(cfg Config) *Planner {
+	cfg.EnsureDefaults()
+	p := &Planner{cfg: cfg, log: cfg.Log}
+	reg := cfg.Metrics
 	p.mUnits = reg.NewCounterVec("surge_push_units_dispatched_total", "units dispatched", "executor")
 	p.mJobs = reg.NewCounterVec("surge_push_job_transitions_total", "job transitions written", "to")
 	p.mRejected = reg.NewCounterVec("surge_push_jobs_refused_total", "jobs refused", "reason")
@@ -168,8 +166,8 @@ func (p *Planner) reset() {
 	p.queue = map[string]*queued{}
 	p.sent = filter.NewSent()
 	p.ledger = quota.NewLedger(p.cfg.QuotaSeed)
-	dir := p.deps.Directory
-	threshold := p.deps.MirrorThreshold
+	dir := p.cfg.Directory
+	threshold := p.cfg.MirrorThreshold
 	if threshold == 0 {
 		threshold = math.MaxUint64
 	}
@@ -222,22 +220,22 @@ func (p *Planner) Handle() streams.Handler {
 		p.mu.Lock()
 		defer p.mu.Unlock()
 		if p.stale { // newly active: the previous owner's work is in the topics
-			if err := p.deps.Directory.Restore(ctx, p.brokers); err != nil {
+			if err := p.cfg.Directory.Restore(ctx, p.cfg.Brokers); err != nil {
 				return err
 			}
 			p.restoreErr = errRestorePending
 			p.stale = false
 		}
 		if p.restoreErr != nil { // a rebuild is due (assignment, abort) or failed: try again
-			if p.restoreErr = p.restore(ctx, p.brokers); p.restoreErr != nil {
+			if p.restoreErr = p.restore(ctx); p.restoreErr != nil {
 				return p.restoreErr
 			}
 			p.log.Info("planner: restored", "queued", len(p.queue), "states", len(p.machine.Count()))
 		}
 		e := emitter{p: p, out: out, now: p.cfg.Now()}
 		switch {
-		case p.deps.Directory.Owns(in.Topic):
-			return p.deps.Directory.Apply(in)
+		case p.cfg.Directory.Owns(in.Topic):
+			return p.cfg.Directory.Apply(in)
 		case in.Topic == p.topic(schemas.TopicJobCommands):
 			return p.command(ctx, e, in)
 		case in.Topic == p.topic(schemas.TopicExecutors):
@@ -301,7 +299,7 @@ func (p *Planner) intake(ctx context.Context, e emitter, j *pb.SendJob) error {
 		}
 		return p.refuse(e, j, pb.JobState_FAILED, err)
 	}
-	uri, err := p.deps.Packages.Put(ctx, j.JobId, targets)
+	uri, err := p.cfg.Packages.Put(ctx, j.JobId, targets)
 	if err != nil {
 		return fmt.Errorf("%w: store package: %v", errTransient, err)
 	}
@@ -336,11 +334,11 @@ func (p *Planner) release(ctx context.Context, e emitter, j *pb.SendJob) error {
 	if expired(j, e.now) {
 		return e.move(j.JobId, pb.JobState_EXPIRED, "expired before its scheduled time came", nil)
 	}
-	acc, ok := p.deps.Directory.Account(j.AccountId)
+	acc, ok := p.cfg.Directory.Account(j.AccountId)
 	if !ok {
 		return p.refuse(e, j, pb.JobState_CANCELLED, fmt.Errorf("unknown account: %d vanished before the job's time", j.AccountId))
 	}
-	targets, err := p.deps.Packages.Get(ctx, j.PackageUri)
+	targets, err := p.cfg.Packages.Get(ctx, j.PackageUri)
 	if err != nil {
 		return fmt.Errorf("%w: read package: %v", errTransient, err)
 	}
@@ -368,9 +366,9 @@ func (p *Planner) jobsSentToday(account uint64, now time.Time) uint32 {
 }
 
 func (p *Planner) validate(j *pb.SendJob, now time.Time) (Account, error) {
-	acc, ok := p.deps.Directory.Account(j.AccountId)
+	acc, ok := p.cfg.Directory.Account(j.AccountId)
 	limit := acc.DailyJobs
-	if last, ok := p.deps.Directory.LastDelivery(j.AccountId); ok {
+	if last, ok := p.cfg.Directory.LastDelivery(j.AccountId); ok {
 		limit = quota.AccountDailyJobs(acc.DailyJobs, last.Clicks, last.Targets, p.cfg.CTRMinTargets, p.cfg.TargetCTR)
 	}
 	switch {
@@ -424,7 +422,7 @@ func (p *Planner) converge(ctx context.Context, j *pb.SendJob) (*roaring.Bitmap,
 		if len(j.InlinePackage) > 0 {
 			set, err = numpkg.Decode(j.InlinePackage)
 		} else {
-			set, err = p.deps.Packages.Get(ctx, j.PackageUri)
+			set, err = p.cfg.Packages.Get(ctx, j.PackageUri)
 		}
 		if errors.Is(err, numpkg.ErrNotFound) {
 			// Not (yet) on push.packages: retried, then dead-lettered.
@@ -435,7 +433,7 @@ func (p *Planner) converge(ctx context.Context, j *pb.SendJob) (*roaring.Bitmap,
 		}
 	case pb.TargetSource_TAGS:
 		from = "tags"
-		if set, err = p.deps.Directory.Tags().Match(j.Tags); err != nil {
+		if set, err = p.cfg.Directory.Tags().Match(j.Tags); err != nil {
 			return nil, "", err
 		}
 	}
@@ -477,7 +475,7 @@ func (p *Planner) filterAndQueue(ctx context.Context, e emitter, j *pb.SendJob, 
 		return e.move(j.JobId, pb.JobState_COMPLETED, "no targets left after filtering", nil)
 	}
 	fjob := proto_clone(j)
-	uri, err := p.deps.Packages.Put(ctx, j.JobId+".filtered", kept)
+	uri, err := p.cfg.Packages.Put(ctx, j.JobId+".filtered", kept)
 	if err != nil {
 		return fmt.Errorf("%w: store filtered package: %v", errTransient, err)
 	}
@@ -515,7 +513,7 @@ func (p *Planner) observeLoad(l *pb.ExecutorLoad, now time.Time) {
 	ev.load, ev.seen = l, now
 }
 
-func (p *Planner) topic(name string) string { return p.deps.Namespace + name }
+func (p *Planner) topic(name string) string { return p.cfg.Namespace + name }
 
 func unitKey(jobID string, unit uint32) string { return fmt.Sprintf("%s/%d", jobID, unit) }
 

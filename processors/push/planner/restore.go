@@ -26,10 +26,10 @@ func proto_clone(j *pb.SendJob) *pb.SendJob { return proto.Clone(j).(*pb.SendJob
 // CRC and quota state from the filtered package of every job queued since;
 // unit completions from push.executors, from when the oldest job still
 // queued was queued.
-func (p *Planner) Restore(ctx context.Context, brokers []string) error {
+func (p *Planner) Restore(ctx context.Context) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.restore(ctx, brokers)
+	return p.restore(ctx)
 }
 
 // progress is what the transitions tell of a job not yet final.
@@ -39,7 +39,8 @@ type progress struct {
 	queuedAt int64 // ms, planner's clock
 }
 
-func (p *Planner) restore(ctx context.Context, brokers []string) error {
+func (p *Planner) restore(ctx context.Context) error {
+	brokers := p.cfg.Brokers
 	began := time.Now()
 	p.reset()
 	p.ckpt.next = nil // no checkpoint until the memory is whole again
@@ -98,7 +99,7 @@ func (p *Planner) restore(ctx context.Context, brokers []string) error {
 		default:
 			continue // before filtering: its timer or its next input moves it on
 		}
-		kept, err := p.deps.Packages.Get(ctx, pr.job.PackageUri)
+		kept, err := p.cfg.Packages.Get(ctx, pr.job.PackageUri)
 		if err != nil {
 			return fmt.Errorf("planner: restore %s: %w", id, err)
 		}
@@ -141,7 +142,7 @@ func (p *Planner) observe(ctx context.Context, r *kgo.Record, jobs map[string]*p
 			p.countJob(t.Job.AccountId, time.UnixMilli(t.AtMs).In(now.Location()))
 		}
 	case pb.JobState_QUEUED:
-		kept, err := p.deps.Packages.Get(ctx, t.Job.PackageUri)
+		kept, err := p.cfg.Packages.Get(ctx, t.Job.PackageUri)
 		if err != nil {
 			return fmt.Errorf("planner: restore %s: filtered package: %w", t.JobId, err)
 		}
@@ -154,7 +155,7 @@ func (p *Planner) observe(ctx context.Context, r *kgo.Record, jobs map[string]*p
 		pr.position = uint32(t.Position)
 	case pb.JobState_CANCELLED, pb.JobState_EXPIRED, pb.JobState_PARTIALLY_COMPLETED:
 		if pr.job != nil && pr.queuedAt != 0 { // it was filtered and charged
-			kept, err := p.deps.Packages.Get(ctx, pr.job.PackageUri)
+			kept, err := p.cfg.Packages.Get(ctx, pr.job.PackageUri)
 			if err != nil {
 				return fmt.Errorf("planner: restore %s: filtered package: %w", t.JobId, err)
 			}
@@ -206,12 +207,11 @@ const executorClockSkew = 10 * time.Minute
 // over-book executors and pre-empt blindly. Planning is light (hundreds of
 // thousands of jobs a day), so one active planner is enough; what matters
 // is that a standby takes over within seconds (SessionTimeout).
-func (p *Planner) Run(ctx context.Context, brokers []string, opts ...streams.Option) error {
-	p.brokers = brokers
-	inputs := append([]string{p.topic(schemas.TopicJobs), p.topic(schemas.TopicJobCommands), p.topic(schemas.TopicExecutors)}, p.deps.Directory.Topics()...)
+func (p *Planner) Run(ctx context.Context, opts ...streams.Option) error {
+	inputs := append([]string{p.topic(schemas.TopicJobs), p.topic(schemas.TopicJobCommands), p.topic(schemas.TopicExecutors)}, p.cfg.Directory.Topics()...)
 	opts = append([]streams.Option{
-		streams.Brokers(brokers...),
-		streams.Declare(Spec, p.deps.Namespace), // group: pipeline.PlannerGroup
+		streams.Brokers(p.cfg.Brokers...),
+		streams.Declare(Spec, p.cfg.Namespace), // group: pipeline.PlannerGroup
 		streams.Inputs(inputs...),
 		streams.DeadLetterTopic(p.topic(schemas.TopicDeadLetter)),
 		streams.SingleActive(),

@@ -20,7 +20,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
 	"net/http"
 	"strconv"
@@ -40,14 +39,14 @@ import (
 
 // Config configures the service.
 type Config struct {
-	Namespace string
-	Instance  string // this instance's name (its lease is kept under it)
-	Addr      string // HTTP listen address
-	Keys      *apikey.Keys
-	LowWater  int64 // central pool size under which the pool reports low
-	Local     []pool.AllocatorOption
-	Log       *slog.Logger
-	Metrics   *metrics.Registry
+	streams.Env
+	Instance string // this instance's name (its lease is kept under it)
+	Addr     string // HTTP listen address
+	Keys     *apikey.Keys
+	LowWater int64 // central pool size under which the pool reports low
+	Local    []pool.AllocatorOption
+	Central  *pool.Central  // the central pool in Redis (required)
+	Accounts *account.Store // who holds a uin, checked on release (required)
 }
 
 // MaxCount is the most uins one call allocates.
@@ -56,7 +55,6 @@ const MaxCount = 1000
 // Service is one uin-pool instance.
 type Service struct {
 	cfg      Config
-	brokers  []string
 	central  *pool.Central
 	accounts *account.Store
 	alloc    *pool.Allocator
@@ -70,19 +68,19 @@ type Service struct {
 	size                         metrics.Gauge
 }
 
+// EnsureDefaults fills what the Config left out.
+func (c *Config) EnsureDefaults() {
+	c.Env.EnsureDefaults()
+	if c.Instance == "" {
+		c.Instance = "pool"
+	}
+}
+
 // New returns a service; Run starts it.
-func New(cfg Config, brokers []string, central *pool.Central, accounts *account.Store) *Service {
-	if cfg.Log == nil {
-		cfg.Log = slog.Default()
-	}
-	if cfg.Metrics == nil {
-		cfg.Metrics = metrics.NewRegistry()
-	}
-	if cfg.Instance == "" {
-		cfg.Instance = "pool"
-	}
-	s := &Service{cfg: cfg, brokers: brokers, central: central, accounts: accounts,
-		alloc: pool.NewAllocator(central, cfg.Instance, cfg.Local...)}
+func New(cfg Config) *Service {
+	cfg.EnsureDefaults()
+	s := &Service{cfg: cfg, central: cfg.Central, accounts: cfg.Accounts,
+		alloc: pool.NewAllocator(cfg.Central, cfg.Instance, cfg.Local...)}
 	ops := cfg.Metrics.NewCounterVec("surge_uin_pool_ops_total", "uins allocated, released back and releases refused", "op")
 	s.allocated, s.released, s.refused = ops.With("allocate"), ops.With("release"), ops.With("release_refused")
 	s.size = cfg.Metrics.NewGaugeVec("surge_uin_pool_central_size", "uins in the central pool's buckets").With()
@@ -232,7 +230,7 @@ func (s *Service) handlePool(w http.ResponseWriter, _ *http.Request) {
 // one an account holds is refused to the dead-letter topic with a reason.
 func (s *Service) consumeReleases(ctx context.Context, opts ...streams.Option) error {
 	opts = append([]streams.Option{
-		streams.Brokers(s.brokers...),
+		streams.Brokers(s.cfg.Brokers...),
 		streams.Declare(Spec, s.cfg.Namespace), // at least once: the effect is in Redis, applied once by offset
 		streams.DeadLetterTopic(s.cfg.Namespace + schemas.TopicDeadLetter),
 		streams.Logger(s.cfg.Log.With("processor", "uin-pool")),

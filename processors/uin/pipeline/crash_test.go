@@ -33,9 +33,10 @@ func TestControllerChild(t *testing.T) {
 		t.Skip("run by TestEveryStepOnceAcrossCrashesAndCompetingInstances")
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("SURGE_RECYCLE_CHILD_REDIS")})
-	c := recycle.New(recycle.Config{Namespace: ns, Dir: os.Getenv("SURGE_RECYCLE_CHILD_DIR"),
-		Accounts: account.NewStore(rdb, ns), Pool: pool.NewCentral(rdb, ns+"pool:", 1000),
-		Policy: testPolicy(200 * time.Millisecond), Log: quiet}, strings.Split(os.Getenv("SURGE_RECYCLE_CHILD_BROKERS"), ","))
+	c := recycle.New(recycle.Config{
+		Env: streams.Env{Brokers: strings.Split(os.Getenv("SURGE_RECYCLE_CHILD_BROKERS"), ","), Namespace: ns, Log: quiet},
+		Dir: os.Getenv("SURGE_RECYCLE_CHILD_DIR"), Accounts: account.NewStore(rdb, ns), Pool: pool.NewCentral(rdb, ns+"pool:", 1000),
+		Policy: testPolicy(200 * time.Millisecond)})
 	// Static membership: a restarted instance takes its partitions back
 	// at once instead of after the dead one's session times out.
 	_ = c.Run(context.Background(), streams.InstanceID(os.Getenv("SURGE_RECYCLE_CHILD_ID")), streams.StaticMembership(),

@@ -120,12 +120,19 @@ func (s *Stack) streamOpts(name string) []streams.Option {
 	return append([]streams.Option{streams.Metrics(s.Opts.Metrics), streams.Logger(s.Opts.Log.With("processor", name))}, s.Opts.StreamOpts...)
 }
 
+// env is what the stack gives the processor called name.
+func (s *Stack) env(name string) streams.Env {
+	return streams.Env{Brokers: s.Brokers, Namespace: s.Opts.Namespace, Log: s.Opts.Log.With("processor", name), Metrics: s.Opts.Metrics}
+}
+
 // Start starts the tracker, the controllers and the timer service.
 func (s *Stack) Start(ctx context.Context) {
 	ns := s.Opts.Namespace
 	tc := s.Opts.Tracker
-	tc.Namespace, tc.Dir, tc.Log, tc.Metrics = ns, filepath.Join(s.Opts.Dir, "tracker"), s.Opts.Log, s.Opts.Metrics
-	s.Tracker = tracker.New(tc, s.Brokers)
+	now := tc.Now
+	tc.Env, tc.Dir = s.env("uin-tracker"), filepath.Join(s.Opts.Dir, "tracker")
+	tc.Now = now
+	s.Tracker = tracker.New(tc)
 	if s.runs(Tracker) {
 		s.Go(ctx, "tracker", func(ctx context.Context) error { return s.Tracker.Run(ctx, s.streamOpts("uin-tracker")...) })
 	}
@@ -135,18 +142,18 @@ func (s *Stack) Start(ctx context.Context) {
 		}
 	}
 	if s.runs(Timers) {
-		s.Timers = timer.New(s.Brokers, timer.Topic(ns+schemas.TopicTimers), timer.Dir(filepath.Join(s.Opts.Dir, "timers")),
-			timer.TransactionalID(ns+"surge-timer-uin"), timer.Targets(ns+"uin."), timer.Logger(s.Opts.Log), timer.Metrics(s.Opts.Metrics))
+		s.Timers = timer.New(timer.Config{Env: s.env("uin-timers"), Dir: filepath.Join(s.Opts.Dir, "timers"),
+			TransactionalID: ns + "surge-timer-uin", Targets: []string{ns + "uin."}})
 		s.Go(ctx, "timers", s.Timers.Run)
 	}
 	if s.runs(PoolAPI) {
 		pc := s.Opts.Pool
-		pc.Namespace, pc.Log, pc.Metrics = ns, s.Opts.Log, s.Opts.Metrics
-		s.PoolService = allocation.New(pc, s.Brokers, s.Pool, s.Accounts)
+		pc.Env, pc.Central, pc.Accounts = s.env("uin-pool"), s.Pool, s.Accounts
+		s.PoolService = allocation.New(pc)
 		s.Go(ctx, "pool", func(ctx context.Context) error { return s.PoolService.Run(ctx, s.Opts.StreamOpts...) })
 	}
 	if s.runs(Restore) {
-		s.Restore = restore.NewService(s.RestoreTool(), s.Opts.Log.With("processor", "uin-restore"))
+		s.Restore = restore.New(restore.Config{Env: s.env("uin-restore"), Accounts: s.Accounts, Pool: s.Pool})
 		s.Go(ctx, "restore", func(ctx context.Context) error { return s.Restore.Run(ctx, s.streamOpts("uin-restore")...) })
 	}
 }
@@ -164,8 +171,8 @@ func (s *Stack) StartController(ctx context.Context, i int) *recycle.Controller 
 	s.gen++ // a fresh store: the one it replaces may still be closing
 	dir := filepath.Join(s.Opts.Dir, fmt.Sprintf("recycle-%d-%d", i, s.gen))
 	s.mu.Unlock()
-	c := recycle.New(recycle.Config{Namespace: s.Opts.Namespace, Dir: dir,
-		Accounts: s.Accounts, Pool: s.Pool, Policy: s.Opts.Policy, Log: s.Opts.Log, Metrics: s.Opts.Metrics}, s.Brokers)
+	c := recycle.New(recycle.Config{Env: s.env("uin-recycle"), Dir: dir,
+		Accounts: s.Accounts, Pool: s.Pool, Policy: s.Opts.Policy})
 	s.mu.Lock()
 	for len(s.Controllers) <= i {
 		s.Controllers = append(s.Controllers, nil)

@@ -54,7 +54,7 @@ func TestTicketDataDriven(t *testing.T) {
 		}
 		defer db.Close()
 		now := epoch
-		c := New(Config{Namespace: "dd.", Accounts: accounts, Pool: central, Now: func() time.Time { return now }, Log: quiet}, nil)
+		c := New(Config{Env: streams.Env{Namespace: "dd.", Now: func() time.Time { return now }, Log: quiet}, Accounts: accounts, Pool: central})
 		c.db, c.staged, c.restored = db, newStore(db), newStore(db)
 
 		datadriven.RunTest(t, path, func(t *testing.T, d *datadriven.TestData) string {

@@ -26,7 +26,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"log/slog"
 	"math"
 	"sync"
 	"time"
@@ -71,21 +70,17 @@ func DefaultPolicy() Policy {
 
 // Config configures the controller.
 type Config struct {
-	Namespace  string
+	streams.Env
 	Dir        string // Pebble directory (a cache, wiped on start)
 	Accounts   *account.Store
 	Pool       *pool.Central
 	Policy     Policy
 	Partitions int // of uin.recycle-requests (default: the registry's)
-	Now        func() time.Time
-	Log        *slog.Logger
-	Metrics    *metrics.Registry
 }
 
 // Controller is the recycle step controller.
 type Controller struct {
 	cfg     Config
-	brokers []string
 	db      *pebble.DB
 	restore *streams.Restorer
 
@@ -99,33 +94,30 @@ type Controller struct {
 	mBannedLogins      metrics.CounterVec
 }
 
-// New returns a controller; Run starts it.
-func New(cfg Config, brokers []string) *Controller {
-	if cfg.Log == nil {
-		cfg.Log = slog.Default()
+// EnsureDefaults fills what the Config left out.
+func (c *Config) EnsureDefaults() {
+	c.Env.EnsureDefaults()
+	if c.Policy.Ban == nil {
+		c.Policy = DefaultPolicy()
 	}
-	if cfg.Metrics == nil {
-		cfg.Metrics = metrics.NewRegistry()
+	if c.Policy.EndedRetention <= c.Policy.TicketTTL {
+		c.Policy.EndedRetention = max(30*24*time.Hour, 2*c.Policy.TicketTTL)
 	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
-	}
-	if cfg.Policy.Ban == nil {
-		cfg.Policy = DefaultPolicy()
-	}
-	if cfg.Policy.EndedRetention <= cfg.Policy.TicketTTL {
-		cfg.Policy.EndedRetention = max(30*24*time.Hour, 2*cfg.Policy.TicketTTL)
-	}
-	if cfg.Partitions == 0 {
+	if c.Partitions == 0 {
 		t, _ := schemas.TopicByName(schemas.TopicRecycleReqs)
-		cfg.Partitions = int(t.Partitions)
+		c.Partitions = int(t.Partitions)
 	}
-	c := &Controller{cfg: cfg, brokers: brokers,
+}
+
+// New returns a controller; Run starts it.
+func New(cfg Config) *Controller {
+	cfg.EnsureDefaults()
+	c := &Controller{cfg: cfg,
 		mApplied:      cfg.Metrics.NewCounterVec("surge_uin_recycle_steps_total", "recycle steps applied", "step"),
 		mRefused:      cfg.Metrics.NewCounterVec("surge_uin_recycle_refused_total", "recycle requests not applied", "reason"),
 		mBannedLogins: cfg.Metrics.NewCounterVec("surge_uin_banned_logins_total", "login attempts of accounts banned for recycling", "category"),
 	}
-	c.restore = streams.NewRestorer(brokers, c.clearPartitions, c.applyChangelog,
+	c.restore = streams.NewRestorer(cfg.Brokers, c.clearPartitions, c.applyChangelog,
 		c.topic(schemas.TopicRecycleSteps), c.topic(schemas.TopicUsage))
 	c.restore.InputsOf(c.group(), c.topic(schemas.TopicUsage))
 	c.restore.AfterRebuild = func() error { return c.restored.commit() }
@@ -147,7 +139,7 @@ func (c *Controller) Run(ctx context.Context, opts ...streams.Option) error {
 	c.restored.retention, c.restored.now = c.cfg.Policy.EndedRetention, c.cfg.Now
 	c.mu.Unlock()
 	opts = append([]streams.Option{
-		streams.Brokers(c.brokers...),
+		streams.Brokers(c.cfg.Brokers...),
 		streams.Declare(Spec, c.cfg.Namespace), // group: c.group()
 		streams.DeadLetterTopic(c.topic(schemas.TopicDeadLetter)),
 		streams.ClientOpts(kgo.Balancers(kgo.RangeBalancer())), // requests and usage co-partitioned by uin

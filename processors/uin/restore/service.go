@@ -10,6 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"surge/processors/uin/account"
 	"surge/processors/uin/pool"
 	"surge/schemas"
 	pb "surge/schemas/surgev1"
@@ -23,17 +24,30 @@ import (
 // (Tool.Restore), so a request consumed again after a crash restores onto
 // the same uin and is answered once.
 type Service struct {
+	cfg  Config
 	tool *Tool
 	log  *slog.Logger
 }
 
-// NewService returns the service over tool's stores and topics.
-func NewService(tool *Tool, log *slog.Logger) *Service {
-	if log == nil {
-		log = slog.Default()
-	}
-	return &Service{tool: tool, log: log}
+// Config configures the restore service.
+type Config struct {
+	streams.Env
+	Accounts *account.Store // accounts in Redis (required)
+	Pool     *pool.Central  // the central pool a restore takes a uin from (required)
 }
+
+// EnsureDefaults fills what the Config left out.
+func (c *Config) EnsureDefaults() { c.Env.EnsureDefaults() }
+
+// New returns the service; Run starts it.
+func New(cfg Config) *Service {
+	cfg.EnsureDefaults()
+	return &Service{cfg: cfg, log: cfg.Log, tool: &Tool{Brokers: cfg.Brokers, Namespace: cfg.Namespace,
+		Accounts: cfg.Accounts, Pool: cfg.Pool, Now: cfg.Now}}
+}
+
+// Tool is the restore the service runs for each request.
+func (s *Service) Tool() *Tool { return s.tool }
 
 // Run serves until ctx ends.
 func (s *Service) Run(ctx context.Context, opts ...streams.Option) error {
@@ -59,7 +73,7 @@ func (s *Service) handle(ctx context.Context, in *kgo.Record, req *pb.RestoreReq
 	case string(in.Key) != req.Username:
 		return streams.Reject(fmt.Sprintf("restore request keyed %q, not by its username %q", in.Key, req.Username), nil)
 	}
-	now := time.Now()
+	now := s.cfg.Now()
 	res, err := s.tool.Restore(ctx, req.RequestId, req.Username)
 	answer := &pb.RestoreResult{RequestId: req.RequestId, Username: req.Username, OldUin: uint64(res.OldUin), AtMs: now.UnixMilli()}
 	switch {

@@ -39,7 +39,7 @@ func TestTrackerDataDriven(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer db.Close()
-		tr := New(Config{Namespace: "dd.", Now: func() time.Time { return epoch }, Log: quiet}, nil)
+		tr := New(Config{Env: streams.Env{Namespace: "dd.", Now: func() time.Time { return epoch }, Log: quiet}})
 		tr.db, tr.staged = db, db.NewIndexedBatch()
 		datadriven.RunTest(t, path, func(t *testing.T, d *datadriven.TestData) string {
 			var uin uint64

@@ -24,7 +24,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"log/slog"
 	"math"
 	"sync"
 	"time"
@@ -66,14 +65,11 @@ type Rules struct {
 
 // Config configures the tracker.
 type Config struct {
-	Namespace   string
+	streams.Env
 	Dir         string
 	Checkpoints []time.Duration // after allocation
 	Rules       Rules
 	Partitions  int
-	Now         func() time.Time
-	Log         *slog.Logger
-	Metrics     *metrics.Registry
 }
 
 // DefaultCheckpoints are the 4 checkpoints; later ones are the stock
@@ -83,7 +79,6 @@ var DefaultCheckpoints = []time.Duration{time.Hour, 24 * time.Hour, 7 * 24 * tim
 // Tracker is the registration tracking processor.
 type Tracker struct {
 	cfg     Config
-	brokers []string
 	db      *pebble.DB
 	restore *streams.Restorer
 
@@ -93,30 +88,27 @@ type Tracker struct {
 	mVerdicts metrics.CounterVec
 }
 
-// New returns a tracker; Run starts it.
-func New(cfg Config, brokers []string) *Tracker {
-	if cfg.Log == nil {
-		cfg.Log = slog.Default()
+// EnsureDefaults fills what the Config left out.
+func (c *Config) EnsureDefaults() {
+	c.Env.EnsureDefaults()
+	if len(c.Checkpoints) == 0 {
+		c.Checkpoints = DefaultCheckpoints
 	}
-	if cfg.Metrics == nil {
-		cfg.Metrics = metrics.NewRegistry()
+	if c.Rules == (Rules{}) {
+		c.Rules = Rules{SpamReports: 3, BurstMessages: 50}
 	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
-	}
-	if len(cfg.Checkpoints) == 0 {
-		cfg.Checkpoints = DefaultCheckpoints
-	}
-	if cfg.Rules == (Rules{}) {
-		cfg.Rules = Rules{SpamReports: 3, BurstMessages: 50}
-	}
-	if cfg.Partitions == 0 {
+	if c.Partitions == 0 {
 		t, _ := schemas.TopicByName(schemas.TopicRegistrations)
-		cfg.Partitions = int(t.Partitions)
+		c.Partitions = int(t.Partitions)
 	}
-	t := &Tracker{cfg: cfg, brokers: brokers,
+}
+
+// New returns a tracker; Run starts it.
+func New(cfg Config) *Tracker {
+	cfg.EnsureDefaults()
+	t := &Tracker{cfg: cfg,
 		mVerdicts: cfg.Metrics.NewCounterVec("surge_uin_tracking_verdicts_total", "registration check verdicts", "verdict")}
-	t.restore = streams.NewRestorer(brokers, t.clearPartitions, t.applyChangelog, t.topic(schemas.TopicTracking))
+	t.restore = streams.NewRestorer(cfg.Brokers, t.clearPartitions, t.applyChangelog, t.topic(schemas.TopicTracking))
 	return t
 }
 
@@ -135,7 +127,7 @@ func (t *Tracker) Run(ctx context.Context, opts ...streams.Option) error {
 	t.db, t.staged = db, db.NewIndexedBatch()
 	t.mu.Unlock()
 	opts = append([]streams.Option{
-		streams.Brokers(t.brokers...),
+		streams.Brokers(t.cfg.Brokers...),
 		streams.Declare(Spec, t.cfg.Namespace),
 		streams.DeadLetterTopic(t.topic(schemas.TopicDeadLetter)),
 		streams.ClientOpts(kgo.Balancers(kgo.RangeBalancer())),

@@ -11,7 +11,7 @@ import (
 
 // TestJudge covers each rule at the checkpoints where it applies.
 func TestJudge(t *testing.T) {
-	tr := tracker.New(tracker.Config{}, nil) // default checkpoints (4) and rules (3 reports, 50 messages)
+	tr := tracker.New(tracker.Config{}) // default checkpoints (4) and rules (3 reports, 50 messages)
 	day := (24 * time.Hour).Milliseconds()
 	reg := int64(1_000_000)
 	live := func() *pb.Tracking {

@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"strconv"
 	"strings"
@@ -40,18 +39,18 @@ type Granter interface {
 	Grant(ctx context.Context, g *pb.RewardGrant) (*grant.Result, error)
 }
 
-// Server serves the API.
-type Server struct {
-	Intake    *grant.Intake
-	Batcher   Granter // when set, grants go through it instead of Intake
-	Ledger    *ledger.Ledger
-	Counter   *counter.Counter
-	Producer  *kgo.Client
-	Redis     redis.UniversalClient
-	Config    *config.Source
-	Namespace string
-	Log       *slog.Logger
-	Timeout   time.Duration // how long a withdrawal waits for the ledger's answer
+// Config configures the API: the intake and ledger it fronts, and who may
+// call it.
+type Config struct {
+	streams.Env
+	Intake   *grant.Intake
+	Batcher  Granter // when set, grants go through it instead of Intake
+	Ledger   *ledger.Ledger
+	Counter  *counter.Counter
+	Producer *kgo.Client
+	Redis    redis.UniversalClient
+	Source   *config.Source
+	Timeout  time.Duration // how long a withdrawal waits for the ledger's answer (default 10 s)
 	// Advertise is this instance's own address (the ledger's
 	// Config.Advertise), named on the reads it sends on to the owner of
 	// their user.
@@ -61,7 +60,19 @@ type Server struct {
 	// its cost only; `surge wallet` always sets them).
 	Apps  *auth.Apps
 	Users *auth.Users
-	Now   func() time.Time
+}
+
+// EnsureDefaults fills what the Config left out.
+func (c *Config) EnsureDefaults() {
+	c.Env.EnsureDefaults()
+	if c.Timeout == 0 {
+		c.Timeout = 10 * time.Second
+	}
+}
+
+// Server serves the API.
+type Server struct {
+	cfg Config
 
 	forwarded atomic.Int64
 
@@ -69,10 +80,16 @@ type Server struct {
 	waiters map[string]chan *pb.Withdrawal
 }
 
+// New returns a server; Handler serves it, FollowResults must run.
+func New(cfg Config) *Server {
+	cfg.EnsureDefaults()
+	return &Server{cfg: cfg}
+}
+
 // FollowResults delivers the ledger's withdrawal answers to waiting
 // requests; it runs until ctx ends.
-func (s *Server) FollowResults(ctx context.Context, brokers []string) error {
-	_, err := streams.FollowTable(ctx, brokers, s.Namespace+schemas.TopicWithdrawResult, func(r *kgo.Record) {
+func (s *Server) FollowResults(ctx context.Context) error {
+	_, err := streams.FollowTable(ctx, s.cfg.Brokers, s.cfg.Namespace+schemas.TopicWithdrawResult, func(r *kgo.Record) {
 		var w pb.Withdrawal
 		if streams.Decode(r, &w) != nil {
 			return
@@ -100,14 +117,9 @@ func (s *Server) Handler() http.Handler {
 	return mux
 }
 
-func (s *Server) now() time.Time {
-	if s.Now != nil {
-		return s.Now()
-	}
-	return time.Now()
-}
+func (s *Server) now() time.Time { return s.cfg.Now() }
 
-func (s *Server) authOff() bool { return s.Apps == nil && s.Users == nil }
+func (s *Server) authOff() bool { return s.cfg.Apps == nil && s.cfg.Users == nil }
 
 // denied answers a refused caller: 401 for no or bad credentials, 403
 // for good credentials that do not open this.
@@ -126,10 +138,10 @@ func (s *Server) userOf(r *http.Request) (string, error) {
 	if tok == "" {
 		return "", fmt.Errorf("%w: no user token (want Authorization: Bearer <token>)", auth.ErrUnauthenticated)
 	}
-	if s.Users == nil {
+	if s.cfg.Users == nil {
 		return "", fmt.Errorf("%w: no user keys configured", auth.ErrUnauthenticated)
 	}
-	c, err := s.Users.Verify(tok, s.now())
+	c, err := s.cfg.Users.Verify(tok, s.now())
 	return c.Sub, err
 }
 
@@ -138,10 +150,10 @@ func (s *Server) appOf(r *http.Request, body []byte) (string, error) {
 	if s.authOff() {
 		return "", nil
 	}
-	if s.Apps == nil {
+	if s.cfg.Apps == nil {
 		return "", fmt.Errorf("%w: no app keys configured", auth.ErrUnauthenticated)
 	}
-	return s.Apps.Verify(r, body, s.now())
+	return s.cfg.Apps.Verify(r, body, s.now())
 }
 
 // user lets through only the holder of a user token for the path's actID.
@@ -286,9 +298,9 @@ func (s *Server) grantOne(ctx context.Context, app string, g *pb.RewardGrant, wi
 	default:
 		return http.StatusForbidden, map[string]any{"error": fmt.Sprintf("%v: app %s may not grant as app %s", auth.ErrForbidden, app, g.AppId)}
 	}
-	var granter Granter = s.Intake
-	if s.Batcher != nil {
-		granter = s.Batcher
+	var granter Granter = s.cfg.Intake
+	if s.cfg.Batcher != nil {
+		granter = s.cfg.Batcher
 	}
 	res, err := granter.Grant(ctx, g)
 	code := http.StatusOK
@@ -331,13 +343,13 @@ func (s *Server) readFailed(w http.ResponseWriter, r *http.Request, err error) {
 		fail(w, http.StatusServiceUnavailable, fmt.Errorf("%w (sent here by %s; the group is rebalancing, retry)", err, by))
 		return
 	}
-	owner, oerr := s.Ledger.Owner(r.Context(), r.PathValue("act"))
+	owner, oerr := s.cfg.Ledger.Owner(r.Context(), r.PathValue("act"))
 	if oerr != nil {
 		fail(w, http.StatusServiceUnavailable, errors.Join(err, oerr))
 		return
 	}
 	req, _ := http.NewRequestWithContext(r.Context(), http.MethodGet, strings.TrimSuffix(owner, "/")+r.URL.RequestURI(), nil)
-	req.Header.Set(forwardedHeader, s.Advertise)
+	req.Header.Set(forwardedHeader, s.cfg.Advertise)
 	req.Header.Set("Authorization", r.Header.Get("Authorization")) // the owner checks the caller again
 	resp, ferr := ownerClient.Do(req)
 	if ferr != nil {
@@ -359,7 +371,7 @@ var ownerClient = &http.Client{Timeout: 2 * time.Second}
 func (s *Server) Forwarded() int64 { return s.forwarded.Load() }
 
 func (s *Server) balance(w http.ResponseWriter, r *http.Request) {
-	v, err := s.Ledger.Balance(r.Context(), r.PathValue("act"))
+	v, err := s.cfg.Ledger.Balance(r.Context(), r.PathValue("act"))
 	if err != nil {
 		s.readFailed(w, r, err)
 		return
@@ -373,7 +385,7 @@ func (s *Server) flow(w http.ResponseWriter, r *http.Request) {
 	if size <= 0 || size > 100 {
 		size = 20
 	}
-	items, v, err := s.Ledger.Flow(r.Context(), r.PathValue("act"), max(page, 0), size)
+	items, v, err := s.cfg.Ledger.Flow(r.Context(), r.PathValue("act"), max(page, 0), size)
 	if err != nil {
 		s.readFailed(w, r, err)
 		return
@@ -386,11 +398,11 @@ func (s *Server) flow(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) total(w http.ResponseWriter, _ *http.Request) {
-	if s.Counter == nil || s.Config.Tree().Degraded(guard.Counter) {
+	if s.cfg.Counter == nil || s.cfg.Source.Tree().Degraded(guard.Counter) {
 		fail(w, http.StatusServiceUnavailable, errors.New("live total switched off"))
 		return
 	}
-	reply(w, http.StatusOK, map[string]any{"total": s.Counter.Shown()})
+	reply(w, http.StatusOK, map[string]any{"total": s.cfg.Counter.Shown()})
 }
 
 // releaseLock deletes a withdrawal lock only while it is still the
@@ -410,19 +422,19 @@ func (s *Server) withdraw(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	// One withdrawal per user at a time (a double-clicked button); the
 	// ledger's per-user order keeps the balance right even without it.
-	if !s.Config.Tree().Degraded(guard.Lock) {
-		lock := s.Namespace + "wlock:" + act
-		ok, err := s.Redis.SetNX(ctx, lock, req.WithdrawID, 10*time.Second).Result()
+	if !s.cfg.Source.Tree().Degraded(guard.Lock) {
+		lock := s.cfg.Namespace + "wlock:" + act
+		ok, err := s.cfg.Redis.SetNX(ctx, lock, req.WithdrawID, 10*time.Second).Result()
 		if err == nil && !ok {
 			// A retry of the same withdrawal (its first try's instance
 			// died holding the lock) goes on: the ledger books an id once.
-			if holder, _ := s.Redis.Get(ctx, lock).Result(); holder != req.WithdrawID {
+			if holder, _ := s.cfg.Redis.Get(ctx, lock).Result(); holder != req.WithdrawID {
 				fail(w, http.StatusConflict, errors.New("another withdrawal of this user is in progress"))
 				return
 			}
 		}
 		if err == nil {
-			defer releaseLock.Run(context.WithoutCancel(ctx), s.Redis, []string{lock}, req.WithdrawID)
+			defer releaseLock.Run(context.WithoutCancel(ctx), s.cfg.Redis, []string{lock}, req.WithdrawID)
 		}
 	}
 	ch := make(chan *pb.Withdrawal, 1)
@@ -433,19 +445,16 @@ func (s *Server) withdraw(w http.ResponseWriter, r *http.Request) {
 	s.waiters[req.WithdrawID] = ch
 	s.mu.Unlock()
 	defer func() { s.mu.Lock(); delete(s.waiters, req.WithdrawID); s.mu.Unlock() }()
-	rec, err := streams.NewRecord(s.Namespace+schemas.TopicWithdrawals, []byte(act),
+	rec, err := streams.NewRecord(s.cfg.Namespace+schemas.TopicWithdrawals, []byte(act),
 		&pb.Withdrawal{WithdrawId: req.WithdrawID, ActId: act, Amount: req.Amount, AtMs: time.Now().UnixMilli()})
 	if err == nil {
-		err = s.Producer.ProduceSync(ctx, rec).FirstErr()
+		err = s.cfg.Producer.ProduceSync(ctx, rec).FirstErr()
 	}
 	if err != nil {
 		fail(w, http.StatusServiceUnavailable, err)
 		return
 	}
-	timeout := s.Timeout
-	if timeout == 0 {
-		timeout = 10 * time.Second
-	}
+	timeout := s.cfg.Timeout
 	select {
 	case res := <-ch:
 		body := map[string]any{"withdraw_id": res.WithdrawId, "balance_after": res.BalanceAfter, "force_booked": res.ForceBooked}

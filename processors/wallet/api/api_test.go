@@ -112,7 +112,7 @@ func newStack(t *testing.T, b streamstest.Backend, rdb *redis.Client, ns string,
 	st := stack{log: slog.New(slog.NewTextHandler(io.Discard, nil)), src: config.Static(tree()),
 		cl: streamstest.Client(t, b.Brokers, kgo.ProducerLinger(time.Millisecond))}
 	st.keys, _ = token.Generate("k")
-	st.in = grant.New(grant.Deps{Config: st.src, Keys: st.keys, Redis: rdb, Producer: st.cl, Log: st.log, Namespace: ns})
+	st.in = grant.New(grant.Config{Env: streams.Env{Namespace: ns, Log: st.log}, Source: st.src, Keys: st.keys, Redis: rdb, Producer: st.cl})
 	return st
 }
 
@@ -360,14 +360,15 @@ func TestReadsGoToThePartitionOwner(t *testing.T) {
 				handler.Load().(http.Handler).ServeHTTP(w, r)
 			}))
 			t.Cleanup(srv.Close)
-			led := ledger.New(ledger.Config{Namespace: ns, Dir: t.TempDir(), Source: src, Keys: keys, Tokens: in.Tokens(), Log: log,
-				Advertise: srv.URL}, b.Brokers)
+			env := streams.Env{Brokers: b.Brokers, Namespace: ns, Log: log}
+			led := ledger.New(ledger.Config{Env: env, Dir: t.TempDir(), Source: src, Keys: keys, Tokens: in.Tokens(),
+				Advertise: srv.URL})
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan error, 1)
 			go func() { done <- led.Run(ctx, streams.InstanceID(name)) }()
 			t.Cleanup(func() { cancel(); <-done })
-			s := &api.Server{Intake: in, Ledger: led, Producer: cl, Redis: rdb, Config: src, Namespace: ns, Log: log, Advertise: srv.URL,
-				Apps: apps, Users: users}
+			s := api.New(api.Config{Env: env, Intake: in, Ledger: led, Producer: cl, Redis: rdb, Source: src, Advertise: srv.URL,
+				Apps: apps, Users: users})
 			handler.Store(s.Handler())
 			return instance{led, s, srv}
 		}

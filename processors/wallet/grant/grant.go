@@ -13,7 +13,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"log/slog"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -47,23 +46,23 @@ var (
 	ErrConflict = errors.New("order number reused with a different grant")
 )
 
-// Deps are the intake's dependencies.
-type Deps struct {
-	Config   *config.Source
+// Config configures the intake: its stores, its producer and its rules.
+type Config struct {
+	// Env.Namespace prefixes every topic and Redis key (a unique one per
+	// test); load-test traffic adds the shadow prefix on top.
+	streams.Env
+	Source   *config.Source // the wallet's configuration: activities, limits, switches
 	Keys     *token.Keyring
 	Redis    redis.UniversalClient
 	Producer *kgo.Client
-	Log      *slog.Logger
-	Metrics  *metrics.Registry
-	Now      func() time.Time
-	// Namespace prefixes every topic and Redis key (a unique one per test);
-	// load-test traffic adds the shadow prefix on top.
-	Namespace string
 }
+
+// EnsureDefaults fills what the Config left out.
+func (c *Config) EnsureDefaults() { c.Env.EnsureDefaults() }
 
 // Intake accepts grants.
 type Intake struct {
-	d       Deps
+	cfg     Config
 	live    lane
 	shadow  lane
 	local   *guard.Bucket
@@ -83,24 +82,16 @@ type lane struct {
 }
 
 // New returns an intake.
-func New(d Deps) *Intake {
-	if d.Log == nil {
-		d.Log = slog.Default()
-	}
-	if d.Metrics == nil {
-		d.Metrics = metrics.NewRegistry()
-	}
-	if d.Now == nil {
-		d.Now = time.Now
-	}
+func New(cfg Config) *Intake {
+	cfg.EnsureDefaults()
 	mk := func(ns, keys string, ttl time.Duration) lane {
-		return lane{ns: ns, keys: keys, ttl: ttl, tokens: NewTokens(d.Redis, keys+"wtok:", ttl), stock: stock.New(d.Redis, keys+"wstock:", 8),
+		return lane{ns: ns, keys: keys, ttl: ttl, tokens: NewTokens(cfg.Redis, keys+"wtok:", ttl), stock: stock.New(cfg.Redis, keys+"wstock:", 8),
 			keyedCash: &keyedCashClaims{marker: keys + "wgrant-cash-keyed"}}
 	}
-	ns := d.Namespace
-	in := &Intake{d: d, live: mk(ns, ns, 0), shadow: mk(schemas.ShadowPrefix+ns, "shadow:"+ns, 24*time.Hour),
-		local: guard.NewBucket(d.Config.Tree().RateLimits.GrantsPerInstance), global: guard.NewGlobal(d.Redis, ns+"wlimit:")}
-	in.mResult = d.Metrics.NewCounterVec("surge_wallet_grants_total", "grants by outcome", "outcome")
+	ns := cfg.Namespace
+	in := &Intake{cfg: cfg, live: mk(ns, ns, 0), shadow: mk(schemas.ShadowPrefix+ns, "shadow:"+ns, 24*time.Hour),
+		local: guard.NewBucket(cfg.Source.Tree().RateLimits.GrantsPerInstance), global: guard.NewGlobal(cfg.Redis, ns+"wlimit:")}
+	in.mResult = cfg.Metrics.NewCounterVec("surge_wallet_grants_total", "grants by outcome", "outcome")
 	return in
 }
 
@@ -167,9 +158,9 @@ type pending struct {
 // then spend budget and stock.
 func (in *Intake) GrantBatch(ctx context.Context, gs []*pb.RewardGrant) []Outcome {
 	outs := make([]Outcome, len(gs))
-	tree := in.d.Config.Tree()
+	tree := in.cfg.Source.Tree()
 	in.local.SetRate(tree.RateLimits.GrantsPerInstance)
-	now := in.d.Now()
+	now := in.cfg.Now()
 	var keyed, tokened []*pending
 	for i, g := range gs {
 		p, err := in.validate(ctx, tree, g, now)
@@ -268,7 +259,7 @@ func (in *Intake) validate(ctx context.Context, tree *config.Tree, g *pb.RewardG
 // for a duplicate of a grant that was never published.
 func (in *Intake) claim(ctx context.Context, ps []*pending) error {
 	batch := batchMark()
-	pipe := in.d.Redis.Pipeline()
+	pipe := in.cfg.Redis.Pipeline()
 	cmds := make([]*redis.BoolCmd, len(ps))
 	held := make([]*redis.StringCmd, len(ps))
 	marked := map[*keyedCashClaims]bool{}
@@ -283,7 +274,7 @@ func (in *Intake) claim(ctx context.Context, ps []*pending) error {
 		}
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-		release := in.d.Redis.Pipeline()
+		release := in.cfg.Redis.Pipeline()
 		for _, p := range ps {
 			releaseClaimScript.Eval(context.WithoutCancel(ctx), release, []string{p.idem}, p.mark)
 		}
@@ -385,14 +376,14 @@ func (k *keyedCashClaims) mayExist(ctx context.Context, rdb redis.UniversalClien
 func (in *Intake) claimedByKey(ctx context.Context, tokened []*pending, now time.Time) []*pending {
 	var look []*pending
 	for _, p := range tokened {
-		if p.l.keyedCash.mayExist(ctx, in.d.Redis, now) {
+		if p.l.keyedCash.mayExist(ctx, in.cfg.Redis, now) {
 			look = append(look, p)
 		}
 	}
 	if len(look) == 0 {
 		return tokened
 	}
-	pipe := in.d.Redis.Pipeline()
+	pipe := in.cfg.Redis.Pipeline()
 	cmds := make(map[*pending]*redis.StringCmd, len(look))
 	for _, p := range look {
 		cmds[p] = pipe.Get(ctx, p.l.keys+"wgrant:"+p.g.OrderNo)
@@ -429,7 +420,7 @@ func (in *Intake) undo(ctx context.Context, ps []*pending) {
 		return
 	}
 	ctx = context.WithoutCancel(ctx)
-	pipe := in.d.Redis.Pipeline()
+	pipe := in.cfg.Redis.Pipeline()
 	for _, p := range ps {
 		if p.idem != "" {
 			pipe.Del(ctx, p.idem)
@@ -462,7 +453,7 @@ func (in *Intake) spendBudget(ctx context.Context, ps []*pending) []*pending {
 			sum += p.g.Amount
 		}
 		budget := group[0].phase.Budget
-		spent, err := in.d.Redis.IncrBy(ctx, key, sum).Result()
+		spent, err := in.cfg.Redis.IncrBy(ctx, key, sum).Result()
 		if err == nil && spent <= budget {
 			for _, p := range group {
 				p.spent = true
@@ -470,15 +461,15 @@ func (in *Intake) spendBudget(ctx context.Context, ps []*pending) []*pending {
 			continue
 		}
 		if err == nil {
-			_ = in.d.Redis.DecrBy(context.WithoutCancel(ctx), key, sum).Err()
+			_ = in.cfg.Redis.DecrBy(context.WithoutCancel(ctx), key, sum).Err()
 		}
 		for _, p := range group { // slow path: one by one
-			spent, err := in.d.Redis.IncrBy(ctx, key, p.g.Amount).Result()
+			spent, err := in.cfg.Redis.IncrBy(ctx, key, p.g.Amount).Result()
 			switch {
 			case err != nil:
 				*p.out = Outcome{Err: fmt.Errorf("grant: budget: %w", err)}
 			case spent > budget:
-				_ = in.d.Redis.DecrBy(context.WithoutCancel(ctx), key, p.g.Amount).Err()
+				_ = in.cfg.Redis.DecrBy(context.WithoutCancel(ctx), key, p.g.Amount).Err()
 				_, e := in.refuse("over_budget", fmt.Errorf("%w: %s has %d of %d left", ErrOverBudget, p.phase.ID, budget-(spent-p.g.Amount), budget))
 				*p.out = Outcome{Err: e}
 			default:
@@ -555,7 +546,7 @@ func (in *Intake) knownTokens(ctx context.Context, ps []*pending) []*pb.Token {
 	if len(ps) == 0 {
 		return nil
 	}
-	pipe := in.d.Redis.Pipeline()
+	pipe := in.cfg.Redis.Pipeline()
 	cmds := make([]*redis.StringCmd, len(ps))
 	for i, p := range ps {
 		cmds[i] = p.l.tokens.get(ctx, pipe, p.g.ActId, p.g.OrderNo)
@@ -584,7 +575,7 @@ func (in *Intake) sign(ctx context.Context, ps []*pending, now time.Time) []*pen
 			batch = append(batch, p.tok)
 		}
 	}
-	in.d.Keys.SignBatch(batch)
+	in.cfg.Keys.SignBatch(batch)
 	failed := map[*pending]bool{}
 	for _, p := range ps {
 		var err error
@@ -609,7 +600,7 @@ func (in *Intake) sign(ctx context.Context, ps []*pending, now time.Time) []*pen
 // grant whose order number is taken is a duplicate: it gets the token
 // already there and its budget back.
 func (in *Intake) claimTokens(ctx context.Context, ps []*pending, now time.Time) []*pending {
-	pipe := in.d.Redis.Pipeline()
+	pipe := in.cfg.Redis.Pipeline()
 	cmds := map[*pending]*redis.BoolCmd{}
 	for _, p := range ps {
 		if p.idem == "" && p.tokRec != nil {
@@ -657,7 +648,7 @@ func (in *Intake) claimTokens(ctx context.Context, ps []*pending, now time.Time)
 		}
 	}
 	if len(again) > 0 {
-		if err := in.d.Producer.ProduceSync(ctx, again...).FirstErr(); err != nil {
+		if err := in.cfg.Producer.ProduceSync(ctx, again...).FirstErr(); err != nil {
 			for _, p := range againFor {
 				*p.out = Outcome{Err: fmt.Errorf("grant: publish again: %w", err)}
 			}
@@ -691,7 +682,7 @@ func (in *Intake) publish(ctx context.Context, ps []*pending) {
 	// Only the records that failed are undone: the others are published,
 	// and undoing them would let a retry publish its order number again.
 	failed := map[*kgo.Record]error{}
-	for _, res := range in.d.Producer.ProduceSync(ctx, recs...) {
+	for _, res := range in.cfg.Producer.ProduceSync(ctx, recs...) {
 		if res.Err != nil {
 			failed[res.Record] = res.Err
 		}

@@ -20,7 +20,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"log/slog"
 	"math"
 	"sort"
 	"sync"
@@ -45,13 +44,11 @@ import (
 
 // Config configures the ledger.
 type Config struct {
-	Namespace string
-	Dir       string
-	Source    *config.Source
-	Keys      *token.Keyring
-	Tokens    *grant.Tokens // the users' unbooked tokens (reads, forced booking)
-	Log       *slog.Logger
-	Metrics   *metrics.Registry
+	streams.Env
+	Dir    string
+	Source *config.Source
+	Keys   *token.Keyring
+	Tokens *grant.Tokens // the users' unbooked tokens (reads, forced booking)
 	// Advertise is the address of this instance's API ("http://host:port"),
 	// told to the other instances through the consumer group so they can
 	// send it the reads of the users it owns (see Owner).
@@ -71,7 +68,6 @@ type Config struct {
 // Ledger is the booking processor and the read side.
 type Ledger struct {
 	cfg         Config
-	brokers     []string
 	db          *pebble.DB
 	keys        *localstore.KeyFilter // keys the store may hold: most lookups are of new orders
 	ledgerTopic string
@@ -110,19 +106,19 @@ type Ledger struct {
 	mLookupFilter, mLookupFound, mLookupMissed metrics.Counter
 }
 
+// EnsureDefaults fills what the Config left out.
+func (c *Config) EnsureDefaults() {
+	c.Env.EnsureDefaults()
+	if c.ExpectedKeys <= 0 {
+		c.ExpectedKeys = 8 << 20
+	}
+}
+
 // New returns a ledger.
-func New(cfg Config, brokers []string) *Ledger {
-	if cfg.Log == nil {
-		cfg.Log = slog.Default()
-	}
-	if cfg.Metrics == nil {
-		cfg.Metrics = metrics.NewRegistry()
-	}
-	if cfg.ExpectedKeys <= 0 {
-		cfg.ExpectedKeys = 8 << 20
-	}
+func New(cfg Config) *Ledger {
+	cfg.EnsureDefaults()
 	c := cfg.Metrics.NewCounterVec("surge_wallet_ledger_total", "ledger events", "event")
-	l := &Ledger{cfg: cfg, brokers: brokers, ledgerTopic: cfg.Namespace + schemas.TopicLedger, seen: token.NewVerified(1 << 20), limit: guard.NewBucket(cfg.Source.Tree().RateLimits.BookingsPerSecond),
+	l := &Ledger{cfg: cfg, ledgerTopic: cfg.Namespace + schemas.TopicLedger, seen: token.NewVerified(1 << 20), limit: guard.NewBucket(cfg.Source.Tree().RateLimits.BookingsPerSecond),
 		mBooked: c.With("booked"), mForged: c.With("forged_token"), mRefused: c.With("withdrawal_refused")}
 	lk := cfg.Metrics.NewCounterVec("surge_wallet_ledger_order_lookups_total", "is-this-order-booked lookups by how they were answered", "answer")
 	l.mLookupFilter, l.mLookupFound, l.mLookupMissed = lk.With("filter_absent"), lk.With("store_found"), lk.With("store_absent")
@@ -256,11 +252,11 @@ func (l *Ledger) Run(ctx context.Context, opts ...streams.Option) error {
 	l.resetStore() // the store is rebuilt below, from nothing
 	start := time.Now()
 	n := 0
-	if l.partitions, err = streams.PartitionCount(ctx, l.brokers, l.topic(schemas.TopicTokens)); err != nil {
+	if l.partitions, err = streams.PartitionCount(ctx, l.cfg.Brokers, l.topic(schemas.TopicTokens)); err != nil {
 		return fmt.Errorf("ledger: %w", err)
 	}
-	l.restore = streams.NewRestorer(l.brokers, l.clearPartitions, l.applyRestored, l.ledgerTopic)
-	l.owners = &owners{brokers: l.brokers, group: l.cfg.Namespace + "wallet-ledger", topic: l.topic(schemas.TopicTokens),
+	l.restore = streams.NewRestorer(l.cfg.Brokers, l.clearPartitions, l.applyRestored, l.ledgerTopic)
+	l.owners = &owners{brokers: l.cfg.Brokers, group: l.cfg.Namespace + "wallet-ledger", topic: l.topic(schemas.TopicTokens),
 		self: l.cfg.Advertise + "#" + cmp.Or(l.cfg.InstanceID, instanceNonce())}
 	defer l.owners.close()
 	l.restore.AfterAssign = l.owners.invalidate
@@ -272,7 +268,7 @@ func (l *Ledger) Run(ctx context.Context, opts ...streams.Option) error {
 	}
 	// The whole store, as a partition rebuild does it for one partition.
 	l.startRebuild()
-	err = streams.ReadToEnd(ctx, l.brokers, l.ledgerTopic, func(r *kgo.Record) error {
+	err = streams.ReadToEnd(ctx, l.cfg.Brokers, l.ledgerTopic, func(r *kgo.Record) error {
 		n++
 		return l.applyRestored(r)
 	})
@@ -286,7 +282,7 @@ func (l *Ledger) Run(ctx context.Context, opts ...streams.Option) error {
 	l.staged, l.stagedOrders = db.NewBatch(), map[string]struct{}{}
 	l.ready.Store(true)
 	opts = append([]streams.Option{
-		streams.Brokers(l.brokers...),
+		streams.Brokers(l.cfg.Brokers...),
 		streams.Declare(Spec, l.cfg.Namespace), // group: l.owners.group
 		streams.DeadLetterTopic(l.topic(schemas.TopicDeadLetter)),
 		streams.ClientOpts(kgo.Balancers(kgo.RangeBalancer())), // co-partitioned by actID

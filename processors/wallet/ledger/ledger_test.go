@@ -89,7 +89,7 @@ func newWallet(t *testing.T, b streamstest.Backend, rdb *redis.Client, tr *confi
 	}
 	w := &wallet{ns: ns, b: b, rdb: rdb, src: config.Static(tr), keys: keys, cl: streamstest.Client(t, b.Brokers, kgo.ProducerLinger(time.Millisecond)),
 		reg: metrics.NewRegistry()}
-	w.intake = grant.New(grant.Deps{Config: w.src, Keys: keys, Redis: rdb, Producer: w.cl, Log: quiet, Namespace: ns})
+	w.intake = grant.New(grant.Config{Env: streams.Env{Namespace: ns, Log: quiet}, Source: w.src, Keys: keys, Redis: rdb, Producer: w.cl})
 	if runLedger {
 		w.startLedger(t)
 	}
@@ -97,8 +97,8 @@ func newWallet(t *testing.T, b streamstest.Backend, rdb *redis.Client, tr *confi
 }
 
 func (w *wallet) startLedger(t *testing.T) {
-	led := ledger.New(ledger.Config{Namespace: w.ns, Dir: t.TempDir() + "/ledger", Source: w.src, Keys: w.keys,
-		Tokens: w.intake.Tokens(), Log: quiet, Metrics: w.reg}, w.b.Brokers)
+	led := ledger.New(ledger.Config{Env: streams.Env{Brokers: w.b.Brokers, Namespace: w.ns, Log: quiet, Metrics: w.reg},
+		Dir: t.TempDir() + "/ledger", Source: w.src, Keys: w.keys, Tokens: w.intake.Tokens()})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	w.led, w.stop, w.done = led, cancel, done
@@ -506,7 +506,7 @@ func TestFailedPublishLeavesNothing(t *testing.T) {
 			t.Fatal(err)
 		}
 		dead.Close() // every produce fails
-		broken := grant.New(grant.Deps{Config: w.src, Keys: w.keys, Redis: rdb, Producer: dead, Log: quiet, Namespace: w.ns})
+		broken := grant.New(grant.Config{Env: streams.Env{Namespace: w.ns, Log: quiet}, Source: w.src, Keys: w.keys, Redis: rdb, Producer: dead})
 		g := cash("u9", "r1", 300)
 		g.AtMs = time.Now().Add(-60 * time.Hour).UnixMilli() // the test phase: a budget of 1000
 		if _, err := broken.Grant(ctx, proto.Clone(g).(*pb.RewardGrant)); err == nil {
@@ -560,7 +560,7 @@ func TestClaimThatLandedButFailedIsReleased(t *testing.T) {
 		lossy := redis.NewClient(rdb.Options())
 		lossy.AddHook(lostReplies{})
 		t.Cleanup(func() { lossy.Close() })
-		broken := grant.New(grant.Deps{Config: w.src, Keys: w.keys, Redis: lossy, Producer: w.cl, Log: quiet, Namespace: w.ns})
+		broken := grant.New(grant.Config{Env: streams.Env{Namespace: w.ns, Log: quiet}, Source: w.src, Keys: w.keys, Redis: lossy, Producer: w.cl})
 		pendant := cash("u7", "p1", 1)
 		pendant.SceneId, pendant.AwardType = "badge", pb.AwardType_PENDANT
 		pendant.OrderNo = order.Number{ActID: "u7", SceneID: "badge", RainID: "p1", AwardType: pb.AwardType_PENDANT, Stage: 1}.String()
@@ -688,8 +688,8 @@ func TestLedgerChild(t *testing.T) {
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("SURGE_LEDGER_CHILD_REDIS")})
 	src := config.Static(tree(300)) // slow enough to be killed mid-way
-	l := ledger.New(ledger.Config{Namespace: ns, Dir: os.Getenv("SURGE_LEDGER_CHILD_DIR"), Source: src, Keys: keys,
-		Tokens: grant.NewTokens(rdb, ns+"wtok:", 0), Log: quiet}, strings.Split(os.Getenv("SURGE_LEDGER_CHILD_BROKERS"), ","))
+	l := ledger.New(ledger.Config{Env: streams.Env{Brokers: strings.Split(os.Getenv("SURGE_LEDGER_CHILD_BROKERS"), ","), Namespace: ns, Log: quiet},
+		Dir: os.Getenv("SURGE_LEDGER_CHILD_DIR"), Source: src, Keys: keys, Tokens: grant.NewTokens(rdb, ns+"wtok:", 0)})
 	_ = l.Run(context.Background(), streams.ClientOpts(kgo.SessionTimeout(6*time.Second), kgo.HeartbeatInterval(500*time.Millisecond)))
 }
 
@@ -800,7 +800,7 @@ func TestDuplicateAcrossTheTokenRedisSwitch(t *testing.T) {
 		off := tree(0)
 		off.Degrade = map[string]bool{guard.TokenRedis: true}
 		w := newWallet(t, b, rdb, off, false)
-		on := grant.New(grant.Deps{Config: config.Static(tree(0)), Keys: w.keys, Redis: rdb, Producer: w.cl, Log: quiet, Namespace: w.ns})
+		on := grant.New(grant.Config{Env: streams.Env{Namespace: w.ns, Log: quiet}, Source: config.Static(tree(0)), Keys: w.keys, Redis: rdb, Producer: w.cl})
 		ctx := context.Background()
 		g := cash("x", "r1", 10)
 		if res, err := w.intake.Grant(ctx, proto.Clone(g).(*pb.RewardGrant)); err != nil || res.Duplicate {
@@ -932,8 +932,8 @@ func TestPartitionMovesBetweenInstances(t *testing.T) {
 			return out
 		}
 		start := func(name string) (*ledger.Ledger, context.CancelFunc, chan error) {
-			l := ledger.New(ledger.Config{Namespace: w.ns, Dir: t.TempDir() + "/" + name, Source: w.src, Keys: w.keys,
-				Tokens: w.intake.Tokens(), Log: quiet}, b.Brokers)
+			l := ledger.New(ledger.Config{Env: streams.Env{Brokers: b.Brokers, Namespace: w.ns, Log: quiet},
+				Dir: t.TempDir() + "/" + name, Source: w.src, Keys: w.keys, Tokens: w.intake.Tokens()})
 			lctx, cancel := context.WithCancel(context.Background())
 			done := make(chan error, 1)
 			go func() {

@@ -49,7 +49,7 @@ func BenchmarkRebuild(b *testing.B) {
 	src := config.Static(tree(0))
 	b.ResetTimer()
 	for range b.N {
-		l := ledger.New(ledger.Config{Namespace: ns, Dir: b.TempDir(), Source: src, Log: quiet}, be.Brokers)
+		l := ledger.New(ledger.Config{Env: streams.Env{Brokers: be.Brokers, Namespace: ns, Log: quiet}, Dir: b.TempDir(), Source: src})
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
 		go func() { done <- l.Run(ctx, streams.Logger(quiet)) }()

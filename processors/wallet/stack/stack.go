@@ -100,18 +100,18 @@ func New(o Options) (*Wallet, error) {
 	if !o.NoTotal {
 		w.Total = counter.New(o.Redis, o.BackupRedis, o.Namespace+TotalKey, o.Log)
 	}
-	w.Intake = grant.New(grant.Deps{Config: o.Source, Keys: o.Keys, Redis: o.Redis, Producer: o.Producer, Log: o.Log,
-		Metrics: o.Metrics, Namespace: o.Namespace})
-	w.Ledger = ledger.New(ledger.Config{Namespace: o.Namespace, Dir: o.Dir, Source: o.Source, Keys: o.Keys,
-		Tokens: w.Intake.Tokens(), Log: o.Log, Metrics: o.Metrics, ExpectedKeys: o.ExpectedKeys,
-		Advertise: o.Advertise, Total: w.Total, InstanceID: o.InstanceID}, o.Brokers)
-	w.API = &api.Server{Intake: w.Intake, Ledger: w.Ledger, Counter: w.Total, Producer: o.Producer,
-		Redis: o.Redis, Config: o.Source, Log: o.Log, Advertise: o.Advertise, Apps: o.Apps, Users: o.Users,
-		Namespace: o.Namespace}
+	env := streams.Env{Brokers: o.Brokers, Namespace: o.Namespace, Log: o.Log, Metrics: o.Metrics}
+	w.Intake = grant.New(grant.Config{Env: env, Source: o.Source, Keys: o.Keys, Redis: o.Redis, Producer: o.Producer})
+	w.Ledger = ledger.New(ledger.Config{Env: env, Dir: o.Dir, Source: o.Source, Keys: o.Keys,
+		Tokens: w.Intake.Tokens(), ExpectedKeys: o.ExpectedKeys,
+		Advertise: o.Advertise, Total: w.Total, InstanceID: o.InstanceID})
+	apiCfg := api.Config{Env: env, Intake: w.Intake, Ledger: w.Ledger, Counter: w.Total, Producer: o.Producer,
+		Redis: o.Redis, Source: o.Source, Advertise: o.Advertise, Apps: o.Apps, Users: o.Users}
 	if o.BatchSize > 0 {
 		w.Batcher = grant.NewBatcher(w.Intake, o.BatchSize, o.BatchLinger, max(o.Batchers, 1))
-		w.API.Batcher = w.Batcher
+		apiCfg.Batcher = w.Batcher
 	}
+	w.API = api.New(apiCfg)
 	return w, nil
 }
 
@@ -126,7 +126,7 @@ func (w *Wallet) EnsureTopics(ctx context.Context, replication int16) error {
 // Start follows the withdrawal answers and starts the live total: what
 // the API needs before it serves.
 func (w *Wallet) Start(ctx context.Context) error {
-	if err := w.API.FollowResults(ctx, w.opts.Brokers); err != nil {
+	if err := w.API.FollowResults(ctx); err != nil {
 		return err
 	}
 	if w.Total != nil {
