@@ -254,8 +254,12 @@ type Sent struct {
 // NewSent returns an empty CRC filter.
 func NewSent() *Sent { return &Sent{byCRC: map[uint32]*roaring.Bitmap{}} }
 
-// Record marks content crc as sent to uins.
+// Record marks content crc as sent to uins. A content sent to nobody
+// leaves no entry (a job that waited for quota filtered nobody in).
 func (s *Sent) Record(crc uint32, uins *roaring.Bitmap) {
+	if uins.IsEmpty() {
+		return
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.byCRC[crc] == nil {
@@ -270,7 +274,9 @@ func (s *Sent) Forget(crc uint32, uins *roaring.Bitmap) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if b := s.byCRC[crc]; b != nil {
-		b.AndNot(uins)
+		if b.AndNot(uins); b.IsEmpty() {
+			delete(s.byCRC, crc)
+		}
 	}
 }
 

@@ -29,6 +29,7 @@ type fakeExecutor struct {
 	name     string // "x" when empty
 	capacity uint64 // reported CapacityUins
 	mu       sync.Mutex
+	draining bool // reported: finishing its units, taking no more
 	holdBack map[string]bool
 	held     []*pb.SendTaskUnit        // units of held-back jobs, not finished
 	units    map[string]map[uint32]int // units received per job (and how often)
@@ -63,8 +64,11 @@ func (x *fakeExecutor) run(ctx context.Context) {
 	tick := time.NewTicker(200 * time.Millisecond)
 	defer tick.Stop()
 	for ctx.Err() == nil {
+		x.mu.Lock()
+		draining := x.draining
+		x.mu.Unlock()
 		recs := []*kgo.Record{x.load(&pb.ExecutorLoad{Executor: x.name, UnitsTopic: x.ns + schemas.TopicUnits + "." + x.name,
-			CapacityUins: x.capacity, AtMs: time.Now().UnixMilli()})}
+			CapacityUins: x.capacity, Draining: draining, AtMs: time.Now().UnixMilli()})}
 		pctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
 		f := cl.PollFetches(pctx)
 		cancel()

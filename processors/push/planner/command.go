@@ -75,8 +75,8 @@ func (p *Planner) command(ctx context.Context, e emitter, in *kgo.Record) error 
 			p.giveBack(q.job, q.targets, dispatched, q.queuedAt, e.now)
 			delete(p.queue, id)
 		}
-		if st == pb.JobState_WAITING_SCHEDULE { // its timer need not fire
-			rec := timer.Cancel(scheduleTimer(id))
+		if id := timerOf(st, id); id != "" { // its timer need not fire
+			rec := timer.Cancel(id)
 			rec.Topic = p.topic(schemas.TopicTimers)
 			e.out.Emit(rec)
 		}
@@ -85,8 +85,21 @@ func (p *Planner) command(ctx context.Context, e emitter, in *kgo.Record) error 
 	return streams.Reject(fmt.Sprintf("job command %v for %s: want PAUSE, RESUME or CANCEL", c.Op, id), nil)
 }
 
-// scheduleTimer is the id of a scheduled job's timer.
+// scheduleTimer is the id of a scheduled job's timer, quotaTimer of the
+// one that wakes a job waiting for quota.
 func scheduleTimer(jobID string) string { return "push-job/" + jobID }
+func quotaTimer(jobID string) string    { return "push-quota/" + jobID }
+
+// timerOf is the timer a job in state st waits for ("" when none).
+func timerOf(st pb.JobState, jobID string) string {
+	switch st {
+	case pb.JobState_WAITING_SCHEDULE:
+		return scheduleTimer(jobID)
+	case pb.JobState_WAITING_QUOTA:
+		return quotaTimer(jobID)
+	}
+	return ""
+}
 
 // giveBack returns what a cancelled job took from the targets it never
 // reached (its units from the dispatched-th on): a unit of today's quota,

@@ -323,9 +323,10 @@ func (p *Planner) intake(ctx context.Context, e emitter, j *pb.SendJob) error {
 	return p.filterAndQueue(ctx, e, j, acc, targets)
 }
 
-// release is a scheduled job whose timer fired.
+// release is a job whose timer fired: a scheduled job at its time, or one
+// waiting for quota at the next release.
 func (p *Planner) release(ctx context.Context, e emitter, j *pb.SendJob) error {
-	if st := p.machine.State(j.JobId); st != pb.JobState_WAITING_SCHEDULE {
+	if st := p.machine.State(j.JobId); st != pb.JobState_WAITING_SCHEDULE && st != pb.JobState_WAITING_QUOTA {
 		if st == pb.JobState_CANCELLED {
 			return nil // cancelled while its timer was on its way
 		}
@@ -457,6 +458,11 @@ func (p *Planner) filterAndQueue(ctx context.Context, e emitter, j *pb.SendJob, 
 	}
 	// What each filter removed is reported, so deliveries reconcile with
 	// the package: package = delivered + queued offline + filtered.
+	if res.Kept.IsEmpty() {
+		if waiting, err := p.awaitQuota(e, j, res); waiting || err != nil {
+			return err
+		}
+	}
 	for bit, removed := range res.Removed {
 		if removed.IsEmpty() {
 			continue
@@ -487,6 +493,38 @@ func (p *Planner) filterAndQueue(ctx context.Context, e emitter, j *pb.SendJob, 
 	}
 	p.enqueue(fjob, kept, pb.JobState_QUEUED, e.now.UnixMilli())
 	return p.dispatch(ctx, e)
+}
+
+// awaitQuota parks a job that got no quota at all because the current
+// window has not released its unit yet (WAITING_QUOTA): it is filtered
+// again at the day's next release, competing there with the jobs of that
+// window, not with the ones that came before it. A job that some target
+// could take, or that nothing released later today could help, does not
+// wait. Nothing was charged: the quota filter runs last and took nobody,
+// and the CRC filter marks only what was kept. Nothing is reported
+// either: the next filtering reports what it removes.
+func (p *Planner) awaitQuota(e emitter, j *pb.SendJob, res filter.Result) (bool, error) {
+	refused := res.Removed[filter.Quota]
+	if refused == nil || refused.IsEmpty() {
+		return false, nil
+	}
+	next, ok := quota.NextRelease(e.now, p.cfg.QuotaSeed)
+	if !ok {
+		return false, nil
+	}
+	at := next
+	if j.ExpiresAtMs != 0 && j.ExpiresAtMs < next.UnixMilli() {
+		at = time.UnixMilli(j.ExpiresAtMs) // it expires first: it is ended then
+	}
+	rec, err := timer.Schedule(quotaTimer(j.JobId), at, p.topic(schemas.TopicJobs), []byte(j.JobId), j)
+	if err != nil {
+		return false, err
+	}
+	rec.Topic = p.topic(schemas.TopicTimers)
+	e.out.Emit(rec)
+	return true, e.move(j.JobId, pb.JobState_WAITING_QUOTA,
+		fmt.Sprintf("no quota released yet in window %d for %d targets; next release at %s",
+			quota.CurrentWindow(e.now, p.cfg.QuotaSeed)+1, refused.GetCardinality(), next.UTC().Format(time.RFC3339)), nil)
 }
 
 func (p *Planner) enqueue(j *pb.SendJob, kept *roaring.Bitmap, st pb.JobState, queuedAt int64) *queued {
@@ -554,6 +592,11 @@ func (p *Planner) dispatch(_ context.Context, e emitter) error {
 		if q.state == pb.JobState_PAUSED {
 			continue // its dispatched units finish; nothing more goes out
 		}
+		if draining, err := p.drain(e, q); err != nil {
+			return err
+		} else if draining {
+			continue // nothing more goes out until the draining executors finish its units
+		}
 		if q.next == q.units {
 			if len(q.done) == int(q.units) {
 				if err := e.move(q.job.JobId, pb.JobState_COMPLETED, "", func(t *pb.JobTransition) {
@@ -583,6 +626,54 @@ func (p *Planner) dispatch(_ context.Context, e emitter) error {
 		}
 	}
 	return nil
+}
+
+// drain moves a sending job with units on a draining executor (one leaving
+// for an upgrade, see executor.Drain) to DRAINING: those units finish
+// there and nothing more of the job goes out meanwhile, so the hand-over
+// to the executors that stay is clean. Once they are done it resumes
+// (RESUMING, SENDING) and dispatch goes on from its position, on the
+// executors that remain. It reports whether q is (still) draining.
+func (p *Planner) drain(e emitter, q *queued) (bool, error) {
+	id := q.job.JobId
+	switch q.state {
+	case pb.JobState_SENDING:
+		x := p.drainingHolder(q)
+		if x == "" {
+			return false, nil
+		}
+		q.state = pb.JobState_DRAINING
+		return true, e.move(id, pb.JobState_DRAINING, "executor "+x+" is draining: its units of the job finish first", func(t *pb.JobTransition) {
+			t.Position, t.Targets = uint64(q.next), q.total
+		})
+	case pb.JobState_DRAINING:
+		if p.drainingHolder(q) != "" {
+			return true, nil
+		}
+		if err := e.move(id, pb.JobState_RESUMING, "drained", nil); err != nil {
+			return false, err
+		}
+		q.state = pb.JobState_SENDING
+		return false, e.move(id, pb.JobState_SENDING, "", func(t *pb.JobTransition) { t.Position, t.Targets = uint64(q.next), q.total })
+	}
+	return false, nil
+}
+
+// drainingHolder is a draining executor holding a unit of q not yet done
+// ("" when none).
+func (p *Planner) drainingHolder(q *queued) string {
+	for name := range q.executor {
+		ev := p.executors[name]
+		if ev == nil || ev.load == nil || !ev.load.Draining {
+			continue
+		}
+		for u := range q.next {
+			if !q.done[u] && ev.inflight[unitKey(q.job.JobId, u)] {
+				return name
+			}
+		}
+	}
+	return ""
 }
 
 // expired reports whether a job with a deadline is past it.

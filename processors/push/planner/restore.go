@@ -151,7 +151,7 @@ func (p *Planner) observe(ctx context.Context, r *kgo.Record, jobs map[string]*p
 		if sameDay(t.AtMs, now) && !t.Job.Realtime {
 			p.ledger.Charge(now, kept)
 		}
-	case pb.JobState_SENDING:
+	case pb.JobState_SENDING, pb.JobState_DRAINING:
 		pr.position = uint32(t.Position)
 	case pb.JobState_CANCELLED, pb.JobState_EXPIRED, pb.JobState_PARTIALLY_COMPLETED:
 		if pr.job != nil && pr.queuedAt != 0 { // it was filtered and charged

@@ -59,6 +59,17 @@ func Released(t time.Time, seed uint64) int {
 	return n
 }
 
+// NextRelease is the first release moment after t on t's day; false when
+// every window of the day has released its unit.
+func NextRelease(t time.Time, seed uint64) (time.Time, bool) {
+	for _, w := range Plan(t, seed) {
+		if w.Release.After(t) {
+			return w.Release, true
+		}
+	}
+	return time.Time{}, false
+}
+
 // CurrentWindow is the index of the window containing t.
 func CurrentWindow(t time.Time, seed uint64) int {
 	for i, w := range Plan(t, seed) {

@@ -69,3 +69,24 @@ func TestConcurrentJobsNeverExceedTheReleasedQuota(t *testing.T) {
 		t.Fatal("counts did not reset on the next day")
 	}
 }
+
+// NextRelease walks the day's release moments in order and ends after the
+// sixth: each answer is the first moment after t, where Released goes up.
+func TestNextReleaseIsWhereReleasedGoesUp(t *testing.T) {
+	day := time.Date(2026, 12, 7, 0, 0, 0, 0, time.UTC)
+	plan := Plan(day, 42)
+	at := day
+	for i := range PerDay {
+		next, ok := NextRelease(at, 42)
+		if !ok || !next.Equal(plan[i].Release) {
+			t.Fatalf("release %d: got %v %v, want %v", i, next, ok, plan[i].Release)
+		}
+		if Released(next.Add(-time.Millisecond), 42) != i || Released(next, 42) != i+1 {
+			t.Fatalf("release %d at %v does not raise Released from %d", i, next, i)
+		}
+		at = next
+	}
+	if next, ok := NextRelease(at, 42); ok {
+		t.Fatalf("a seventh release at %v", next)
+	}
+}

@@ -1,0 +1,73 @@
+package planner
+
+import (
+	"testing"
+	"time"
+
+	"surge/schemas"
+	pb "surge/schemas/surgev1"
+	"surge/streams/streamstest"
+)
+
+// A job with units on an executor that starts draining (leaving for an
+// upgrade) goes DRAINING: the units there finish, nothing more of the job
+// goes out meanwhile, not even to an executor with room; then it resumes
+// and its remaining units go to the executors that stay. No unit is sent
+// twice, and a restore rebuilds the same memory.
+func TestDrainingExecutorHandsOverItsJob(t *testing.T) {
+	streamstest.Each(t, func(t *testing.T, b streamstest.Backend) {
+		e := newTestEnv(t, b, 900, "x", "y")
+		y, m, d := time.Now().Date()
+		late, began := time.Date(y, m, d, 23, 30, 0, 0, time.Local), time.Now() // every quota window released
+		cfg := DefaultConfig()
+		cfg.UnitSize, cfg.MaxBacklog, cfg.CheckpointEvery = 100, 2, 0
+		cfg.Now = func() time.Time { return late.Add(time.Since(began)) }
+		p := New(withEnv(cfg, e.brokers, e.pkgs, e.ns, e.log))
+		x := &fakeExecutor{name: "x", holdBack: map[string]bool{"d": true}}
+		ye := &fakeExecutor{name: "y", holdBack: map[string]bool{"d": true}}
+		stop := e.run(p, x, ye)
+		e.send(schemas.TopicJobs, "d", &pb.SendJob{JobId: "d", AccountId: 7, Source: pb.TargetSource_FOLLOWERS, ContentId: "d", ContentCrc: 1})
+		units := func(f *fakeExecutor, want int) {
+			t.Helper()
+			for end := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+				if n, _ := f.received("d"); n == want {
+					return
+				} else if time.Now().After(end) {
+					t.Fatalf("executor %s holds %d units of d, want %d (%s)", f.name, n, want, p.Describe("d"))
+				}
+			}
+		}
+		units(x, 2)
+		units(ye, 2)
+		e.wait(p, "d", pb.JobState_SENDING)
+
+		x.mu.Lock()
+		x.draining = true
+		x.mu.Unlock()
+		e.wait(p, "d", pb.JobState_DRAINING)
+		ye.release("d") // y finishes its two and has room again
+		time.Sleep(time.Second)
+		if n, _ := ye.received("d"); n != 2 {
+			t.Fatalf("y got %d units of d while x drained, want its first 2 only", n)
+		}
+		if st := p.State("d"); st != pb.JobState_DRAINING {
+			t.Fatalf("d is %s while x still holds its units, want DRAINING", st)
+		}
+
+		x.release("d") // x's units finish: d resumes on y alone
+		e.wait(p, "d", pb.JobState_COMPLETED)
+		nx, twiceX := x.received("d")
+		ny, twiceY := ye.received("d")
+		if nx != 2 || ny != 7 || twiceX || twiceY {
+			t.Fatalf("units of d: x %d (twice %v), y %d (twice %v); want 2 and 7, none twice", nx, twiceX, ny, twiceY)
+		}
+		stop()
+		restored := New(withEnv(cfg, e.brokers, e.pkgs, e.ns, e.log))
+		if err := restored.Restore(e.ctx); err != nil {
+			t.Fatal(err)
+		}
+		if a, b := memory(t, p), memory(t, restored); a != b {
+			t.Fatalf("restored memory differs:\nlive:\n%s\nrestored:\n%s", a, b)
+		}
+	})
+}
