@@ -342,6 +342,10 @@ func (l *Ledger) markBooked(done chan<- struct{}) {
 
 // publishTotals writes the committed sums of booked grants to the live
 // total once a second, and once more when the ledger stops.
+// FullPublishEvery is how many one-second publishes of changed sums pass
+// between two publishes of all of them.
+const FullPublishEvery = 30
+
 func (l *Ledger) publishTotals(ctx context.Context, done chan<- struct{}) {
 	defer close(done)
 	if l.cfg.Total == nil {
@@ -349,11 +353,18 @@ func (l *Ledger) publishTotals(ctx context.Context, done chan<- struct{}) {
 	}
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
+	ticks := 0
 	publish := func(ctx context.Context) {
 		if l.cfg.Source.Tree().Degraded(guard.Counter) {
 			return // switched off: the sums are cumulative, they catch up when it is back on
 		}
+		// Every FullPublishEvery ticks every sum goes out, changed or not:
+		// a Redis that missed writes (the primary, down while reads were
+		// switched to the backup) is whole again within that time.
 		sums := l.totals.dirty()
+		if ticks++; ticks%FullPublishEvery == 0 {
+			sums = l.totals.all()
+		}
 		if err := l.cfg.Total.Publish(ctx, sums); err != nil {
 			l.totals.redirty(sums)
 			l.cfg.Log.Warn("ledger: live total not published; retried in a second", "err", err)

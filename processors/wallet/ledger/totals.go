@@ -59,6 +59,19 @@ func (t *totals) clear(ps map[int32]bool) {
 	clear(t.rebuilt)
 }
 
+// all returns every committed sum (and clears the changed marks): the
+// periodic full publish that heals a Redis that missed writes.
+func (t *totals) all() map[int32]int64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make(map[int32]int64, len(t.committed))
+	for p, v := range t.committed {
+		out[p] = v
+	}
+	clear(t.changed)
+	return out
+}
+
 // dirty returns the committed sums of the partitions changed since the
 // last call.
 func (t *totals) dirty() map[int32]int64 {

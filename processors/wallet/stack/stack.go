@@ -21,6 +21,7 @@ import (
 	"surge/processors/wallet/config"
 	"surge/processors/wallet/grant"
 	"surge/processors/wallet/internal/counter"
+	"surge/processors/wallet/internal/guard"
 	"surge/processors/wallet/ledger"
 	"surge/processors/wallet/token"
 	"surge/schemas"
@@ -99,6 +100,7 @@ func New(o Options) (*Wallet, error) {
 	w := &Wallet{opts: o}
 	if !o.NoTotal {
 		w.Total = counter.New(o.Redis, o.BackupRedis, o.Namespace+TotalKey, o.Log)
+		w.Total.FollowSwitch(func() bool { return o.Source.Tree().Degraded(guard.CounterPrimary) })
 	}
 	env := streams.Env{Brokers: o.Brokers, Namespace: o.Namespace, Log: o.Log, Metrics: o.Metrics}
 	w.Intake = grant.New(grant.Config{Env: env, Source: o.Source, Keys: o.Keys, Redis: o.Redis, Producer: o.Producer})

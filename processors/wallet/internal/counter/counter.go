@@ -31,6 +31,7 @@ type Counter struct {
 	key             string
 	shown           atomic.Int64
 	readBackup      atomic.Bool
+	backupSwitch    func() bool // when set, consulted at every refresh and publish
 	Publishes       atomic.Int64
 	log             *slog.Logger
 }
@@ -50,6 +51,18 @@ func (c *Counter) Shown() int64 { return c.shown.Load() }
 // ReadFromBackup switches reads to the backup Redis (the primary is down).
 func (c *Counter) ReadFromBackup(on bool) { c.readBackup.Store(on) }
 
+// FollowSwitch makes reads follow on(): from the backup while it says so
+// (the wallet's degrade switch counter_primary, hot-reloaded with its
+// configuration). Call it before Run.
+func (c *Counter) FollowSwitch(on func() bool) { c.backupSwitch = on }
+
+func (c *Counter) fromBackup() bool {
+	if c.backupSwitch != nil {
+		c.readBackup.Store(c.backupSwitch())
+	}
+	return c.readBackup.Load() && c.backup != nil
+}
+
 // raiseScript sets each field to its new cumulative sum unless it holds a
 // larger one already: ARGV is field, sum, field, sum...
 var raiseScript = redis.NewScript(`
@@ -60,8 +73,10 @@ end
 return 0`)
 
 // Publish writes cumulative sums per partition (one command for all of
-// them) to the primary and the backup. The primary's error is returned:
-// the caller publishes again later, the sums are cumulative.
+// them) to the primary and the backup. The error of the Redis reads come
+// from is returned (the primary's, or the backup's while reads are
+// switched to it): the caller publishes again later, the sums are
+// cumulative. A failed primary never keeps the backup from its write.
 func (c *Counter) Publish(ctx context.Context, sums map[int32]int64) error {
 	if len(sums) == 0 {
 		return nil
@@ -70,16 +85,30 @@ func (c *Counter) Publish(ctx context.Context, sums map[int32]int64) error {
 	for p, v := range sums {
 		args = append(args, strconv.Itoa(int(p)), v)
 	}
-	if err := raiseScript.Run(ctx, c.primary, []string{c.key}, args...).Err(); err != nil {
-		return err
-	}
-	c.Publishes.Add(1)
-	if c.backup != nil {
-		if err := raiseScript.Run(ctx, c.backup, []string{c.key}, args...).Err(); err != nil {
-			c.log.Warn("counter: dual write to backup failed", "err", err)
+	perr := raiseScript.Run(ctx, c.primary, []string{c.key}, args...).Err()
+	if c.backup == nil {
+		if perr == nil {
+			c.Publishes.Add(1)
 		}
+		return perr
 	}
-	return nil
+	berr := raiseScript.Run(ctx, c.backup, []string{c.key}, args...).Err()
+	if c.fromBackup() {
+		if perr != nil {
+			c.log.Debug("counter: primary write failed; reads are on the backup", "err", perr)
+		}
+		if berr == nil {
+			c.Publishes.Add(1)
+		}
+		return berr
+	}
+	if berr != nil {
+		c.log.Warn("counter: dual write to backup failed", "err", berr)
+	}
+	if perr == nil {
+		c.Publishes.Add(1)
+	}
+	return perr
 }
 
 // Run refreshes the shown total every period until ctx ends.
@@ -100,7 +129,7 @@ func (c *Counter) Run(ctx context.Context, period time.Duration) {
 // Total reads the sum of every partition's sum from Redis.
 func (c *Counter) Total(ctx context.Context) (int64, error) {
 	src := c.primary
-	if c.readBackup.Load() && c.backup != nil {
+	if c.fromBackup() {
 		src = c.backup
 	}
 	vals, err := src.HVals(ctx, c.key).Result()

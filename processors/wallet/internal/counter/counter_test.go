@@ -119,3 +119,48 @@ func TestTotalIsTheSumOfCumulativeSums(t *testing.T) {
 		run(t, rdb, b)
 	})
 }
+
+// The degrade switch counter_primary: with the primary down, publishes
+// still reach the backup and succeed, and reads come from it; with the
+// switch off again (the primary back), reads are the primary's.
+func TestSwitchReadsTheBackupWhileThePrimaryIsDown(t *testing.T) {
+	ctx := context.Background()
+	p, b := miniredis.RunT(t), miniredis.RunT(t)
+	primary, backup := redis.NewClient(&redis.Options{Addr: p.Addr()}), redis.NewClient(&redis.Options{Addr: b.Addr()})
+	var mu sync.Mutex
+	degraded := false
+	c := New(primary, backup, "total", nil)
+	c.FollowSwitch(func() bool { mu.Lock(); defer mu.Unlock(); return degraded })
+	if err := c.Publish(ctx, map[int32]int64{0: 100, 1: 20}); err != nil {
+		t.Fatal(err)
+	}
+	c.Refresh(ctx)
+	if c.Shown() != 120 {
+		t.Fatalf("shown %d, want 120", c.Shown())
+	}
+	p.SetError("primary down")
+	if err := c.Publish(ctx, map[int32]int64{0: 150}); err == nil {
+		t.Fatal("publish with the primary down and reads on it: no error")
+	}
+	mu.Lock()
+	degraded = true
+	mu.Unlock()
+	if err := c.Publish(ctx, map[int32]int64{0: 170}); err != nil {
+		t.Fatalf("publish on the backup: %v", err)
+	}
+	c.Refresh(ctx)
+	if c.Shown() != 190 {
+		t.Fatalf("shown %d from the backup, want 190", c.Shown())
+	}
+	p.SetError("")
+	mu.Lock()
+	degraded = false
+	mu.Unlock()
+	if got, err := c.Total(ctx); err != nil || got != 120 {
+		t.Fatalf("primary back: total %d (%v), want its 120 (it missed the writes while down)", got, err)
+	}
+	c.Refresh(ctx)
+	if c.Shown() != 190 {
+		t.Fatalf("shown went down to %d", c.Shown())
+	}
+}

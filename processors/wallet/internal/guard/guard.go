@@ -19,6 +19,9 @@ const (
 	Counter     = "counter"      // the live total stops counting
 	Stock       = "stock"        // coupon grants refused rather than risk overselling
 	GlobalLimit = "global_limit" // the distributed rate limit is skipped (per-instance still holds)
+	// CounterPrimary off: the live total's primary Redis is down; reads
+	// come from the backup, which every publish still writes.
+	CounterPrimary = "counter_primary"
 )
 
 // Bucket is a token bucket: rate per second, burst of one second.
