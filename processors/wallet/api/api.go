@@ -114,6 +114,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/users/{act}/flow", s.user(s.flow))
 	mux.HandleFunc("POST /v1/users/{act}/withdrawals", s.user(s.withdraw))
 	mux.HandleFunc("GET /v1/total", s.anyone(s.total))
+	mux.HandleFunc("GET /v1/stock/{template}", s.anyone(s.stock))
 	return mux
 }
 
@@ -311,7 +312,7 @@ func (s *Server) grantOne(ctx context.Context, app string, g *pb.RewardGrant, wi
 		code = http.StatusBadRequest
 	case errors.Is(err, grant.ErrRateLimited):
 		code = http.StatusTooManyRequests
-	case errors.Is(err, grant.ErrOverBudget), errors.Is(err, stock.ErrOut), errors.Is(err, grant.ErrDegraded):
+	case errors.Is(err, grant.ErrOverBudget), errors.Is(err, stock.ErrOut), errors.Is(err, stock.ErrLow), errors.Is(err, grant.ErrDegraded):
 		code = http.StatusConflict
 	case err != nil:
 		code = http.StatusServiceUnavailable
@@ -403,6 +404,19 @@ func (s *Server) total(w http.ResponseWriter, _ *http.Request) {
 		return
 	}
 	reply(w, http.StatusOK, map[string]any{"total": s.cfg.Counter.Shown()})
+}
+
+// stock answers an issuer's read of a coupon template's stock.
+func (s *Server) stock(w http.ResponseWriter, r *http.Request) {
+	v, err := s.cfg.Intake.StockOf(r.Context(), r.PathValue("template"))
+	switch {
+	case errors.Is(err, grant.ErrUnknownTemplate):
+		fail(w, http.StatusNotFound, err)
+	case err != nil:
+		fail(w, http.StatusServiceUnavailable, err)
+	default:
+		reply(w, http.StatusOK, v)
+	}
 }
 
 // releaseLock deletes a withdrawal lock only while it is still the

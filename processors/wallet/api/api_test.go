@@ -21,6 +21,7 @@ import (
 	"surge/processors/wallet/auth"
 	"surge/processors/wallet/config"
 	"surge/processors/wallet/grant"
+	"surge/processors/wallet/internal/stock"
 	"surge/processors/wallet/ledger"
 	wstack "surge/processors/wallet/stack"
 	"surge/processors/wallet/token"
@@ -34,7 +35,8 @@ func tree() *config.Tree {
 	now := time.Now()
 	return &config.Tree{Activities: []config.Activity{{ID: "spring",
 		Children: []config.Child{{ID: "spring-live", Phase: config.PhaseOfficial, Start: now.Add(-time.Hour), End: now.Add(time.Hour)}},
-		Scenes:   []config.Scene{{ID: "rain", Award: "cash", MaxAmount: 1000}, {ID: "coupon", Award: "coupon", MaxAmount: 5}}}}}
+		Scenes: []config.Scene{{ID: "rain", Award: "cash", MaxAmount: 1000}, {ID: "coupon", Award: "coupon", MaxAmount: 5},
+			{ID: "limited", Award: "coupon", MaxAmount: 5, Template: "tpl-lim", Stock: 100, Switches: config.Switches{StockControl: true}}}}}}
 }
 
 // The test's credentials: app "app" signs grants with appKey, user
@@ -182,6 +184,7 @@ func TestAPI(t *testing.T) {
 		}
 		refusals(t, srv)
 		conflicts(t, srv)
+		stockStop(t, srv)
 		batches(t, srv)
 	})
 }
@@ -301,6 +304,58 @@ func refusals(t *testing.T, srv *httptest.Server) {
 	}
 	if code, out := call(t, srv, "GET", "/v1/total", ""); code != 200 && code != 503 {
 		t.Fatalf("total with a token: %d %v", code, out)
+	}
+}
+
+// stockStop: issuers read a coupon template's stock (GET /v1/stock/T);
+// once less than 10% of it remains the wallet stops issuing it (409
+// "less than 10%"), before the stock itself runs out.
+func stockStop(t *testing.T, srv *httptest.Server) {
+	t.Helper()
+	read := func() map[string]any {
+		t.Helper()
+		code, out := call(t, srv, "GET", "/v1/stock/tpl-lim", "")
+		if code != 200 {
+			t.Fatalf("stock: %d %v", code, out)
+		}
+		return out
+	}
+	if out := read(); out["total"] != 100.0 || out["remaining"] != 95.0 || out["stop"] != false {
+		t.Fatalf("fresh template: %v, want 95 of 100 sellable (5%% buffer), not stopped", out)
+	}
+	if code, out := call(t, srv, "GET", "/v1/stock/nope", ""); code != 404 {
+		t.Fatalf("unknown template: %d %v", code, out)
+	}
+	if code, _ := callWith(t, srv, "GET", "/v1/stock/tpl-lim", "", nil); code != 401 {
+		t.Fatalf("stock read without credentials: %d", code)
+	}
+	grant := func(i int) (int, map[string]any) {
+		return call(t, srv, "POST", "/v1/grants", fmt.Sprintf(
+			`{"orderNo":"s%d_limited_l1_2_1","actId":"s%d","activityId":"spring","sceneId":"limited","rainId":"l1","awardType":"COUPON","stage":1,"amount":1}`, i, i))
+	}
+	accepted, i := 0, 0
+	for ; i < 200; i++ {
+		code, out := grant(i)
+		if code == 200 {
+			accepted++
+			continue
+		}
+		if code != 409 || !strings.Contains(fmt.Sprint(out["error"]), "less than 10%") {
+			t.Fatalf("grant %d: %d %v, want 409 with the 10%% stop", i, code, out)
+		}
+		break
+	}
+	// One instance counts its own takes down: it stops exactly when 9 of
+	// 100 are left.
+	if accepted != 86 {
+		t.Fatalf("%d coupons issued before the stop, want 86 (then 9 of 100 are left)", accepted)
+	}
+	time.Sleep(2 * stock.StopCheckEvery) // read again: still stopped
+	if code, out := grant(i + 1); code != 409 {
+		t.Fatalf("grant after the stop: %d %v", code, out)
+	}
+	if out := read(); out["stop"] != true || out["remaining"].(float64) >= 10 || out["remaining"].(float64) != float64(95-accepted) {
+		t.Fatalf("after %d coupons: %v, want stop with %d remaining", accepted, out, 95-accepted)
 	}
 }
 

@@ -101,6 +101,37 @@ func (in *Intake) Tokens() *Tokens { return in.live.tokens }
 // Stock returns the live stock control.
 func (in *Intake) Stock() *stock.Control { return in.live.stock }
 
+// StockView is what an issuer reads of a coupon template before it offers
+// one (the seed's strategy reads consumption and total, and offers
+// something else below 10%).
+type StockView struct {
+	Template  string `json:"template"`
+	Total     int64  `json:"total"`
+	Remaining int64  `json:"remaining"` // sellable (total minus the 5% buffer) not yet taken
+	Stop      bool   `json:"stop"`      // less than 10% of total remains: grants of it are refused
+}
+
+// ErrUnknownTemplate: no stock-controlled scene has the template.
+var ErrUnknownTemplate = errors.New("unknown coupon template")
+
+// StockOf reads template's stock as issuers see it.
+func (in *Intake) StockOf(ctx context.Context, template string) (StockView, error) {
+	for _, a := range in.cfg.Source.Tree().Activities {
+		for _, sc := range a.Scenes {
+			if sc.Template != template || !sc.Switches.StockControl {
+				continue
+			}
+			rem, err := in.live.stock.Remaining(ctx, template, sc.Stock)
+			if err != nil {
+				return StockView{}, err
+			}
+			return StockView{Template: template, Total: sc.Stock, Remaining: rem,
+				Stop: float64(rem) < stock.StopShare*float64(sc.Stock)}, nil
+		}
+	}
+	return StockView{}, fmt.Errorf("%w %q", ErrUnknownTemplate, template)
+}
+
 // Result of an accepted grant.
 type Result struct {
 	Token     *pb.Token // cash grants only
@@ -508,6 +539,10 @@ func (in *Intake) takeStock(ctx context.Context, tree *config.Tree, ps []*pendin
 		var err error
 		if tree.Degraded(guard.Stock) {
 			_, err = in.refuse("degraded", fmt.Errorf("%w: coupon stock", ErrDegraded))
+		} else if err = p.l.stock.CheckStop(ctx, p.scene.Template, p.scene.Stock); err != nil {
+			if errors.Is(err, stock.ErrLow) {
+				in.mResult.With("stock_low").Inc()
+			}
 		} else if err = p.l.stock.Take(ctx, p.scene.Template, p.scene.Stock, p.g.Amount); err != nil {
 			in.mResult.With("out_of_stock").Inc()
 			if errors.Is(err, stock.ErrTimeout) {

@@ -11,6 +11,8 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"sync"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -24,6 +26,11 @@ const (
 // ErrOut is a refusal: the template has no stock left.
 var ErrOut = errors.New("stock: out of stock")
 
+// ErrLow is a refusal: less than StopShare of the template's stock
+// remains, so the wallet stops issuing it (the caller offers something
+// else: the seed's issuers fall back to a blessing).
+var ErrLow = errors.New("stock: less than 10% left: issuing stopped")
+
 // ErrTimeout is an increment whose outcome is unknown; it is counted as
 // consumed and never retried.
 var ErrTimeout = errors.New("stock: timed out; not retried")
@@ -33,12 +40,27 @@ type Control struct {
 	rdb    redis.UniversalClient
 	prefix string
 	splits int
+
+	mu      sync.Mutex
+	seen map[string]remainingSeen // per template, for CheckStop
 }
+
+// remainingSeen is a template's remaining stock as last read, less what
+// this instance took since.
+type remainingSeen struct {
+	at        time.Time
+	remaining int64
+}
+
+// StopCheckEvery is how often CheckStop reads a template's remaining
+// stock (one MGET), not per grant; between reads it counts down its own
+// takes, so one instance stops exactly and others within this time.
+const StopCheckEvery = 100 * time.Millisecond
 
 // New returns a stock control with keys under prefix, each template split
 // over splits keys.
 func New(rdb redis.UniversalClient, prefix string, splits int) *Control {
-	return &Control{rdb: rdb, prefix: prefix, splits: max(splits, 1)}
+	return &Control{rdb: rdb, prefix: prefix, splits: max(splits, 1), seen: map[string]remainingSeen{}}
 }
 
 func (c *Control) key(tpl string, i int) string { return fmt.Sprintf("%s%s:%d", c.prefix, tpl, i) }
@@ -75,6 +97,12 @@ func (c *Control) Take(ctx context.Context, tpl string, total, n int64) error {
 			return err
 		}
 		if v <= shares[i] {
+			c.mu.Lock()
+			if s, ok := c.seen[tpl]; ok {
+				s.remaining -= n
+				c.seen[tpl] = s
+			}
+			c.mu.Unlock()
 			return nil
 		}
 		// Over this key's share: give back, try the next key.
@@ -123,4 +151,26 @@ func (c *Control) ShouldStop(ctx context.Context, tpl string, total int64) (bool
 		return false, err
 	}
 	return float64(r) < StopShare*float64(total), nil
+}
+
+// CheckStop is ErrLow once less than 10% of tpl's stock remains (see
+// StopCheckEvery; the limit itself is Take's, exact).
+func (c *Control) CheckStop(ctx context.Context, tpl string, total int64) error {
+	c.mu.Lock()
+	seen, ok := c.seen[tpl]
+	c.mu.Unlock()
+	if !ok || time.Since(seen.at) >= StopCheckEvery {
+		r, err := c.Remaining(ctx, tpl, total)
+		if err != nil {
+			return err
+		}
+		c.mu.Lock()
+		c.seen[tpl] = remainingSeen{at: time.Now(), remaining: r}
+		seen = c.seen[tpl]
+		c.mu.Unlock()
+	}
+	if float64(seen.remaining) < StopShare*float64(total) {
+		return ErrLow
+	}
+	return nil
 }
