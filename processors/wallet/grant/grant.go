@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -209,7 +210,7 @@ func (in *Intake) GrantBatch(ctx context.Context, gs []*pb.RewardGrant) []Outcom
 	}
 	tokened = in.claimedByKey(ctx, tokened, now)
 	if len(keyed) > 0 {
-		if err := in.claim(ctx, keyed); err != nil {
+		if err := in.claim(ctx, keyed, now); err != nil {
 			for _, p := range keyed {
 				*p.out = Outcome{Err: err}
 			}
@@ -227,9 +228,16 @@ func (in *Intake) GrantBatch(ctx context.Context, gs []*pb.RewardGrant) []Outcom
 	fresh = in.takeStock(ctx, tree, fresh)
 	fresh = in.sign(ctx, fresh, now)
 	fresh = in.claimTokens(ctx, fresh, now)
+	if afterClaims != nil {
+		afterClaims() // tests: a crash between the claims and the produce
+	}
 	in.publish(ctx, fresh)
 	return outs
 }
+
+// afterClaims, when set (by tests only), runs between the batch's claims
+// in Redis and its produce.
+var afterClaims func()
 
 func (in *Intake) validate(ctx context.Context, tree *config.Tree, g *pb.RewardGrant, now time.Time) (*pending, error) {
 	if !in.local.Allow(1) {
@@ -288,14 +296,14 @@ func (in *Intake) validate(ctx context.Context, tree *config.Tree, g *pb.RewardG
 // batch: if the pipeline fails, some claims may have landed, and only the
 // ones this batch set are released, or the caller's retry would be taken
 // for a duplicate of a grant that was never published.
-func (in *Intake) claim(ctx context.Context, ps []*pending) error {
+func (in *Intake) claim(ctx context.Context, ps []*pending, now time.Time) error {
 	batch := batchMark()
 	pipe := in.cfg.Redis.Pipeline()
 	cmds := make([]*redis.BoolCmd, len(ps))
 	held := make([]*redis.StringCmd, len(ps))
 	marked := map[*keyedCashClaims]bool{}
 	for i, p := range ps {
-		p.mark = p.phase.ID + " " + batch + " " + fingerprint(p.g)
+		p.mark = p.phase.ID + " " + batch + " " + fingerprint(p.g) + " " + strconv.FormatInt(now.UnixMilli(), 10)
 		cmds[i] = pipe.SetNX(ctx, p.idem, p.mark, claimTTL)
 		held[i] = pipe.Get(ctx, p.idem)                                           // ours if fresh, the first grant's if not
 		if k := p.l.keyedCash; p.g.AwardType == pb.AwardType_CASH && !marked[k] { // token Redis is switched off
@@ -312,13 +320,71 @@ func (in *Intake) claim(ctx context.Context, ps []*pending) error {
 		_, _ = release.Exec(context.WithoutCancel(ctx))
 		return fmt.Errorf("grant: idempotency check: %w", err)
 	}
+	var again []*pending
 	for i, p := range ps {
 		if p.fresh = cmds[i].Val(); !p.fresh {
 			// No token: a cash grant claims by key only while token Redis is off.
 			in.duplicate(p, sameClaim(held[i].Val(), p.g), nil)
+			if p.out.Err == nil && claimAge(held[i].Val(), now) > republishAfter {
+				p.mark = held[i].Val() // renewed with its new time once published again
+				again = append(again, p)
+			}
 		}
 	}
+	in.republishKeyed(ctx, again, now)
 	return nil
+}
+
+// claimAge is how long ago a claim key's value was set (0 when it does not
+// say: set by an earlier build).
+func claimAge(held string, now time.Time) time.Duration {
+	f := strings.Fields(held)
+	if len(f) < 4 {
+		return 0
+	}
+	ms, err := strconv.ParseInt(f[3], 10, 64)
+	if err != nil {
+		return 0
+	}
+	return now.Sub(time.UnixMilli(ms))
+}
+
+// republishKeyed publishes again the grants claimed by key whose claim is
+// older than republishAfter: the first attempt may have died between its
+// claim and its produce, and nothing else would ever publish them. Their
+// consumers take an order number once (the ledger books a cash token's
+// once; wallet.grants is keyed by order number). Each claim's time is
+// renewed with the publish, so one order number goes out again at most
+// every republishAfter however often it is retried. Budget and stock were
+// taken by the first attempt and are not taken again.
+func (in *Intake) republishKeyed(ctx context.Context, ps []*pending, now time.Time) {
+	if len(ps) == 0 {
+		return
+	}
+	in.makeTokens(ps, now)
+	var recs []*kgo.Record
+	var of []*pending
+	for _, p := range ps {
+		if err := in.encode(p); err != nil {
+			*p.out = Outcome{Err: err}
+			continue
+		}
+		rec := p.rec
+		if p.tokRec != nil {
+			rec = p.tokRec
+		}
+		recs, of = append(recs, rec), append(of, p)
+	}
+	for i, res := range in.cfg.Producer.ProduceSync(ctx, recs...) {
+		if res.Err != nil {
+			*of[i].out = Outcome{Err: fmt.Errorf("grant: publish again: %w", res.Err)}
+			continue
+		}
+		in.mResult.With("published_again").Inc()
+		renewed := strings.Fields(of[i].mark)
+		renewed[len(renewed)-1] = strconv.FormatInt(now.UnixMilli(), 10)
+		_ = in.cfg.Redis.SetArgs(ctx, of[i].idem, strings.Join(renewed, " "), redis.SetArgs{KeepTTL: true}).Err()
+	}
 }
 
 // duplicate answers a grant whose order number was claimed before: the
@@ -602,6 +668,19 @@ func (in *Intake) knownTokens(ctx context.Context, ps []*pending) []*pb.Token {
 // byte, and on the real broker intake ran about a sixth faster
 // (bench/wallet-notes.md). Other grants go to wallet.grants.
 func (in *Intake) sign(ctx context.Context, ps []*pending, now time.Time) []*pending {
+	in.makeTokens(ps, now)
+	failed := map[*pending]bool{}
+	for _, p := range ps {
+		if err := in.encode(p); err != nil {
+			*p.out = Outcome{Err: err}
+			failed[p] = true
+		}
+	}
+	return in.keep(ctx, ps, failed)
+}
+
+// makeTokens makes and signs the cash grants' tokens.
+func (in *Intake) makeTokens(ps []*pending, now time.Time) {
 	var batch []*pb.Token
 	for _, p := range ps {
 		if g := p.g; g.AwardType == pb.AwardType_CASH {
@@ -611,23 +690,21 @@ func (in *Intake) sign(ctx context.Context, ps []*pending, now time.Time) []*pen
 		}
 	}
 	in.cfg.Keys.SignBatch(batch)
-	failed := map[*pending]bool{}
-	for _, p := range ps {
-		var err error
-		if p.tok == nil {
-			p.rec, err = streams.NewRecord(p.l.ns+schemas.TopicGrants, []byte(p.g.ActId), p.g)
-		} else if g, e := proto.Marshal(p.g); e != nil {
-			err = fmt.Errorf("grant: encode: %w", e)
-		} else {
-			p.tokBytes = token.Marshal(p.tok)
-			p.tokRec = streams.NewEncodedRecord(p.l.ns+schemas.TopicTokens, []byte(p.g.ActId), p.tok, token.WithGrant(p.tokBytes, g))
-		}
-		if err != nil {
-			*p.out = Outcome{Err: err}
-			failed[p] = true
-		}
+}
+
+// encode makes a grant's record: a cash grant's token with the grant in
+// it, any other grant alone.
+func (in *Intake) encode(p *pending) error {
+	var err error
+	if p.tok == nil {
+		p.rec, err = streams.NewRecord(p.l.ns+schemas.TopicGrants, []byte(p.g.ActId), p.g)
+	} else if g, e := proto.Marshal(p.g); e != nil {
+		err = fmt.Errorf("grant: encode: %w", e)
+	} else {
+		p.tokBytes = token.Marshal(p.tok)
+		p.tokRec = streams.NewEncodedRecord(p.l.ns+schemas.TopicTokens, []byte(p.g.ActId), p.tok, token.WithGrant(p.tokBytes, g))
 	}
-	return in.keep(ctx, ps, failed)
+	return err
 }
 
 // claimTokens claims the order numbers of the cash grants whose token is
