@@ -41,7 +41,7 @@ type Control struct {
 	prefix string
 	splits int
 
-	mu      sync.Mutex
+	mu   sync.Mutex
 	seen map[string]remainingSeen // per template, for CheckStop
 }
 
