@@ -66,6 +66,7 @@ func init() {
 	register(1, 1, func() proto.Message { return new(surgev1.PackageChunk) })
 	register(1, 1, func() proto.Message { return new(surgev1.PlannerCheckpoint) })
 	register(1, 1, func() proto.Message { return new(surgev1.JobCommand) })
+	register(1, 1, func() proto.Message { return new(surgev1.ExecutorCommand) })
 	register(1, 1, func() proto.Message { return new(surgev1.RewardGrant) })
 	register(2, 1, func() proto.Message { return new(surgev1.Token) }) // v2: grant (field 14)
 	register(1, 1, func() proto.Message { return new(surgev1.LedgerEntry) })

@@ -30,6 +30,7 @@ const (
 	TopicUnits          = "push.units"
 	TopicReports        = "push.reports"
 	TopicExecutors      = "push.executors"
+	TopicExecCommands   = "push.executor-commands"
 	TopicOffline        = "push.offline"
 	TopicAccounts       = "push.accounts"
 	TopicTags           = "push.tags"
@@ -86,6 +87,7 @@ var Topics = []Topic{
 	{TopicPlannerCkpt, "surge.v1.PlannerCheckpoint", "chunk index (decimal)", 1, true, 0, "checkpoints of the push planner's memory with their position in push.job-transitions; a restore replays only the transitions after the newest"},
 	{TopicUnits, "surge.v1.SendTaskUnit", "job_id", 1, false, 7 * day, "per-executor unit queues are named push.units.<executor>: one partition, so units run in dispatch (priority) order"},
 	{TopicExecutors, "surge.v1.ExecutorLoad", "executor", 1, false, 1 * day, "executor load reports; the planner dispatches by them"},
+	{TopicExecCommands, "surge.v1.ExecutorCommand", "executor", 1, false, 1 * day, "operators' commands to executors: drain one for an upgrade (surge push drain --executor NAME)"},
 	{TopicOffline, "surge.v1.OfflineBatch", "a uin of the batch (4-byte big-endian)", 12, false, 7 * day, "offline targets, co-partitioned with push.login; with the DELIVERED_ON_LOGIN reports it is the offline queues' changelog"},
 	{TopicReports, "surge.v1.DeliveryReport", "job_id", 12, false, 7 * day, "per-target delivery outcomes; read back to rebuild remaining work"},
 	{TopicGrants, "surge.v1.RewardGrant", "act_id", 12, false, 30 * day, "accepted reward grants other than cash (a cash grant rides in its token)"},

@@ -19,9 +19,11 @@ import (
 	"surge/streams/streamstest"
 )
 
-// SIGTERM drains an executor for an upgrade: in the middle of a job it
-// stops taking units, finishes those it holds and exits 0; the other
-// executor sends the rest, and every target gets exactly one message.
+// SIGTERM, or `surge push drain --executor NAME`, drains an executor for
+// an upgrade: in the middle of a job it stops taking units, finishes those
+// it holds and exits 0; the other executor sends the rest, and every
+// target gets exactly one message. The signal is tried on kfake, the
+// command on the real broker.
 func TestExecutorDrainsOnSIGTERM(t *testing.T) {
 	streamstest.Each(t, func(t *testing.T, b streamstest.Backend) {
 		ns, dir := streamstest.Unique("drain")+".", t.TempDir()
@@ -62,7 +64,11 @@ func TestExecutorDrainsOnSIGTERM(t *testing.T) {
 		streamstest.ProduceSync(t, cl, jr)
 
 		waitFor(t, ctx, "first delivery by executor a", func() bool { return byExecutor(t, b.Brokers, ns, "j1")["ea"] > 0 })
-		if err := exA.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		if b.Real {
+			if out, errOut, err := command(t, env, "push", "drain", "--executor", "ea", "--reason", "upgrade"); err != nil {
+				t.Fatalf("surge push drain: %v\n%s%s", err, out, errOut)
+			}
+		} else if err := exA.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 			t.Fatal(err)
 		}
 		exited := make(chan error, 1)
@@ -70,10 +76,10 @@ func TestExecutorDrainsOnSIGTERM(t *testing.T) {
 		select {
 		case err := <-exited:
 			if err != nil {
-				t.Fatalf("executor a after SIGTERM: %v (want exit 0 once drained)", err)
+				t.Fatalf("executor a after its drain: %v (want exit 0 once drained)", err)
 			}
 		case <-ctx.Done():
-			t.Fatal("executor a did not exit after SIGTERM")
+			t.Fatal("executor a did not exit after its drain")
 		}
 		exA.mu.Lock()
 		drained := strings.Contains(exA.log.String(), "executor: drained")

@@ -21,22 +21,29 @@ const pushUsage = `surge push ACTION --job ID [--reason TEXT]: control a send jo
   cancel  end it; its targets not yet dispatched get their quota back
 The planner applies the command (push.job-commands) as a transition on
 push.job-transitions, or dead-letters it with the reason it cannot.
+surge push drain --executor NAME [--reason TEXT]: drain an executor for an
+  upgrade, as SIGTERM does: it takes no new units, finishes those it holds
+  and exits 0 (push.executor-commands; only a running executor hears it).
 `
 
 func cmdPush(ctx context.Context, args []string) error {
-	var jobID, reason string
+	var jobID, executor, reason string
 	v, fs, err := loadConfig("push", args, func(fs *pflag.FlagSet) {
 		fs.StringVar(&jobID, "job", "", "the job's id")
+		fs.StringVar(&executor, "executor", "", "the executor's name (drain)")
 		fs.StringVar(&reason, "reason", "", "why (kept on the transition)")
 	})
 	if err != nil {
 		return err
 	}
+	if fs.NArg() == 1 && fs.Arg(0) == "drain" {
+		return drainExecutor(ctx, v, executor, reason)
+	}
 	ops := map[string]pb.JobCommand_Op{"pause": pb.JobCommand_PAUSE, "resume": pb.JobCommand_RESUME, "cancel": pb.JobCommand_CANCEL}
 	op, ok := ops[fs.Arg(0)]
 	if fs.NArg() != 1 || !ok {
 		fmt.Fprint(os.Stderr, pushUsage)
-		return fmt.Errorf("push takes one action: pause, resume or cancel")
+		return fmt.Errorf("push takes one action: pause, resume, cancel or drain")
 	}
 	if jobID == "" {
 		return fmt.Errorf("push %s needs --job", fs.Arg(0))
@@ -52,6 +59,24 @@ func cmdPush(ctx context.Context, args []string) error {
 	}
 	fmt.Printf("%s of job %s requested on %s; the planner's answer is on %s (a refusal on %s)\n",
 		fs.Arg(0), jobID, topic, v.GetString("push.namespace")+schemas.TopicJobTransitions, schemas.TopicDeadLetter)
+	return nil
+}
+
+// drainExecutor publishes a drain command for the executor called name.
+func drainExecutor(ctx context.Context, v *viper.Viper, name, reason string) error {
+	if name == "" {
+		return fmt.Errorf("push drain needs --executor")
+	}
+	topic := v.GetString("push.namespace") + schemas.TopicExecCommands
+	rec, err := streams.NewRecord(topic, []byte(name), &pb.ExecutorCommand{Executor: name, Op: pb.ExecutorCommand_DRAIN,
+		Reason: reason, RequestedBy: requestedBy("surge push drain"), AtMs: time.Now().UnixMilli()})
+	if err != nil {
+		return err
+	}
+	if _, err := produceOne(ctx, v, rec); err != nil {
+		return fmt.Errorf("push drain: %w", err)
+	}
+	fmt.Printf("drain of executor %s requested on %s; it exits 0 once its units are done\n", name, topic)
 	return nil
 }
 

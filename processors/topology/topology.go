@@ -50,6 +50,7 @@ var Platform = []streams.Spec{
 	{Name: "targeting", External: true, Outputs: []string{schemas.TopicTags}, Doc: "users' tags"},
 	{Name: "moderation", External: true, Outputs: []string{schemas.TopicBlacklists}, Doc: "per-account and global blacklists"},
 	{Name: "campaign service", External: true, Outputs: []string{schemas.TopicJobs, schemas.TopicPackages, schemas.TopicJobCommands}, Doc: "send jobs, uploaded number packages, and pause, resume or cancel of jobs (as `surge push` does)"},
+	{Name: "operators", External: true, Outputs: []string{schemas.TopicExecCommands}, Doc: "drain an executor for an upgrade (`surge push drain --executor NAME`)"},
 	{Name: "client apps", External: true, Outputs: []string{schemas.TopicClicks}, Doc: "clicks on delivered messages"},
 	{Name: "app platform", External: true, Outputs: []string{schemas.TopicUsage}, Doc: "usage that proves an account alive"},
 	{Name: "registration service", External: true, Outputs: []string{schemas.TopicRegistrations, schemas.TopicPool}, Doc: "registrations; releases of unused uins (allocation is POST /v1/uins)"},

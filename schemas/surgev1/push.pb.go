@@ -282,6 +282,52 @@ func (FanDelta_Op) EnumDescriptor() ([]byte, []int) {
 	return file_surge_v1_push_proto_rawDescGZIP(), []int{1, 0}
 }
 
+type ExecutorCommand_Op int32
+
+const (
+	ExecutorCommand_OP_UNSPECIFIED ExecutorCommand_Op = 0
+	ExecutorCommand_DRAIN          ExecutorCommand_Op = 1
+)
+
+// Enum value maps for ExecutorCommand_Op.
+var (
+	ExecutorCommand_Op_name = map[int32]string{
+		0: "OP_UNSPECIFIED",
+		1: "DRAIN",
+	}
+	ExecutorCommand_Op_value = map[string]int32{
+		"OP_UNSPECIFIED": 0,
+		"DRAIN":          1,
+	}
+)
+
+func (x ExecutorCommand_Op) Enum() *ExecutorCommand_Op {
+	p := new(ExecutorCommand_Op)
+	*p = x
+	return p
+}
+
+func (x ExecutorCommand_Op) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ExecutorCommand_Op) Descriptor() protoreflect.EnumDescriptor {
+	return file_surge_v1_push_proto_enumTypes[4].Descriptor()
+}
+
+func (ExecutorCommand_Op) Type() protoreflect.EnumType {
+	return &file_surge_v1_push_proto_enumTypes[4]
+}
+
+func (x ExecutorCommand_Op) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ExecutorCommand_Op.Descriptor instead.
+func (ExecutorCommand_Op) EnumDescriptor() ([]byte, []int) {
+	return file_surge_v1_push_proto_rawDescGZIP(), []int{19, 0}
+}
+
 type JobCommand_Op int32
 
 const (
@@ -318,11 +364,11 @@ func (x JobCommand_Op) String() string {
 }
 
 func (JobCommand_Op) Descriptor() protoreflect.EnumDescriptor {
-	return file_surge_v1_push_proto_enumTypes[4].Descriptor()
+	return file_surge_v1_push_proto_enumTypes[5].Descriptor()
 }
 
 func (JobCommand_Op) Type() protoreflect.EnumType {
-	return &file_surge_v1_push_proto_enumTypes[4]
+	return &file_surge_v1_push_proto_enumTypes[5]
 }
 
 func (x JobCommand_Op) Number() protoreflect.EnumNumber {
@@ -331,7 +377,7 @@ func (x JobCommand_Op) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use JobCommand_Op.Descriptor instead.
 func (JobCommand_Op) EnumDescriptor() ([]byte, []int) {
-	return file_surge_v1_push_proto_rawDescGZIP(), []int{19, 0}
+	return file_surge_v1_push_proto_rawDescGZIP(), []int{20, 0}
 }
 
 // A login or logout of one user; feeds the online bitmap and offline delivery.
@@ -2058,6 +2104,86 @@ func (x *ContentSent) GetUins() []byte {
 // An operator's command to a send job (push.job-commands, keyed by job
 // id): the planner applies it as a transition, or dead-letters it with the
 // reason it cannot (unknown job, a state the command does not apply to).
+// An operator's command to one executor (`surge push drain`), on
+// push.executor-commands keyed by the executor's name. DRAIN: take no new
+// units, finish those held, and exit 0 (as SIGTERM does), for an upgrade;
+// started again under the same name it takes work as before.
+type ExecutorCommand struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Executor      string                 `protobuf:"bytes,1,opt,name=executor,proto3" json:"executor,omitempty"`
+	Op            ExecutorCommand_Op     `protobuf:"varint,2,opt,name=op,proto3,enum=surge.v1.ExecutorCommand_Op" json:"op,omitempty"`
+	Reason        string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	RequestedBy   string                 `protobuf:"bytes,4,opt,name=requested_by,json=requestedBy,proto3" json:"requested_by,omitempty"`
+	AtMs          int64                  `protobuf:"varint,5,opt,name=at_ms,json=atMs,proto3" json:"at_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExecutorCommand) Reset() {
+	*x = ExecutorCommand{}
+	mi := &file_surge_v1_push_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExecutorCommand) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExecutorCommand) ProtoMessage() {}
+
+func (x *ExecutorCommand) ProtoReflect() protoreflect.Message {
+	mi := &file_surge_v1_push_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExecutorCommand.ProtoReflect.Descriptor instead.
+func (*ExecutorCommand) Descriptor() ([]byte, []int) {
+	return file_surge_v1_push_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *ExecutorCommand) GetExecutor() string {
+	if x != nil {
+		return x.Executor
+	}
+	return ""
+}
+
+func (x *ExecutorCommand) GetOp() ExecutorCommand_Op {
+	if x != nil {
+		return x.Op
+	}
+	return ExecutorCommand_OP_UNSPECIFIED
+}
+
+func (x *ExecutorCommand) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *ExecutorCommand) GetRequestedBy() string {
+	if x != nil {
+		return x.RequestedBy
+	}
+	return ""
+}
+
+func (x *ExecutorCommand) GetAtMs() int64 {
+	if x != nil {
+		return x.AtMs
+	}
+	return 0
+}
+
 type JobCommand struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	JobId         string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
@@ -2071,7 +2197,7 @@ type JobCommand struct {
 
 func (x *JobCommand) Reset() {
 	*x = JobCommand{}
-	mi := &file_surge_v1_push_proto_msgTypes[19]
+	mi := &file_surge_v1_push_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2083,7 +2209,7 @@ func (x *JobCommand) String() string {
 func (*JobCommand) ProtoMessage() {}
 
 func (x *JobCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_surge_v1_push_proto_msgTypes[19]
+	mi := &file_surge_v1_push_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2096,7 +2222,7 @@ func (x *JobCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobCommand.ProtoReflect.Descriptor instead.
 func (*JobCommand) Descriptor() ([]byte, []int) {
-	return file_surge_v1_push_proto_rawDescGZIP(), []int{19}
+	return file_surge_v1_push_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *JobCommand) GetJobId() string {
@@ -2329,7 +2455,16 @@ const file_surge_v1_push_proto_rawDesc = "" +
 	"queuedAtMs\"3\n" +
 	"\vContentSent\x12\x10\n" +
 	"\x03crc\x18\x01 \x01(\rR\x03crc\x12\x12\n" +
-	"\x04uins\x18\x02 \x01(\fR\x04uins\"\xd9\x01\n" +
+	"\x04uins\x18\x02 \x01(\fR\x04uins\"\xd0\x01\n" +
+	"\x0fExecutorCommand\x12\x1a\n" +
+	"\bexecutor\x18\x01 \x01(\tR\bexecutor\x12,\n" +
+	"\x02op\x18\x02 \x01(\x0e2\x1c.surge.v1.ExecutorCommand.OpR\x02op\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x12!\n" +
+	"\frequested_by\x18\x04 \x01(\tR\vrequestedBy\x12\x13\n" +
+	"\x05at_ms\x18\x05 \x01(\x03R\x04atMs\"#\n" +
+	"\x02Op\x12\x12\n" +
+	"\x0eOP_UNSPECIFIED\x10\x00\x12\t\n" +
+	"\x05DRAIN\x10\x01\"\xd9\x01\n" +
 	"\n" +
 	"JobCommand\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12'\n" +
@@ -2395,58 +2530,61 @@ func file_surge_v1_push_proto_rawDescGZIP() []byte {
 	return file_surge_v1_push_proto_rawDescData
 }
 
-var file_surge_v1_push_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_surge_v1_push_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
+var file_surge_v1_push_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
+var file_surge_v1_push_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_surge_v1_push_proto_goTypes = []any{
 	(TargetSource)(0),         // 0: surge.v1.TargetSource
 	(JobState)(0),             // 1: surge.v1.JobState
 	(DeliveryStatus)(0),       // 2: surge.v1.DeliveryStatus
 	(FanDelta_Op)(0),          // 3: surge.v1.FanDelta.Op
-	(JobCommand_Op)(0),        // 4: surge.v1.JobCommand.Op
-	(*LoginEvent)(nil),        // 5: surge.v1.LoginEvent
-	(*FanDelta)(nil),          // 6: surge.v1.FanDelta
-	(*SendJob)(nil),           // 7: surge.v1.SendJob
-	(*JobTransition)(nil),     // 8: surge.v1.JobTransition
-	(*SendTaskUnit)(nil),      // 9: surge.v1.SendTaskUnit
-	(*ExecutorLoad)(nil),      // 10: surge.v1.ExecutorLoad
-	(*OfflineEntry)(nil),      // 11: surge.v1.OfflineEntry
-	(*OfflineBatch)(nil),      // 12: surge.v1.OfflineBatch
-	(*DeliveryReport)(nil),    // 13: surge.v1.DeliveryReport
-	(*AccountInfo)(nil),       // 14: surge.v1.AccountInfo
-	(*TagChange)(nil),         // 15: surge.v1.TagChange
-	(*BlacklistChange)(nil),   // 16: surge.v1.BlacklistChange
-	(*PackageChunk)(nil),      // 17: surge.v1.PackageChunk
-	(*ClickEvent)(nil),        // 18: surge.v1.ClickEvent
-	(*JobClicks)(nil),         // 19: surge.v1.JobClicks
-	(*PlannerCheckpoint)(nil), // 20: surge.v1.PlannerCheckpoint
-	(*PlannerState)(nil),      // 21: surge.v1.PlannerState
-	(*PlannerOpenJob)(nil),    // 22: surge.v1.PlannerOpenJob
-	(*ContentSent)(nil),       // 23: surge.v1.ContentSent
-	(*JobCommand)(nil),        // 24: surge.v1.JobCommand
-	nil,                       // 25: surge.v1.PlannerState.TransitionsNextEntry
-	nil,                       // 26: surge.v1.PlannerState.StatesEntry
-	nil,                       // 27: surge.v1.PlannerState.JobsTodayEntry
+	(ExecutorCommand_Op)(0),   // 4: surge.v1.ExecutorCommand.Op
+	(JobCommand_Op)(0),        // 5: surge.v1.JobCommand.Op
+	(*LoginEvent)(nil),        // 6: surge.v1.LoginEvent
+	(*FanDelta)(nil),          // 7: surge.v1.FanDelta
+	(*SendJob)(nil),           // 8: surge.v1.SendJob
+	(*JobTransition)(nil),     // 9: surge.v1.JobTransition
+	(*SendTaskUnit)(nil),      // 10: surge.v1.SendTaskUnit
+	(*ExecutorLoad)(nil),      // 11: surge.v1.ExecutorLoad
+	(*OfflineEntry)(nil),      // 12: surge.v1.OfflineEntry
+	(*OfflineBatch)(nil),      // 13: surge.v1.OfflineBatch
+	(*DeliveryReport)(nil),    // 14: surge.v1.DeliveryReport
+	(*AccountInfo)(nil),       // 15: surge.v1.AccountInfo
+	(*TagChange)(nil),         // 16: surge.v1.TagChange
+	(*BlacklistChange)(nil),   // 17: surge.v1.BlacklistChange
+	(*PackageChunk)(nil),      // 18: surge.v1.PackageChunk
+	(*ClickEvent)(nil),        // 19: surge.v1.ClickEvent
+	(*JobClicks)(nil),         // 20: surge.v1.JobClicks
+	(*PlannerCheckpoint)(nil), // 21: surge.v1.PlannerCheckpoint
+	(*PlannerState)(nil),      // 22: surge.v1.PlannerState
+	(*PlannerOpenJob)(nil),    // 23: surge.v1.PlannerOpenJob
+	(*ContentSent)(nil),       // 24: surge.v1.ContentSent
+	(*ExecutorCommand)(nil),   // 25: surge.v1.ExecutorCommand
+	(*JobCommand)(nil),        // 26: surge.v1.JobCommand
+	nil,                       // 27: surge.v1.PlannerState.TransitionsNextEntry
+	nil,                       // 28: surge.v1.PlannerState.StatesEntry
+	nil,                       // 29: surge.v1.PlannerState.JobsTodayEntry
 }
 var file_surge_v1_push_proto_depIdxs = []int32{
 	3,  // 0: surge.v1.FanDelta.op:type_name -> surge.v1.FanDelta.Op
 	0,  // 1: surge.v1.SendJob.source:type_name -> surge.v1.TargetSource
 	1,  // 2: surge.v1.JobTransition.from:type_name -> surge.v1.JobState
 	1,  // 3: surge.v1.JobTransition.to:type_name -> surge.v1.JobState
-	7,  // 4: surge.v1.JobTransition.job:type_name -> surge.v1.SendJob
+	8,  // 4: surge.v1.JobTransition.job:type_name -> surge.v1.SendJob
 	2,  // 5: surge.v1.DeliveryReport.status:type_name -> surge.v1.DeliveryStatus
-	25, // 6: surge.v1.PlannerState.transitions_next:type_name -> surge.v1.PlannerState.TransitionsNextEntry
-	26, // 7: surge.v1.PlannerState.states:type_name -> surge.v1.PlannerState.StatesEntry
-	22, // 8: surge.v1.PlannerState.open:type_name -> surge.v1.PlannerOpenJob
-	23, // 9: surge.v1.PlannerState.sent:type_name -> surge.v1.ContentSent
-	27, // 10: surge.v1.PlannerState.jobs_today:type_name -> surge.v1.PlannerState.JobsTodayEntry
-	7,  // 11: surge.v1.PlannerOpenJob.job:type_name -> surge.v1.SendJob
-	4,  // 12: surge.v1.JobCommand.op:type_name -> surge.v1.JobCommand.Op
-	1,  // 13: surge.v1.PlannerState.StatesEntry.value:type_name -> surge.v1.JobState
-	14, // [14:14] is the sub-list for method output_type
-	14, // [14:14] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	27, // 6: surge.v1.PlannerState.transitions_next:type_name -> surge.v1.PlannerState.TransitionsNextEntry
+	28, // 7: surge.v1.PlannerState.states:type_name -> surge.v1.PlannerState.StatesEntry
+	23, // 8: surge.v1.PlannerState.open:type_name -> surge.v1.PlannerOpenJob
+	24, // 9: surge.v1.PlannerState.sent:type_name -> surge.v1.ContentSent
+	29, // 10: surge.v1.PlannerState.jobs_today:type_name -> surge.v1.PlannerState.JobsTodayEntry
+	8,  // 11: surge.v1.PlannerOpenJob.job:type_name -> surge.v1.SendJob
+	4,  // 12: surge.v1.ExecutorCommand.op:type_name -> surge.v1.ExecutorCommand.Op
+	5,  // 13: surge.v1.JobCommand.op:type_name -> surge.v1.JobCommand.Op
+	1,  // 14: surge.v1.PlannerState.StatesEntry.value:type_name -> surge.v1.JobState
+	15, // [15:15] is the sub-list for method output_type
+	15, // [15:15] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_surge_v1_push_proto_init() }
@@ -2460,8 +2598,8 @@ func file_surge_v1_push_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_surge_v1_push_proto_rawDesc), len(file_surge_v1_push_proto_rawDesc)),
-			NumEnums:      5,
-			NumMessages:   23,
+			NumEnums:      6,
+			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

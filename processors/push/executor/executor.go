@@ -156,6 +156,7 @@ func (x *Executor) Run(ctx context.Context, opts ...streams.Option) error {
 
 	rctx, stopRunner := context.WithCancel(ctx)
 	defer stopRunner()
+	go x.followCommands(rctx, time.Now())
 	hbDone := make(chan struct{})
 	drained := make(chan struct{})
 	go func() { defer close(hbDone); x.heartbeat(rctx, admin, stopRunner, drained) }()
@@ -186,6 +187,34 @@ func (x *Executor) Run(ctx context.Context, opts ...streams.Option) error {
 	default:
 	}
 	return err
+}
+
+// followCommands drains the executor when push.executor-commands asks it
+// to. It reads the commands published since the executor started (by
+// timestamp), so a drain asked before a restart does not drain the
+// executor that came back.
+func (x *Executor) followCommands(ctx context.Context, since time.Time) {
+	topic := x.topic(schemas.TopicExecCommands)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(x.cfg.Brokers...), kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AfterMilli(since.UnixMilli())))
+	if err != nil {
+		x.cfg.Log.Warn("executor: commands not followed", "err", err)
+		return
+	}
+	defer cl.Close()
+	for ctx.Err() == nil {
+		fs := cl.PollFetches(ctx)
+		fs.EachRecord(func(r *kgo.Record) {
+			var c pb.ExecutorCommand
+			if streams.Decode(r, &c) != nil || c.Executor != x.cfg.Name {
+				return
+			}
+			if c.Op == pb.ExecutorCommand_DRAIN {
+				x.cfg.Log.Info("executor: drain asked", "executor", x.cfg.Name, "by", c.RequestedBy, "reason", c.Reason)
+				x.Drain()
+			}
+		})
+	}
 }
 
 // Drained reports whether a drain finished and Run returned.

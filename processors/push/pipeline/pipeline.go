@@ -86,7 +86,7 @@ type Stack struct {
 func Topics(ns string) []schemas.Topic {
 	var out []schemas.Topic
 	for _, name := range []string{schemas.TopicLogin, schemas.TopicPresence, schemas.TopicFanDelta, schemas.TopicJobs,
-		schemas.TopicJobCommands, schemas.TopicJobTransitions, schemas.TopicPlannerCkpt, schemas.TopicReports, schemas.TopicExecutors, schemas.TopicOffline,
+		schemas.TopicJobCommands, schemas.TopicJobTransitions, schemas.TopicPlannerCkpt, schemas.TopicReports, schemas.TopicExecutors, schemas.TopicExecCommands, schemas.TopicOffline,
 		schemas.TopicAccounts, schemas.TopicTags, schemas.TopicBlacklists, schemas.TopicPackages,
 		schemas.TopicClicks, schemas.TopicJobClicks, schemas.TopicTimers, schemas.TopicDeadLetter} {
 		t, _ := schemas.TopicByName(name)
