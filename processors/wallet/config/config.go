@@ -242,3 +242,15 @@ func Load(path string, log *slog.Logger) (*Source, error) {
 
 // Tree returns the current tree.
 func (s *Source) Tree() *Tree { return s.cur.Load() }
+
+// Swap replaces the tree as a reload of the file would (tests, and a
+// program embedding the wallet with its own configuration); a tree that
+// does not validate is refused and the current one kept.
+func (s *Source) Swap(t *Tree) error {
+	if err := t.Validate(); err != nil {
+		return err
+	}
+	s.cur.Store(t)
+	s.Reloads.Add(1)
+	return nil
+}

@@ -1,0 +1,141 @@
+package api_test
+
+import (
+	"context"
+	"fmt"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"surge/processors/wallet/internal/guard"
+	wstack "surge/processors/wallet/stack"
+	"surge/streams/streamstest"
+)
+
+// Every degrade switch, flipped at run time as a reload of the wallet's
+// file does, turns its weak dependency off and the API shows it:
+// counter (the live total answers 503), counter_primary (the total is
+// read from the backup Redis), stock (stock-controlled coupons refused,
+// others still granted), lock (a withdrawal no longer waits for the
+// per-user lock), global_limit (the distributed rate limit skipped). The
+// token_redis switch has its own tests (ledger: TestDegradedTokenRedis).
+func TestDegradeSwitches(t *testing.T) {
+	streamstest.EachStack(t, func(t *testing.T, b streamstest.Backend, rdb *redis.Client) {
+		ns := streamstest.Unique("dg") + "."
+		st := newStack(t, b, rdb, ns, 3)
+		backup := redis.NewClient(&redis.Options{Addr: rdb.Options().Addr, DB: 1})
+		w, err := wstack.New(wstack.Options{Brokers: b.Brokers, Namespace: ns, Dir: t.TempDir(), Source: st.src, Keys: st.keys,
+			Redis: rdb, BackupRedis: backup, Producer: st.cl, Apps: apps, Users: users, Log: st.log})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- w.Run(ctx) }()
+		t.Cleanup(func() { cancel(); <-done; w.Close() })
+		if err := w.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		srv := httptest.NewServer(w.API.Handler())
+		defer srv.Close()
+		for w.Ledger.Serving() < 3 {
+			time.Sleep(10 * time.Millisecond)
+		}
+		set := func(degrade map[string]bool, globalLimit int) {
+			t.Helper()
+			tr := tree()
+			tr.Degrade, tr.RateLimits.GrantsGlobal = degrade, globalLimit
+			if err := st.src.Swap(tr); err != nil {
+				t.Fatal(err)
+			}
+		}
+		n := 0
+		grant := func(scene, award string, amount int) (int, map[string]any) {
+			n++
+			return call(t, srv, "POST", "/v1/grants", fmt.Sprintf(
+				`{"orderNo":"d%d_%s_r%d_%d_1","actId":"d%d","activityId":"spring","sceneId":"%s","rainId":"r%d","awardType":"%s","stage":1,"amount":%d}`,
+				n, scene, n, map[string]int{"CASH": 1, "COUPON": 2}[award], n, scene, n, award, amount))
+		}
+		eventually := func(what string, ok func() bool) {
+			t.Helper()
+			for deadline := time.Now().Add(20 * time.Second); !ok(); time.Sleep(50 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatalf("%s: not within 20 s", what)
+				}
+			}
+		}
+		total := func() (int, float64) {
+			code, out := call(t, srv, "GET", "/v1/total", "")
+			v, _ := out["total"].(float64)
+			return code, v
+		}
+
+		// counter
+		if code, out := grant("rain", "CASH", 300); code != 200 {
+			t.Fatalf("grant: %d %v", code, out)
+		}
+		eventually("the total shows the grant", func() bool { _, v := total(); return v == 300 })
+		set(map[string]bool{guard.Counter: true}, 0)
+		if code, out := call(t, srv, "GET", "/v1/total", ""); code != 503 || !strings.Contains(fmt.Sprint(out["error"]), "switched off") {
+			t.Fatalf("total with counter off: %d %v", code, out)
+		}
+
+		// counter_primary: a sum only the backup holds shows once reads move there.
+		if err := backup.HSet(context.Background(), ns+wstack.TotalKey, "999", 1000).Err(); err != nil {
+			t.Fatal(err)
+		}
+		set(nil, 0)
+		time.Sleep(1500 * time.Millisecond)
+		if _, v := total(); v != 300 {
+			t.Fatalf("total from the primary: %v, want 300", v)
+		}
+		set(map[string]bool{guard.CounterPrimary: true}, 0)
+		eventually("the total read from the backup", func() bool { _, v := total(); return v == 1300 })
+
+		// stock
+		set(map[string]bool{guard.Stock: true}, 0)
+		if code, out := grant("limited", "COUPON", 1); code != 409 || !strings.Contains(fmt.Sprint(out["error"]), "switched off") {
+			t.Fatalf("stock-controlled coupon with stock off: %d %v", code, out)
+		}
+		if code, out := grant("coupon", "COUPON", 1); code != 200 {
+			t.Fatalf("coupon without stock control, stock off: %d %v", code, out)
+		}
+		set(nil, 0)
+		if code, out := grant("limited", "COUPON", 1); code != 200 {
+			t.Fatalf("stock-controlled coupon, stock on: %d %v", code, out)
+		}
+
+		// lock: another withdrawal of d1 holds the lock.
+		if err := rdb.Set(context.Background(), ns+"wlock:d1", "someone-else", time.Minute).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if code, out := call(t, srv, "POST", "/v1/users/d1/withdrawals", `{"withdraw_id":"wd1","amount":100}`); code != 409 {
+			t.Fatalf("withdrawal while locked: %d %v", code, out)
+		}
+		set(map[string]bool{guard.Lock: true}, 0)
+		if code, out := call(t, srv, "POST", "/v1/users/d1/withdrawals", `{"withdraw_id":"wd1","amount":100}`); code != 200 {
+			t.Fatalf("withdrawal with the lock off: %d %v", code, out)
+		}
+
+		// global_limit: one grant a second over all instances.
+		set(nil, 1)
+		refused := 0
+		for range 3 {
+			if code, _ := grant("rain", "CASH", 1); code == 429 {
+				refused++
+			}
+		}
+		if refused == 0 {
+			t.Fatal("3 grants at a global limit of 1/s: none refused")
+		}
+		set(map[string]bool{guard.GlobalLimit: true}, 1)
+		for i := range 3 {
+			if code, out := grant("rain", "CASH", 1); code != 200 {
+				t.Fatalf("grant %d with global_limit off: %d %v", i, code, out)
+			}
+		}
+	})
+}
