@@ -71,6 +71,7 @@ func init() {
 	register(2, 1, func() proto.Message { return new(surgev1.Token) }) // v2: grant (field 14)
 	register(1, 1, func() proto.Message { return new(surgev1.LedgerEntry) })
 	register(1, 1, func() proto.Message { return new(surgev1.Withdrawal) })
+	register(1, 1, func() proto.Message { return new(surgev1.PacketCredit) })
 	register(1, 1, func() proto.Message { return new(surgev1.StockChange) })
 	register(1, 1, func() proto.Message { return new(surgev1.UinRegistration) })
 	register(1, 1, func() proto.Message { return new(surgev1.UsageEvent) })

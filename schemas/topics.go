@@ -45,6 +45,7 @@ const (
 	TopicLedger         = "wallet.ledger"
 	TopicWithdrawals    = "wallet.withdrawals"
 	TopicWithdrawResult = "wallet.withdrawal-results"
+	TopicPackets        = "wallet.packets"
 	TopicRegistrations  = "uin.registrations"
 	TopicUsage          = "uin.usage"
 	TopicRecycleSteps   = "uin.recycle-steps"
@@ -94,7 +95,8 @@ var Topics = []Topic{
 	{TopicTokens, "surge.v1.Token", "act_id", 12, false, 30 * day, "signed cash tokens (PROCESSING), each with its grant; a booking is its wallet.ledger entry"},
 	{TopicLedger, "surge.v1.LedgerEntry", "act_id", 12, false, 365 * day, "booked ledger entries; the account store is rebuilt from it"},
 	{TopicWithdrawals, "surge.v1.Withdrawal", "act_id", 12, false, 365 * day, "withdrawal requests"},
-	{TopicWithdrawResult, "surge.v1.Withdrawal", "act_id", 12, false, 30 * day, "the ledger's answer to each withdrawal: booked or refused with a reason"},
+	{TopicWithdrawResult, "surge.v1.Withdrawal", "act_id", 12, false, 30 * day, "the ledger's answer to each withdrawal and red packet: booked or refused with a reason"},
+	{TopicPackets, "surge.v1.PacketCredit", "act_id (the receiver)", 12, false, 365 * day, "person-to-person red packets on their way to the receiver: the ledger that debited the sender writes them, the receiver's books them"},
 	{TopicRegistrations, "surge.v1.UinRegistration", "uin (4-byte big-endian)", 12, false, 400 * day, "uin allocations and registration completion"},
 	{TopicUsage, "surge.v1.UsageEvent", "uin (4-byte big-endian)", 12, false, 30 * day, "usage events that prove an account alive"},
 	{TopicRecycleSteps, "surge.v1.RecycleStep", "uin (4-byte big-endian)", 12, false, 400 * day, "every applied step of every recycle ticket; the recycle controller's changelog"},

@@ -591,10 +591,15 @@ type Withdrawal struct {
 	Amount     int64                  `protobuf:"varint,3,opt,name=amount,proto3" json:"amount,omitempty"`
 	AtMs       int64                  `protobuf:"varint,4,opt,name=at_ms,json=atMs,proto3" json:"at_ms,omitempty"`
 	// Set on the outcome the ledger publishes on wallet.withdrawal-results.
-	Refused       bool   `protobuf:"varint,5,opt,name=refused,proto3" json:"refused,omitempty"`
-	Reason        string `protobuf:"bytes,6,opt,name=reason,proto3" json:"reason,omitempty"`
-	BalanceAfter  int64  `protobuf:"varint,7,opt,name=balance_after,json=balanceAfter,proto3" json:"balance_after,omitempty"`
-	ForceBooked   uint32 `protobuf:"varint,8,opt,name=force_booked,json=forceBooked,proto3" json:"force_booked,omitempty"` // unbooked tokens booked first
+	Refused      bool   `protobuf:"varint,5,opt,name=refused,proto3" json:"refused,omitempty"`
+	Reason       string `protobuf:"bytes,6,opt,name=reason,proto3" json:"reason,omitempty"`
+	BalanceAfter int64  `protobuf:"varint,7,opt,name=balance_after,json=balanceAfter,proto3" json:"balance_after,omitempty"`
+	ForceBooked  uint32 `protobuf:"varint,8,opt,name=force_booked,json=forceBooked,proto3" json:"force_booked,omitempty"` // unbooked tokens booked first
+	// Set: a person-to-person red packet to this user, not a withdrawal
+	// (POST /v1/users/{act}/packets). The sender's debit is booked like a
+	// withdrawal (kind P2P_PACKET); the ledger then credits the receiver
+	// through wallet.packets, in the same transaction.
+	ToActId       string `protobuf:"bytes,9,opt,name=to_act_id,json=toActId,proto3" json:"to_act_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -685,6 +690,92 @@ func (x *Withdrawal) GetForceBooked() uint32 {
 	return 0
 }
 
+func (x *Withdrawal) GetToActId() string {
+	if x != nil {
+		return x.ToActId
+	}
+	return ""
+}
+
+// The receiver's side of a red packet, on wallet.packets keyed by the
+// receiver: written by the ledger that booked the sender's debit, booked
+// once (order p:<packet id>:in) by the ledger that owns the receiver.
+type PacketCredit struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	PacketId      string                 `protobuf:"bytes,1,opt,name=packet_id,json=packetId,proto3" json:"packet_id,omitempty"`
+	FromActId     string                 `protobuf:"bytes,2,opt,name=from_act_id,json=fromActId,proto3" json:"from_act_id,omitempty"`
+	ToActId       string                 `protobuf:"bytes,3,opt,name=to_act_id,json=toActId,proto3" json:"to_act_id,omitempty"`
+	Amount        int64                  `protobuf:"varint,4,opt,name=amount,proto3" json:"amount,omitempty"`
+	AtMs          int64                  `protobuf:"varint,5,opt,name=at_ms,json=atMs,proto3" json:"at_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PacketCredit) Reset() {
+	*x = PacketCredit{}
+	mi := &file_surge_v1_wallet_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PacketCredit) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PacketCredit) ProtoMessage() {}
+
+func (x *PacketCredit) ProtoReflect() protoreflect.Message {
+	mi := &file_surge_v1_wallet_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PacketCredit.ProtoReflect.Descriptor instead.
+func (*PacketCredit) Descriptor() ([]byte, []int) {
+	return file_surge_v1_wallet_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *PacketCredit) GetPacketId() string {
+	if x != nil {
+		return x.PacketId
+	}
+	return ""
+}
+
+func (x *PacketCredit) GetFromActId() string {
+	if x != nil {
+		return x.FromActId
+	}
+	return ""
+}
+
+func (x *PacketCredit) GetToActId() string {
+	if x != nil {
+		return x.ToActId
+	}
+	return ""
+}
+
+func (x *PacketCredit) GetAmount() int64 {
+	if x != nil {
+		return x.Amount
+	}
+	return 0
+}
+
+func (x *PacketCredit) GetAtMs() int64 {
+	if x != nil {
+		return x.AtMs
+	}
+	return 0
+}
+
 // Consumption of coupon stock for one template.
 type StockChange struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -699,7 +790,7 @@ type StockChange struct {
 
 func (x *StockChange) Reset() {
 	*x = StockChange{}
-	mi := &file_surge_v1_wallet_proto_msgTypes[4]
+	mi := &file_surge_v1_wallet_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -711,7 +802,7 @@ func (x *StockChange) String() string {
 func (*StockChange) ProtoMessage() {}
 
 func (x *StockChange) ProtoReflect() protoreflect.Message {
-	mi := &file_surge_v1_wallet_proto_msgTypes[4]
+	mi := &file_surge_v1_wallet_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -724,7 +815,7 @@ func (x *StockChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StockChange.ProtoReflect.Descriptor instead.
 func (*StockChange) Descriptor() ([]byte, []int) {
-	return file_surge_v1_wallet_proto_rawDescGZIP(), []int{4}
+	return file_surge_v1_wallet_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *StockChange) GetTemplateId() string {
@@ -816,7 +907,7 @@ const file_surge_v1_wallet_proto_rawDesc = "" +
 	"activityId\x12\x19\n" +
 	"\bscene_id\x18\a \x01(\tR\asceneId\x12#\n" +
 	"\rbalance_after\x18\b \x01(\x03R\fbalanceAfter\x12\"\n" +
-	"\rgranted_at_ms\x18\t \x01(\x03R\vgrantedAtMs\"\xeb\x01\n" +
+	"\rgranted_at_ms\x18\t \x01(\x03R\vgrantedAtMs\"\x87\x02\n" +
 	"\n" +
 	"Withdrawal\x12\x1f\n" +
 	"\vwithdraw_id\x18\x01 \x01(\tR\n" +
@@ -827,7 +918,14 @@ const file_surge_v1_wallet_proto_rawDesc = "" +
 	"\arefused\x18\x05 \x01(\bR\arefused\x12\x16\n" +
 	"\x06reason\x18\x06 \x01(\tR\x06reason\x12#\n" +
 	"\rbalance_after\x18\a \x01(\x03R\fbalanceAfter\x12!\n" +
-	"\fforce_booked\x18\b \x01(\rR\vforceBooked\"\x8e\x01\n" +
+	"\fforce_booked\x18\b \x01(\rR\vforceBooked\x12\x1a\n" +
+	"\tto_act_id\x18\t \x01(\tR\atoActId\"\x94\x01\n" +
+	"\fPacketCredit\x12\x1b\n" +
+	"\tpacket_id\x18\x01 \x01(\tR\bpacketId\x12\x1e\n" +
+	"\vfrom_act_id\x18\x02 \x01(\tR\tfromActId\x12\x1a\n" +
+	"\tto_act_id\x18\x03 \x01(\tR\atoActId\x12\x16\n" +
+	"\x06amount\x18\x04 \x01(\x03R\x06amount\x12\x13\n" +
+	"\x05at_ms\x18\x05 \x01(\x03R\x04atMs\"\x8e\x01\n" +
 	"\vStockChange\x12\x1f\n" +
 	"\vtemplate_id\x18\x01 \x01(\tR\n" +
 	"templateId\x12\x14\n" +
@@ -867,16 +965,17 @@ func file_surge_v1_wallet_proto_rawDescGZIP() []byte {
 }
 
 var file_surge_v1_wallet_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_surge_v1_wallet_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_surge_v1_wallet_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_surge_v1_wallet_proto_goTypes = []any{
-	(AwardType)(0),      // 0: surge.v1.AwardType
-	(TokenStatus)(0),    // 1: surge.v1.TokenStatus
-	(LedgerKind)(0),     // 2: surge.v1.LedgerKind
-	(*RewardGrant)(nil), // 3: surge.v1.RewardGrant
-	(*Token)(nil),       // 4: surge.v1.Token
-	(*LedgerEntry)(nil), // 5: surge.v1.LedgerEntry
-	(*Withdrawal)(nil),  // 6: surge.v1.Withdrawal
-	(*StockChange)(nil), // 7: surge.v1.StockChange
+	(AwardType)(0),       // 0: surge.v1.AwardType
+	(TokenStatus)(0),     // 1: surge.v1.TokenStatus
+	(LedgerKind)(0),      // 2: surge.v1.LedgerKind
+	(*RewardGrant)(nil),  // 3: surge.v1.RewardGrant
+	(*Token)(nil),        // 4: surge.v1.Token
+	(*LedgerEntry)(nil),  // 5: surge.v1.LedgerEntry
+	(*Withdrawal)(nil),   // 6: surge.v1.Withdrawal
+	(*PacketCredit)(nil), // 7: surge.v1.PacketCredit
+	(*StockChange)(nil),  // 8: surge.v1.StockChange
 }
 var file_surge_v1_wallet_proto_depIdxs = []int32{
 	0, // 0: surge.v1.RewardGrant.award_type:type_name -> surge.v1.AwardType
@@ -901,7 +1000,7 @@ func file_surge_v1_wallet_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_surge_v1_wallet_proto_rawDesc), len(file_surge_v1_wallet_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   5,
+			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -95,8 +95,8 @@ func (s *Server) FollowResults(ctx context.Context) error {
 			return
 		}
 		s.mu.Lock()
-		ch := s.waiters[w.WithdrawId]
-		delete(s.waiters, w.WithdrawId)
+		ch := s.waiters[waiterKey(&w)]
+		delete(s.waiters, waiterKey(&w))
 		s.mu.Unlock()
 		if ch != nil {
 			ch <- &w
@@ -113,6 +113,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/users/{act}/balance", s.user(s.balance))
 	mux.HandleFunc("GET /v1/users/{act}/flow", s.user(s.flow))
 	mux.HandleFunc("POST /v1/users/{act}/withdrawals", s.user(s.withdraw))
+	mux.HandleFunc("POST /v1/users/{act}/packets", s.user(s.packet))
 	mux.HandleFunc("GET /v1/total", s.anyone(s.total))
 	mux.HandleFunc("GET /v1/stock/{template}", s.anyone(s.stock))
 	return mux
@@ -423,8 +424,16 @@ func (s *Server) stock(w http.ResponseWriter, r *http.Request) {
 // caller's: after its TTL another withdrawal may hold it.
 var releaseLock = redis.NewScript(`if redis.call("GET", KEYS[1]) == ARGV[1] then return redis.call("DEL", KEYS[1]) end return 0`)
 
+// waiterKey names the request waiting for a ledger answer: withdrawals
+// and red packets have ids of their own.
+func waiterKey(w *pb.Withdrawal) string {
+	if w.ToActId != "" {
+		return "p:" + w.WithdrawId
+	}
+	return "w:" + w.WithdrawId
+}
+
 func (s *Server) withdraw(w http.ResponseWriter, r *http.Request) {
-	act := r.PathValue("act")
 	var req struct {
 		WithdrawID string `json:"withdraw_id"`
 		Amount     int64  `json:"amount"`
@@ -433,22 +442,45 @@ func (s *Server) withdraw(w http.ResponseWriter, r *http.Request) {
 		fail(w, http.StatusBadRequest, errors.New("want {\"withdraw_id\": non-empty, \"amount\": positive cents}"))
 		return
 	}
+	s.moveOut(w, r, &pb.Withdrawal{WithdrawId: req.WithdrawID, ActId: r.PathValue("act"), Amount: req.Amount})
+}
+
+// packet sends a person-to-person red packet from the path's user.
+func (s *Server) packet(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		PacketID string `json:"packet_id"`
+		To       string `json:"to"`
+		Amount   int64  `json:"amount"`
+	}
+	act := r.PathValue("act")
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 4<<10)).Decode(&req); err != nil || req.PacketID == "" || req.To == "" || req.To == act || req.Amount <= 0 {
+		fail(w, http.StatusBadRequest, errors.New("want {\"packet_id\": non-empty, \"to\": another user's actID, \"amount\": positive cents}"))
+		return
+	}
+	s.moveOut(w, r, &pb.Withdrawal{WithdrawId: req.PacketID, ActId: act, Amount: req.Amount, ToActId: req.To})
+}
+
+// moveOut takes money out of a user's balance, a withdrawal or a red
+// packet: the ledger books it (the user's unbooked tokens first) and
+// answers on wallet.withdrawal-results.
+func (s *Server) moveOut(w http.ResponseWriter, r *http.Request, req *pb.Withdrawal) {
+	act := req.ActId
 	ctx := r.Context()
 	// One withdrawal per user at a time (a double-clicked button); the
 	// ledger's per-user order keeps the balance right even without it.
 	if !s.cfg.Source.Tree().Degraded(guard.Lock) {
 		lock := s.cfg.Namespace + "wlock:" + act
-		ok, err := s.cfg.Redis.SetNX(ctx, lock, req.WithdrawID, 10*time.Second).Result()
+		ok, err := s.cfg.Redis.SetNX(ctx, lock, waiterKey(req), 10*time.Second).Result()
 		if err == nil && !ok {
-			// A retry of the same withdrawal (its first try's instance
+			// A retry of the same withdrawal or packet (its first try's instance
 			// died holding the lock) goes on: the ledger books an id once.
-			if holder, _ := s.cfg.Redis.Get(ctx, lock).Result(); holder != req.WithdrawID {
+			if holder, _ := s.cfg.Redis.Get(ctx, lock).Result(); holder != waiterKey(req) {
 				fail(w, http.StatusConflict, errors.New("another withdrawal of this user is in progress"))
 				return
 			}
 		}
 		if err == nil {
-			defer releaseLock.Run(context.WithoutCancel(ctx), s.cfg.Redis, []string{lock}, req.WithdrawID)
+			defer releaseLock.Run(context.WithoutCancel(ctx), s.cfg.Redis, []string{lock}, waiterKey(req))
 		}
 	}
 	ch := make(chan *pb.Withdrawal, 1)
@@ -456,11 +488,11 @@ func (s *Server) withdraw(w http.ResponseWriter, r *http.Request) {
 	if s.waiters == nil {
 		s.waiters = map[string]chan *pb.Withdrawal{}
 	}
-	s.waiters[req.WithdrawID] = ch
+	s.waiters[waiterKey(req)] = ch
 	s.mu.Unlock()
-	defer func() { s.mu.Lock(); delete(s.waiters, req.WithdrawID); s.mu.Unlock() }()
-	rec, err := streams.NewRecord(s.cfg.Namespace+schemas.TopicWithdrawals, []byte(act),
-		&pb.Withdrawal{WithdrawId: req.WithdrawID, ActId: act, Amount: req.Amount, AtMs: time.Now().UnixMilli()})
+	defer func() { s.mu.Lock(); delete(s.waiters, waiterKey(req)); s.mu.Unlock() }()
+	req.AtMs = s.now().UnixMilli()
+	rec, err := streams.NewRecord(s.cfg.Namespace+schemas.TopicWithdrawals, []byte(act), req)
 	if err == nil {
 		err = s.cfg.Producer.ProduceSync(ctx, rec).FirstErr()
 	}
@@ -471,7 +503,11 @@ func (s *Server) withdraw(w http.ResponseWriter, r *http.Request) {
 	timeout := s.cfg.Timeout
 	select {
 	case res := <-ch:
-		body := map[string]any{"withdraw_id": res.WithdrawId, "balance_after": res.BalanceAfter, "force_booked": res.ForceBooked}
+		idKey := "withdraw_id"
+		if req.ToActId != "" {
+			idKey = "packet_id"
+		}
+		body := map[string]any{idKey: res.WithdrawId, "balance_after": res.BalanceAfter, "force_booked": res.ForceBooked}
 		if res.Refused {
 			body["error"] = res.Reason
 			reply(w, http.StatusConflict, body)
@@ -479,7 +515,7 @@ func (s *Server) withdraw(w http.ResponseWriter, r *http.Request) {
 		}
 		reply(w, http.StatusOK, body)
 	case <-time.After(timeout):
-		fail(w, http.StatusAccepted, errors.New("accepted; the ledger has not answered yet (retry with the same withdraw_id)"))
+		fail(w, http.StatusAccepted, errors.New("accepted; the ledger has not answered yet (retry with the same id)"))
 	case <-ctx.Done():
 	}
 }

@@ -107,7 +107,7 @@ type stack struct {
 
 func newStack(t *testing.T, b streamstest.Backend, rdb *redis.Client, ns string, partitions int32) stack {
 	var names []string
-	for _, n := range []string{schemas.TopicGrants, schemas.TopicTokens, schemas.TopicLedger, schemas.TopicWithdrawals, schemas.TopicWithdrawResult, schemas.TopicDeadLetter} {
+	for _, n := range []string{schemas.TopicGrants, schemas.TopicTokens, schemas.TopicLedger, schemas.TopicWithdrawals, schemas.TopicWithdrawResult, schemas.TopicPackets, schemas.TopicDeadLetter} {
 		names = append(names, ns+n)
 	}
 	streamstest.CreateTopics(t, b.Brokers, partitions, names...)
@@ -185,6 +185,7 @@ func TestAPI(t *testing.T) {
 		refusals(t, srv)
 		conflicts(t, srv)
 		stockStop(t, srv)
+		redPackets(t, srv)
 		batches(t, srv)
 	})
 }
@@ -356,6 +357,78 @@ func stockStop(t *testing.T, srv *httptest.Server) {
 	}
 	if out := read(); out["stop"] != true || out["remaining"].(float64) >= 10 || out["remaining"].(float64) != float64(95-accepted) {
 		t.Fatalf("after %d coupons: %v, want stop with %d remaining", accepted, out, 95-accepted)
+	}
+}
+
+// redPackets: a person-to-person red packet moves money from the sender
+// (debit booked like a withdrawal, after the sender's unbooked tokens) to
+// the receiver (credited once through wallet.packets); both flows show it
+// as P2P_PACKET. A repeated packet id moves nothing more; a packet over
+// the balance is refused and credits nobody; one to oneself is a bad
+// request; another user's token is refused.
+func redPackets(t *testing.T, srv *httptest.Server) {
+	t.Helper()
+	if code, out := call(t, srv, "POST", "/v1/grants", `{"orderNo":"pa_rain_p1_1_1","actId":"pa","activityId":"spring","sceneId":"rain","rainId":"p1","awardType":"CASH","stage":1,"amount":500}`); code != 200 {
+		t.Fatalf("grant: %d %v", code, out)
+	}
+	send := func(from, body string) (int, map[string]any) {
+		t.Helper()
+		return call(t, srv, "POST", "/v1/users/"+from+"/packets", body)
+	}
+	balance := func(act string, want float64) {
+		t.Helper()
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			_, out := call(t, srv, "GET", "/v1/users/"+act+"/balance", "")
+			if out["balance"] == want {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: balance %v, want %v", act, out["balance"], want)
+			}
+		}
+	}
+	if code, out := send("pa", `{"packet_id":"pk1","to":"pb","amount":200}`); code != 200 || out["balance_after"] != 300.0 || out["packet_id"] != "pk1" {
+		t.Fatalf("packet pa->pb: %d %v", code, out)
+	}
+	balance("pb", 200)
+	if code, out := send("pa", `{"packet_id":"pk1","to":"pb","amount":200}`); code != 200 || out["balance_after"] != 300.0 {
+		t.Fatalf("packet repeated: %d %v", code, out)
+	}
+	if code, out := send("pa", `{"packet_id":"pk2","to":"pb","amount":1000}`); code != 409 || !strings.Contains(fmt.Sprint(out["error"]), "over balance") {
+		t.Fatalf("packet over the balance: %d %v", code, out)
+	}
+	if code, out := send("pa", `{"packet_id":"pk3","to":"pa","amount":1}`); code != 400 {
+		t.Fatalf("packet to oneself: %d %v", code, out)
+	}
+	if code, out := send("pb", `{"packet_id":"pk4","to":"pc","amount":150}`); code != 200 || out["balance_after"] != 50.0 {
+		t.Fatalf("packet pb->pc: %d %v", code, out)
+	}
+	balance("pc", 150)
+	time.Sleep(300 * time.Millisecond) // a second credit of pk1 would have landed
+	balance("pb", 50)
+	balance("pa", 300)
+	code, _ := callWith(t, srv, "POST", "/v1/users/pb/packets", `{"packet_id":"pk5","to":"pa","amount":10}`, func(req *http.Request, _ []byte) {
+		tok, _ := users.Issue("pa", time.Hour, time.Now())
+		req.Header.Set("Authorization", "Bearer "+tok)
+	})
+	if code != 403 {
+		t.Fatalf("pa's token on pb's packets: %d, want 403", code)
+	}
+	flow := func(act string) string {
+		t.Helper()
+		_, out := call(t, srv, "GET", "/v1/users/"+act+"/flow?page=0&size=10", "")
+		var lines []string
+		for _, it := range out["items"].([]any) {
+			m := it.(map[string]any)
+			lines = append(lines, fmt.Sprintf("%v %v", m["kind"], m["amount"]))
+		}
+		return strings.Join(lines, ", ")
+	}
+	if got := flow("pb"); got != "P2P_PACKET -150, P2P_PACKET 200" {
+		t.Fatalf("pb's flow: %s", got)
+	}
+	if got := flow("pa"); !strings.Contains(got, "P2P_PACKET -200") || !strings.Contains(got, "GRANT 500") {
+		t.Fatalf("pa's flow: %s", got)
 	}
 }
 

@@ -137,8 +137,12 @@ func (l *Ledger) resetStore() {
 
 func (l *Ledger) topic(name string) string { return l.cfg.Namespace + name }
 
-// withdrawalSchema tells withdrawals from tokens on the ledger's inputs.
-var withdrawalSchema = schemas.Of(&pb.Withdrawal{}).Name
+// withdrawalSchema and packetSchema tell withdrawals (and red packets'
+// debits) and red packets' credits from tokens on the ledger's inputs.
+var (
+	withdrawalSchema = schemas.Of(&pb.Withdrawal{}).Name
+	packetSchema     = schemas.Of(&pb.PacketCredit{}).Name
+)
 
 // Keys: 'a' actID -> balance(8) income(8), written when the balance
 // leaves the in-memory cache (accounts); 'e' actID 0x00 orderNo -> the
@@ -486,6 +490,13 @@ func (l *Ledger) Handle() streams.Handler {
 			}
 			return l.withdraw(ctx, &w, out)
 		}
+		if streams.HasSchema(in, packetSchema) {
+			var c pb.PacketCredit
+			if err := streams.Decode(in, &c); err != nil {
+				return err
+			}
+			return l.credit(&c, out)
+		}
 		var tok pb.Token
 		if err := streams.Decode(in, &tok); err != nil {
 			return err
@@ -559,17 +570,24 @@ func (l *Ledger) bookEntry(e *pb.LedgerEntry, out *streams.Output) error {
 
 // withdraw force-books the user's unbooked tokens, then books the
 // withdrawal if the balance covers it; either way it answers on
-// wallet.withdrawal-results. A withdrawal id is booked once.
+// wallet.withdrawal-results. A withdrawal id is booked once. A red packet
+// (ToActId set) is a withdrawal whose money goes to another user: its
+// debit is booked the same way, and its credit goes to the receiver on
+// wallet.packets in the same transaction.
 func (l *Ledger) withdraw(ctx context.Context, w *pb.Withdrawal, out *streams.Output) error {
 	answer := func(res *pb.Withdrawal) error {
 		return out.EmitMsg(l.topic(schemas.TopicWithdrawResult), []byte(w.ActId), res)
 	}
 	res := proto.Clone(w).(*pb.Withdrawal)
-	if w.WithdrawId == "" || w.ActId == "" || w.Amount <= 0 {
-		res.Refused, res.Reason = true, fmt.Sprintf("invalid withdrawal: id %q, user %q, amount %d", w.WithdrawId, w.ActId, w.Amount)
+	what, orderNo, kind := "withdrawal", "w:"+w.WithdrawId, pb.LedgerKind_WITHDRAW
+	if w.ToActId != "" {
+		what, orderNo, kind = "red packet", "p:"+w.WithdrawId, pb.LedgerKind_P2P_PACKET
+	}
+	if w.WithdrawId == "" || w.ActId == "" || w.Amount <= 0 || w.ToActId == w.ActId {
+		res.Refused, res.Reason = true, fmt.Sprintf("invalid %s: id %q, user %q, amount %d, to %q", what, w.WithdrawId, w.ActId, w.Amount, w.ToActId)
 		return answer(res)
 	}
-	if done, err := l.isBookedForBatch(w.ActId, "w:"+w.WithdrawId); err != nil || done {
+	if done, err := l.isBookedForBatch(w.ActId, orderNo); err != nil || done {
 		if done {
 			res.Reason = "already booked"
 			acc, _ := l.accts.get(w.ActId)
@@ -609,13 +627,36 @@ func (l *Ledger) withdraw(ctx context.Context, w *pb.Withdrawal, out *streams.Ou
 		res.Refused, res.Reason, res.BalanceAfter = true, fmt.Sprintf("over balance: %d requested, %d available", w.Amount, acc.balance), acc.balance
 		return answer(res)
 	}
-	e := &pb.LedgerEntry{OrderNo: "w:" + w.WithdrawId, ActId: w.ActId, Amount: -w.Amount, Kind: pb.LedgerKind_WITHDRAW,
+	e := &pb.LedgerEntry{OrderNo: orderNo, ActId: w.ActId, Amount: -w.Amount, Kind: kind,
 		BookedAtMs: time.Now().UnixMilli(), BalanceAfter: acc.balance - w.Amount}
 	if err := l.bookEntry(e, out); err != nil {
 		return err
 	}
+	if w.ToActId != "" {
+		if err := out.EmitMsg(l.topic(schemas.TopicPackets), []byte(w.ToActId), &pb.PacketCredit{PacketId: w.WithdrawId,
+			FromActId: w.ActId, ToActId: w.ToActId, Amount: w.Amount, AtMs: e.BookedAtMs}); err != nil {
+			return err
+		}
+	}
 	res.BalanceAfter = e.BalanceAfter
 	return answer(res)
+}
+
+// credit books a red packet's credit to its receiver, once per packet.
+func (l *Ledger) credit(c *pb.PacketCredit, out *streams.Output) error {
+	if c.PacketId == "" || c.ToActId == "" || c.Amount <= 0 {
+		return streams.Reject(fmt.Sprintf("invalid red packet credit: id %q, to %q, amount %d", c.PacketId, c.ToActId, c.Amount), nil)
+	}
+	orderNo := "p:" + c.PacketId + ":in"
+	if done, err := l.isBookedForBatch(c.ToActId, orderNo); err != nil || done {
+		return err
+	}
+	acc, err := l.accts.get(c.ToActId)
+	if err != nil {
+		return err
+	}
+	return l.bookEntry(&pb.LedgerEntry{OrderNo: orderNo, ActId: c.ToActId, Amount: c.Amount, Kind: pb.LedgerKind_P2P_PACKET,
+		BookedAtMs: time.Now().UnixMilli(), BalanceAfter: acc.balance + c.Amount}, out)
 }
 
 // View is what a user sees: booked plus unbooked, so the backlog is

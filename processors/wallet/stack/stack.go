@@ -36,7 +36,7 @@ const TotalKey = "wallet:total:partitions"
 // Topics are the wallet's topics behind namespace ns.
 func Topics(ns string) []schemas.Topic {
 	return schemas.Namespaced(ns, schemas.TopicGrants, schemas.TopicTokens, schemas.TopicLedger,
-		schemas.TopicWithdrawals, schemas.TopicWithdrawResult, schemas.TopicDeadLetter)
+		schemas.TopicWithdrawals, schemas.TopicWithdrawResult, schemas.TopicPackets, schemas.TopicDeadLetter)
 }
 
 // Options configure an instance. Brokers, Source, Keys, Redis, Producer
