@@ -72,6 +72,7 @@ func init() {
 	register(1, 1, func() proto.Message { return new(surgev1.LedgerEntry) })
 	register(1, 1, func() proto.Message { return new(surgev1.Withdrawal) })
 	register(1, 1, func() proto.Message { return new(surgev1.PacketCredit) })
+	register(1, 1, func() proto.Message { return new(surgev1.IdentityLink) })
 	register(1, 1, func() proto.Message { return new(surgev1.StockChange) })
 	register(1, 1, func() proto.Message { return new(surgev1.UinRegistration) })
 	register(1, 1, func() proto.Message { return new(surgev1.UsageEvent) })

@@ -46,6 +46,7 @@ const (
 	TopicWithdrawals    = "wallet.withdrawals"
 	TopicWithdrawResult = "wallet.withdrawal-results"
 	TopicPackets        = "wallet.packets"
+	TopicIdentities     = "wallet.identities"
 	TopicRegistrations  = "uin.registrations"
 	TopicUsage          = "uin.usage"
 	TopicRecycleSteps   = "uin.recycle-steps"
@@ -96,6 +97,7 @@ var Topics = []Topic{
 	{TopicLedger, "surge.v1.LedgerEntry", "act_id", 12, false, 365 * day, "booked ledger entries; the account store is rebuilt from it"},
 	{TopicWithdrawals, "surge.v1.Withdrawal", "act_id", 12, false, 365 * day, "withdrawal requests"},
 	{TopicWithdrawResult, "surge.v1.Withdrawal", "act_id", 12, false, 30 * day, "the ledger's answer to each withdrawal and red packet: booked or refused with a reason"},
+	{TopicIdentities, "surge.v1.IdentityLink", "app:user_id", 12, true, 0, "people's app accounts and their phone numbers, from the account system; the wallet derives each one's actID phone first"},
 	{TopicPackets, "surge.v1.PacketCredit", "act_id (the receiver)", 12, false, 365 * day, "person-to-person red packets on their way to the receiver: the ledger that debited the sender writes them, the receiver's books them"},
 	{TopicRegistrations, "surge.v1.UinRegistration", "uin (4-byte big-endian)", 12, false, 400 * day, "uin allocations and registration completion"},
 	{TopicUsage, "surge.v1.UsageEvent", "uin (4-byte big-endian)", 12, false, 30 * day, "usage events that prove an account alive"},

@@ -68,7 +68,7 @@ func main() {
 	must(err)
 	defer cl.Close()
 	var topics []string
-	for _, n := range []string{schemas.TopicGrants, schemas.TopicTokens, schemas.TopicLedger, schemas.TopicWithdrawals, schemas.TopicWithdrawResult, schemas.TopicPackets, schemas.TopicDeadLetter} {
+	for _, n := range []string{schemas.TopicGrants, schemas.TopicTokens, schemas.TopicLedger, schemas.TopicWithdrawals, schemas.TopicWithdrawResult, schemas.TopicPackets, schemas.TopicIdentities, schemas.TopicDeadLetter} {
 		t, _ := schemas.TopicByName(n)
 		t.Name = ns + n
 		must(streams.EnsureTopics(ctx, cl, 1, t))

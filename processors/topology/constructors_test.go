@@ -17,7 +17,7 @@ var constructed = []string{
 	"processors/push/planner", "processors/push/executor", "processors/push/offline", "processors/push/ctr",
 	"processors/timer",
 	"processors/uin/tracker", "processors/uin/recycle", "processors/uin/allocation", "processors/uin/restore",
-	"processors/wallet/grant", "processors/wallet/ledger", "processors/wallet/api",
+	"processors/wallet/grant", "processors/wallet/ledger", "processors/wallet/api", "processors/wallet/identity",
 	"sinks/recon",
 }
 

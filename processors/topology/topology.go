@@ -16,6 +16,7 @@ import (
 	"surge/processors/uin/restore"
 	"surge/processors/uin/tracker"
 	"surge/processors/wallet/api"
+	"surge/processors/wallet/identity"
 	"surge/processors/wallet/ledger"
 	"surge/schemas"
 	"surge/sinks/clickhouse"
@@ -32,7 +33,7 @@ func Processors() []streams.Spec {
 		tracker.Spec, recycle.Spec, allocation.Spec,
 		timer.Spec("uin-timers", schemas.TopicChecks, schemas.TopicRecycleReqs),
 		restore.Spec,
-		ledger.Spec, api.Spec,
+		ledger.Spec, api.Spec, identity.Spec,
 		recon.Spec,
 	}
 	for _, s := range clickhouse.Facts() {
@@ -52,6 +53,7 @@ var Platform = []streams.Spec{
 	{Name: "campaign service", External: true, Outputs: []string{schemas.TopicJobs, schemas.TopicPackages, schemas.TopicJobCommands}, Doc: "send jobs, uploaded number packages, and pause, resume or cancel of jobs (as `surge push` does)"},
 	{Name: "operators", External: true, Outputs: []string{schemas.TopicExecCommands}, Doc: "drain an executor for an upgrade (`surge push drain --executor NAME`)"},
 	{Name: "client apps", External: true, Outputs: []string{schemas.TopicClicks}, Doc: "clicks on delivered messages"},
+	{Name: "account system", External: true, Outputs: []string{schemas.TopicIdentities}, Doc: "people's app accounts and their phone numbers (the unified account)"},
 	{Name: "app platform", External: true, Outputs: []string{schemas.TopicUsage}, Doc: "usage that proves an account alive"},
 	{Name: "registration service", External: true, Outputs: []string{schemas.TopicRegistrations, schemas.TopicPool}, Doc: "registrations; releases of unused uins (allocation is POST /v1/uins)"},
 	{Name: "downstream systems", External: true, Reads: []string{schemas.TopicDeletions}, Doc: "delete their own data of recycled accounts"},

@@ -697,6 +697,79 @@ func (x *Withdrawal) GetToActId() string {
 	return ""
 }
 
+// One person's account in one app, as the platform's account system
+// knows it: on wallet.identities (compacted), keyed "<app>:<user_id>"; a
+// tombstone unlinks it. The wallet keys every reward by the person's
+// actID, derived phone first (identity.ActID): the accounts of one phone
+// number in every app are one actID.
+type IdentityLink struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	App           string                 `protobuf:"bytes,1,opt,name=app,proto3" json:"app,omitempty"`
+	UserId        string                 `protobuf:"bytes,2,opt,name=user_id,json=userId,proto3" json:"user_id,omitempty"`
+	Phone         string                 `protobuf:"bytes,3,opt,name=phone,proto3" json:"phone,omitempty"` // E.164; empty: the account has no phone (yet)
+	AtMs          int64                  `protobuf:"varint,4,opt,name=at_ms,json=atMs,proto3" json:"at_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *IdentityLink) Reset() {
+	*x = IdentityLink{}
+	mi := &file_surge_v1_wallet_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *IdentityLink) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*IdentityLink) ProtoMessage() {}
+
+func (x *IdentityLink) ProtoReflect() protoreflect.Message {
+	mi := &file_surge_v1_wallet_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use IdentityLink.ProtoReflect.Descriptor instead.
+func (*IdentityLink) Descriptor() ([]byte, []int) {
+	return file_surge_v1_wallet_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *IdentityLink) GetApp() string {
+	if x != nil {
+		return x.App
+	}
+	return ""
+}
+
+func (x *IdentityLink) GetUserId() string {
+	if x != nil {
+		return x.UserId
+	}
+	return ""
+}
+
+func (x *IdentityLink) GetPhone() string {
+	if x != nil {
+		return x.Phone
+	}
+	return ""
+}
+
+func (x *IdentityLink) GetAtMs() int64 {
+	if x != nil {
+		return x.AtMs
+	}
+	return 0
+}
+
 // The receiver's side of a red packet, on wallet.packets keyed by the
 // receiver: written by the ledger that booked the sender's debit, booked
 // once (order p:<packet id>:in) by the ledger that owns the receiver.
@@ -713,7 +786,7 @@ type PacketCredit struct {
 
 func (x *PacketCredit) Reset() {
 	*x = PacketCredit{}
-	mi := &file_surge_v1_wallet_proto_msgTypes[4]
+	mi := &file_surge_v1_wallet_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -725,7 +798,7 @@ func (x *PacketCredit) String() string {
 func (*PacketCredit) ProtoMessage() {}
 
 func (x *PacketCredit) ProtoReflect() protoreflect.Message {
-	mi := &file_surge_v1_wallet_proto_msgTypes[4]
+	mi := &file_surge_v1_wallet_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -738,7 +811,7 @@ func (x *PacketCredit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PacketCredit.ProtoReflect.Descriptor instead.
 func (*PacketCredit) Descriptor() ([]byte, []int) {
-	return file_surge_v1_wallet_proto_rawDescGZIP(), []int{4}
+	return file_surge_v1_wallet_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *PacketCredit) GetPacketId() string {
@@ -790,7 +863,7 @@ type StockChange struct {
 
 func (x *StockChange) Reset() {
 	*x = StockChange{}
-	mi := &file_surge_v1_wallet_proto_msgTypes[5]
+	mi := &file_surge_v1_wallet_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -802,7 +875,7 @@ func (x *StockChange) String() string {
 func (*StockChange) ProtoMessage() {}
 
 func (x *StockChange) ProtoReflect() protoreflect.Message {
-	mi := &file_surge_v1_wallet_proto_msgTypes[5]
+	mi := &file_surge_v1_wallet_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -815,7 +888,7 @@ func (x *StockChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StockChange.ProtoReflect.Descriptor instead.
 func (*StockChange) Descriptor() ([]byte, []int) {
-	return file_surge_v1_wallet_proto_rawDescGZIP(), []int{5}
+	return file_surge_v1_wallet_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *StockChange) GetTemplateId() string {
@@ -919,7 +992,12 @@ const file_surge_v1_wallet_proto_rawDesc = "" +
 	"\x06reason\x18\x06 \x01(\tR\x06reason\x12#\n" +
 	"\rbalance_after\x18\a \x01(\x03R\fbalanceAfter\x12!\n" +
 	"\fforce_booked\x18\b \x01(\rR\vforceBooked\x12\x1a\n" +
-	"\tto_act_id\x18\t \x01(\tR\atoActId\"\x94\x01\n" +
+	"\tto_act_id\x18\t \x01(\tR\atoActId\"d\n" +
+	"\fIdentityLink\x12\x10\n" +
+	"\x03app\x18\x01 \x01(\tR\x03app\x12\x17\n" +
+	"\auser_id\x18\x02 \x01(\tR\x06userId\x12\x14\n" +
+	"\x05phone\x18\x03 \x01(\tR\x05phone\x12\x13\n" +
+	"\x05at_ms\x18\x04 \x01(\x03R\x04atMs\"\x94\x01\n" +
 	"\fPacketCredit\x12\x1b\n" +
 	"\tpacket_id\x18\x01 \x01(\tR\bpacketId\x12\x1e\n" +
 	"\vfrom_act_id\x18\x02 \x01(\tR\tfromActId\x12\x1a\n" +
@@ -965,7 +1043,7 @@ func file_surge_v1_wallet_proto_rawDescGZIP() []byte {
 }
 
 var file_surge_v1_wallet_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_surge_v1_wallet_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_surge_v1_wallet_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_surge_v1_wallet_proto_goTypes = []any{
 	(AwardType)(0),       // 0: surge.v1.AwardType
 	(TokenStatus)(0),     // 1: surge.v1.TokenStatus
@@ -974,8 +1052,9 @@ var file_surge_v1_wallet_proto_goTypes = []any{
 	(*Token)(nil),        // 4: surge.v1.Token
 	(*LedgerEntry)(nil),  // 5: surge.v1.LedgerEntry
 	(*Withdrawal)(nil),   // 6: surge.v1.Withdrawal
-	(*PacketCredit)(nil), // 7: surge.v1.PacketCredit
-	(*StockChange)(nil),  // 8: surge.v1.StockChange
+	(*IdentityLink)(nil), // 7: surge.v1.IdentityLink
+	(*PacketCredit)(nil), // 8: surge.v1.PacketCredit
+	(*StockChange)(nil),  // 9: surge.v1.StockChange
 }
 var file_surge_v1_wallet_proto_depIdxs = []int32{
 	0, // 0: surge.v1.RewardGrant.award_type:type_name -> surge.v1.AwardType
@@ -1000,7 +1079,7 @@ func file_surge_v1_wallet_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_surge_v1_wallet_proto_rawDesc), len(file_surge_v1_wallet_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   6,
+			NumMessages:   7,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

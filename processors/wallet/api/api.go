@@ -23,6 +23,7 @@ import (
 	"surge/processors/wallet/auth"
 	"surge/processors/wallet/config"
 	"surge/processors/wallet/grant"
+	"surge/processors/wallet/identity"
 	"surge/processors/wallet/internal/counter"
 	"surge/processors/wallet/internal/guard"
 	"surge/processors/wallet/internal/stock"
@@ -60,6 +61,8 @@ type Config struct {
 	// its cost only; `surge wallet` always sets them).
 	Apps  *auth.Apps
 	Users *auth.Users
+	// Identities answers app accounts' actIDs (nil: the endpoint answers 503).
+	Identities *identity.Resolver
 }
 
 // EnsureDefaults fills what the Config left out.
@@ -116,6 +119,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("POST /v1/users/{act}/packets", s.user(s.packet))
 	mux.HandleFunc("GET /v1/total", s.anyone(s.total))
 	mux.HandleFunc("GET /v1/stock/{template}", s.anyone(s.stock))
+	mux.HandleFunc("GET /v1/identities/{app}/{user}", s.anyone(s.identity))
 	return mux
 }
 
@@ -405,6 +409,23 @@ func (s *Server) total(w http.ResponseWriter, _ *http.Request) {
 		return
 	}
 	reply(w, http.StatusOK, map[string]any{"total": s.cfg.Counter.Shown()})
+}
+
+// identity answers an app account's actID (unified account, phone first).
+func (s *Server) identity(w http.ResponseWriter, r *http.Request) {
+	if s.cfg.Identities == nil {
+		fail(w, http.StatusServiceUnavailable, errors.New("no identity resolver"))
+		return
+	}
+	act, err := s.cfg.Identities.ActID(r.Context(), r.PathValue("app"), r.PathValue("user"))
+	switch {
+	case errors.Is(err, identity.ErrUnknown):
+		fail(w, http.StatusNotFound, err)
+	case err != nil:
+		fail(w, http.StatusServiceUnavailable, err)
+	default:
+		reply(w, http.StatusOK, map[string]string{"act_id": act})
+	}
 }
 
 // stock answers an issuer's read of a coupon template's stock.

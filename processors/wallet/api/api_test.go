@@ -21,6 +21,7 @@ import (
 	"surge/processors/wallet/auth"
 	"surge/processors/wallet/config"
 	"surge/processors/wallet/grant"
+	"surge/processors/wallet/identity"
 	"surge/processors/wallet/internal/stock"
 	"surge/processors/wallet/ledger"
 	wstack "surge/processors/wallet/stack"
@@ -107,7 +108,7 @@ type stack struct {
 
 func newStack(t *testing.T, b streamstest.Backend, rdb *redis.Client, ns string, partitions int32) stack {
 	var names []string
-	for _, n := range []string{schemas.TopicGrants, schemas.TopicTokens, schemas.TopicLedger, schemas.TopicWithdrawals, schemas.TopicWithdrawResult, schemas.TopicPackets, schemas.TopicDeadLetter} {
+	for _, n := range []string{schemas.TopicGrants, schemas.TopicTokens, schemas.TopicLedger, schemas.TopicWithdrawals, schemas.TopicWithdrawResult, schemas.TopicPackets, schemas.TopicIdentities, schemas.TopicDeadLetter} {
 		names = append(names, ns+n)
 	}
 	streamstest.CreateTopics(t, b.Brokers, partitions, names...)
@@ -186,6 +187,7 @@ func TestAPI(t *testing.T) {
 		conflicts(t, srv)
 		stockStop(t, srv)
 		redPackets(t, srv)
+		identities(t, srv, b.Brokers, ns)
 		batches(t, srv)
 	})
 }
@@ -429,6 +431,33 @@ func redPackets(t *testing.T, srv *httptest.Server) {
 	}
 	if got := flow("pa"); !strings.Contains(got, "P2P_PACKET -200") || !strings.Contains(got, "GRANT 500") {
 		t.Fatalf("pa's flow: %s", got)
+	}
+}
+
+// identities: the unified account. An app account the account system
+// published resolves to its actID, phone first; an unknown one is 404.
+func identities(t *testing.T, srv *httptest.Server, brokers []string, ns string) {
+	t.Helper()
+	r, err := identity.Link(ns, &pb.IdentityLink{App: "douyin", UserId: "42", Phone: "+8613700000000"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	streamstest.ProduceSync(t, streamstest.Client(t, brokers), r)
+	want := identity.ActID("+8613700000000", "", "")
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		code, out := call(t, srv, "GET", "/v1/identities/douyin/42", "")
+		if code == 200 && out["act_id"] == want {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("identity of douyin:42: %d %v, want %s", code, out, want)
+		}
+	}
+	if code, out := call(t, srv, "GET", "/v1/identities/douyin/43", ""); code != 404 {
+		t.Fatalf("unknown app account: %d %v", code, out)
+	}
+	if code, _ := callWith(t, srv, "GET", "/v1/identities/douyin/42", "", nil); code != 401 {
+		t.Fatalf("identity without credentials: %d", code)
 	}
 }
 

@@ -86,7 +86,7 @@ func TestCrashBetweenClaimAndProduce(t *testing.T) {
 		ns := streamstest.Unique("gc") + "."
 		var names []string
 		for _, n := range []string{schemas.TopicGrants, schemas.TopicTokens, schemas.TopicLedger, schemas.TopicWithdrawals,
-			schemas.TopicWithdrawResult, schemas.TopicPackets, schemas.TopicDeadLetter} {
+			schemas.TopicWithdrawResult, schemas.TopicPackets, schemas.TopicIdentities, schemas.TopicDeadLetter} {
 			names = append(names, ns+n)
 		}
 		streamstest.CreateTopics(t, b.Brokers, 3, names...)

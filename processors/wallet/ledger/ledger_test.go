@@ -74,7 +74,7 @@ type wallet struct {
 func topics(t testing.TB, b streamstest.Backend, ns string) {
 	var names []string
 	for _, n := range []string{schemas.TopicGrants, schemas.TopicTokens, schemas.TopicLedger, schemas.TopicWithdrawals,
-		schemas.TopicWithdrawResult, schemas.TopicPackets, schemas.TopicDeadLetter} {
+		schemas.TopicWithdrawResult, schemas.TopicPackets, schemas.TopicIdentities, schemas.TopicDeadLetter} {
 		names = append(names, ns+n)
 	}
 	streamstest.CreateTopics(t, b.Brokers, 6, names...)

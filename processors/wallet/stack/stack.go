@@ -20,6 +20,7 @@ import (
 	"surge/processors/wallet/auth"
 	"surge/processors/wallet/config"
 	"surge/processors/wallet/grant"
+	"surge/processors/wallet/identity"
 	"surge/processors/wallet/internal/counter"
 	"surge/processors/wallet/internal/guard"
 	"surge/processors/wallet/ledger"
@@ -36,7 +37,7 @@ const TotalKey = "wallet:total:partitions"
 // Topics are the wallet's topics behind namespace ns.
 func Topics(ns string) []schemas.Topic {
 	return schemas.Namespaced(ns, schemas.TopicGrants, schemas.TopicTokens, schemas.TopicLedger,
-		schemas.TopicWithdrawals, schemas.TopicWithdrawResult, schemas.TopicPackets, schemas.TopicDeadLetter)
+		schemas.TopicWithdrawals, schemas.TopicWithdrawResult, schemas.TopicPackets, schemas.TopicIdentities, schemas.TopicDeadLetter)
 }
 
 // Options configure an instance. Brokers, Source, Keys, Redis, Producer
@@ -79,6 +80,9 @@ type Wallet struct {
 	Ledger  *ledger.Ledger
 	Total   *counter.Counter // nil with NoTotal
 	API     *api.Server
+	// Identities keeps each app account's actID for the API
+	// (wallet-identities, on wallet.identities).
+	Identities *identity.Processor
 
 	opts Options
 }
@@ -107,8 +111,10 @@ func New(o Options) (*Wallet, error) {
 	w.Ledger = ledger.New(ledger.Config{Env: env, Dir: o.Dir, Source: o.Source, Keys: o.Keys,
 		Tokens: w.Intake.Tokens(), ExpectedKeys: o.ExpectedKeys,
 		Advertise: o.Advertise, Total: w.Total, InstanceID: o.InstanceID})
+	w.Identities = identity.New(identity.Config{Env: env, Redis: o.Redis})
 	apiCfg := api.Config{Env: env, Intake: w.Intake, Ledger: w.Ledger, Counter: w.Total, Producer: o.Producer,
-		Redis: o.Redis, Source: o.Source, Advertise: o.Advertise, Apps: o.Apps, Users: o.Users}
+		Redis: o.Redis, Source: o.Source, Advertise: o.Advertise, Apps: o.Apps, Users: o.Users,
+		Identities: identity.NewResolver(o.Redis, o.Namespace)}
 	if o.BatchSize > 0 {
 		w.Batcher = grant.NewBatcher(w.Intake, o.BatchSize, o.BatchLinger, max(o.Batchers, 1))
 		apiCfg.Batcher = w.Batcher
@@ -137,9 +143,26 @@ func (w *Wallet) Start(ctx context.Context) error {
 	return nil
 }
 
-// Run books until ctx ends (the ledger, with the runner options).
+// Run books until ctx ends (the ledger, with the runner options) and
+// keeps the app accounts' actIDs (wallet-identities). The first of them
+// to fail stops the other.
 func (w *Wallet) Run(ctx context.Context, opts ...streams.Option) error {
-	return w.Ledger.Run(ctx, opts...)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	ids := make(chan error, 1)
+	go func() {
+		err := w.Identities.Run(ctx, streams.Logger(w.opts.Log.With("processor", "wallet-identities")))
+		if err != nil && ctx.Err() == nil {
+			cancel()
+		}
+		ids <- err
+	}()
+	err := w.Ledger.Run(ctx, opts...)
+	cancel()
+	if ierr := <-ids; err == nil && ierr != nil && !errors.Is(ierr, context.Canceled) {
+		err = fmt.Errorf("wallet-identities: %w", ierr)
+	}
+	return err
 }
 
 // Handler is the HTTP API.

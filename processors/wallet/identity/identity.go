@@ -1,0 +1,137 @@
+// Package identity is the wallet's unified account: one actID per person
+// across the platform's apps, phone number first (seed 002). The account
+// system publishes every app account with its phone number on
+// wallet.identities (compacted, keyed "<app>:<user_id>"); the
+// wallet-identities processor keeps, for each app account, its actID in
+// Redis, where the API answers GET /v1/identities/{app}/{user} for the
+// activity services that build order numbers from actIDs.
+//
+// The actID is derived, not allocated: from the phone number when the
+// account has one, so the accounts of one phone in every app are one
+// actID with no coordination between instances or apps; from the app
+// account otherwise. Derivation needs no state, so a rebuild or another
+// region computes the same actIDs.
+package identity
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/base32"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"surge/schemas"
+	pb "surge/schemas/surgev1"
+	"surge/streams"
+)
+
+var lowerBase32 = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithPadding(base32.NoPadding)
+
+// ActID is the person's actID: "p" and a digest of the phone number when
+// there is one, else "a" and a digest of the app account. 20 characters
+// of the digest (100 bits) keep collisions out of reach for billions of
+// people; the letters and digits keep it usable inside order numbers.
+func ActID(phone, app, userID string) string {
+	if phone != "" {
+		return "p" + digest("phone\x00"+phone)
+	}
+	return "a" + digest("app\x00"+app+"\x00"+userID)
+}
+
+func digest(s string) string {
+	h := sha256.Sum256([]byte(s))
+	return lowerBase32.EncodeToString(h[:])[:20]
+}
+
+// Key is an app account's record key on wallet.identities.
+func Key(app, userID string) string { return app + ":" + userID }
+
+// Config configures the wallet-identities processor.
+type Config struct {
+	streams.Env
+	Redis redis.UniversalClient // where the actIDs are kept (required)
+}
+
+// EnsureDefaults fills what the Config left out.
+func (c *Config) EnsureDefaults() { c.Env.EnsureDefaults() }
+
+// Processor keeps each app account's actID in Redis.
+type Processor struct {
+	cfg Config
+}
+
+// New returns the processor; Run starts it.
+func New(cfg Config) *Processor {
+	cfg.EnsureDefaults()
+	return &Processor{cfg: cfg}
+}
+
+// Run processes wallet.identities until ctx ends. It is at least once:
+// writing an account's actID again changes nothing.
+func (p *Processor) Run(ctx context.Context, opts ...streams.Option) error {
+	opts = append([]streams.Option{
+		streams.Brokers(p.cfg.Brokers...),
+		streams.Declare(Spec, p.cfg.Namespace),
+		streams.DeadLetterTopic(p.cfg.Topic(schemas.TopicDeadLetter)),
+		streams.Logger(p.cfg.Log), streams.Metrics(p.cfg.Metrics),
+	}, opts...)
+	r, err := streams.New("wallet-identities", p.handle, opts...)
+	if err != nil {
+		return err
+	}
+	return r.Run(ctx)
+}
+
+func redisKey(ns, app, userID string) string { return ns + "wid:" + Key(app, userID) }
+
+func (p *Processor) handle(ctx context.Context, in *kgo.Record, _ *streams.Output) error {
+	if in.Value == nil { // a tombstone: the account is gone
+		app, user, ok := strings.Cut(string(in.Key), ":")
+		if !ok {
+			return streams.Reject(fmt.Sprintf("identity tombstone keyed %q, not app:user_id", in.Key), nil)
+		}
+		return p.cfg.Redis.Del(ctx, redisKey(p.cfg.Namespace, app, user)).Err()
+	}
+	var l pb.IdentityLink
+	if err := streams.Decode(in, &l); err != nil {
+		return err
+	}
+	switch {
+	case l.App == "" || l.UserId == "" || strings.Contains(l.App, ":"):
+		return streams.Reject(fmt.Sprintf("identity without an app or user id (app %q, user %q)", l.App, l.UserId), nil)
+	case string(in.Key) != Key(l.App, l.UserId):
+		return streams.Reject(fmt.Sprintf("identity keyed %q, not by its account %q", in.Key, Key(l.App, l.UserId)), nil)
+	}
+	return p.cfg.Redis.Set(ctx, redisKey(p.cfg.Namespace, l.App, l.UserId), ActID(l.Phone, l.App, l.UserId), 0).Err()
+}
+
+// ErrUnknown is an app account the account system has not published.
+var ErrUnknown = errors.New("identity: unknown app account")
+
+// Resolver answers an app account's actID from what the processor kept.
+type Resolver struct {
+	rdb redis.UniversalClient
+	ns  string
+}
+
+// NewResolver reads the actIDs kept under namespace ns.
+func NewResolver(rdb redis.UniversalClient, ns string) *Resolver { return &Resolver{rdb: rdb, ns: ns} }
+
+// ActID is the actID of app's account userID.
+func (r *Resolver) ActID(ctx context.Context, app, userID string) (string, error) {
+	v, err := r.rdb.Get(ctx, redisKey(r.ns, app, userID)).Result()
+	if errors.Is(err, redis.Nil) {
+		return "", fmt.Errorf("%w %s", ErrUnknown, Key(app, userID))
+	}
+	return v, err
+}
+
+// Link is the record that publishes an app account and its phone (the
+// account system's; tests and `surge produce` build the same).
+func Link(ns string, l *pb.IdentityLink) (*kgo.Record, error) {
+	return streams.NewRecord(ns+schemas.TopicIdentities, []byte(Key(l.App, l.UserId)), l)
+}

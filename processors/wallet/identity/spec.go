@@ -1,0 +1,15 @@
+package identity
+
+import (
+	"surge/schemas"
+	"surge/streams"
+)
+
+// Spec is wallet-identities' topology: the account system's app accounts
+// in, each one's actID in Redis out.
+var Spec = streams.Spec{
+	Name: "wallet-identities", Group: "wallet-identities", Guarantee: streams.AtLeastOnce,
+	Inputs: []string{schemas.TopicIdentities},
+	Stores: []string{"redis: each app account's actID (wid:<app>:<user>)"},
+	Doc:    "derives each app account's actID, phone number first, for the API to answer",
+}
