@@ -680,16 +680,24 @@ func (x *SendJob) GetExpiresAtMs() int64 {
 
 // One transition of a job's state machine; every transition is an event.
 type JobTransition struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	JobId         string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
-	From          JobState               `protobuf:"varint,2,opt,name=from,proto3,enum=surge.v1.JobState" json:"from,omitempty"`
-	To            JobState               `protobuf:"varint,3,opt,name=to,proto3,enum=surge.v1.JobState" json:"to,omitempty"`
-	AtMs          int64                  `protobuf:"varint,4,opt,name=at_ms,json=atMs,proto3" json:"at_ms,omitempty"`
-	Reason        string                 `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
-	Executor      string                 `protobuf:"bytes,6,opt,name=executor,proto3" json:"executor,omitempty"`
-	Position      uint64                 `protobuf:"varint,7,opt,name=position,proto3" json:"position,omitempty"` // last executed position, for resume
-	Job           *SendJob               `protobuf:"bytes,8,opt,name=job,proto3" json:"job,omitempty"`            // the job as accepted (on the states the planner restores from)
-	Targets       uint64                 `protobuf:"varint,9,opt,name=targets,proto3" json:"targets,omitempty"`   // target count after converging / filtering
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	JobId    string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	From     JobState               `protobuf:"varint,2,opt,name=from,proto3,enum=surge.v1.JobState" json:"from,omitempty"`
+	To       JobState               `protobuf:"varint,3,opt,name=to,proto3,enum=surge.v1.JobState" json:"to,omitempty"`
+	AtMs     int64                  `protobuf:"varint,4,opt,name=at_ms,json=atMs,proto3" json:"at_ms,omitempty"`
+	Reason   string                 `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	Executor string                 `protobuf:"bytes,6,opt,name=executor,proto3" json:"executor,omitempty"`
+	Position uint64                 `protobuf:"varint,7,opt,name=position,proto3" json:"position,omitempty"` // last executed position, for resume
+	Job      *SendJob               `protobuf:"bytes,8,opt,name=job,proto3" json:"job,omitempty"`            // the job as accepted (on the states the planner restores from)
+	Targets  uint64                 `protobuf:"varint,9,opt,name=targets,proto3" json:"targets,omitempty"`   // target count after converging / filtering
+	// On PARTIALLY_COMPLETED: the units an executor refused (their targets
+	// got nothing and got their quota and CRC mark back).
+	RefusedUnits []uint32 `protobuf:"varint,10,rep,packed,name=refused_units,json=refusedUnits,proto3" json:"refused_units,omitempty"`
+	// The planner's order of its transitions over every partition (its
+	// clock in ms << 10, raised to stay increasing): a restore applies the
+	// transitions of different jobs in the order they happened, which the
+	// CRC filter's give-backs depend on.
+	Seq           uint64 `protobuf:"varint,11,opt,name=seq,proto3" json:"seq,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -783,6 +791,20 @@ func (x *JobTransition) GetJob() *SendJob {
 func (x *JobTransition) GetTargets() uint64 {
 	if x != nil {
 		return x.Targets
+	}
+	return 0
+}
+
+func (x *JobTransition) GetRefusedUnits() []uint32 {
+	if x != nil {
+		return x.RefusedUnits
+	}
+	return nil
+}
+
+func (x *JobTransition) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
 	}
 	return 0
 }
@@ -947,9 +969,13 @@ type ExecutorLoad struct {
 	AtMs         int64                  `protobuf:"varint,6,opt,name=at_ms,json=atMs,proto3" json:"at_ms,omitempty"`
 	// Set on the record an executor writes in the transaction that finished a
 	// unit: exactly one per unit, so the planner counts completions exactly.
-	DoneJobId     string `protobuf:"bytes,7,opt,name=done_job_id,json=doneJobId,proto3" json:"done_job_id,omitempty"`
-	DoneUnitId    uint32 `protobuf:"varint,8,opt,name=done_unit_id,json=doneUnitId,proto3" json:"done_unit_id,omitempty"`
-	DoneUins      uint64 `protobuf:"varint,9,opt,name=done_uins,json=doneUins,proto3" json:"done_uins,omitempty"`
+	DoneJobId  string `protobuf:"bytes,7,opt,name=done_job_id,json=doneJobId,proto3" json:"done_job_id,omitempty"`
+	DoneUnitId uint32 `protobuf:"varint,8,opt,name=done_unit_id,json=doneUnitId,proto3" json:"done_unit_id,omitempty"`
+	DoneUins   uint64 `protobuf:"varint,9,opt,name=done_uins,json=doneUins,proto3" json:"done_uins,omitempty"`
+	// The unit was refused, not sent (its record could not be read): the
+	// planner gives its targets their quota back and the job ends
+	// PARTIALLY_COMPLETED.
+	DoneRefused   bool `protobuf:"varint,10,opt,name=done_refused,json=doneRefused,proto3" json:"done_refused,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1045,6 +1071,13 @@ func (x *ExecutorLoad) GetDoneUins() uint64 {
 		return x.DoneUins
 	}
 	return 0
+}
+
+func (x *ExecutorLoad) GetDoneRefused() bool {
+	if x != nil {
+		return x.DoneRefused
+	}
+	return false
 }
 
 // One message waiting for an offline user (the value in the Pebble queue).
@@ -2303,7 +2336,7 @@ const file_surge_v1_push_proto_rawDesc = "" +
 	"\vfilter_mask\x18\r \x01(\rR\n" +
 	"filterMask\x12%\n" +
 	"\x0einline_package\x18\x0e \x01(\fR\rinlinePackage\x12\"\n" +
-	"\rexpires_at_ms\x18\x0f \x01(\x03R\vexpiresAtMs\"\x96\x02\n" +
+	"\rexpires_at_ms\x18\x0f \x01(\x03R\vexpiresAtMs\"\xcd\x02\n" +
 	"\rJobTransition\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12&\n" +
 	"\x04from\x18\x02 \x01(\x0e2\x12.surge.v1.JobStateR\x04from\x12\"\n" +
@@ -2313,7 +2346,10 @@ const file_surge_v1_push_proto_rawDesc = "" +
 	"\bexecutor\x18\x06 \x01(\tR\bexecutor\x12\x1a\n" +
 	"\bposition\x18\a \x01(\x04R\bposition\x12#\n" +
 	"\x03job\x18\b \x01(\v2\x11.surge.v1.SendJobR\x03job\x12\x18\n" +
-	"\atargets\x18\t \x01(\x04R\atargets\"\xa9\x03\n" +
+	"\atargets\x18\t \x01(\x04R\atargets\x12#\n" +
+	"\rrefused_units\x18\n" +
+	" \x03(\rR\frefusedUnits\x12\x10\n" +
+	"\x03seq\x18\v \x01(\x04R\x03seq\"\xa9\x03\n" +
 	"\fSendTaskUnit\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x17\n" +
 	"\aunit_id\x18\x02 \x01(\rR\x06unitId\x12\x1a\n" +
@@ -2335,7 +2371,7 @@ const file_surge_v1_push_proto_rawDesc = "" +
 	"unitsTotal\x12\x1a\n" +
 	"\brealtime\x18\r \x01(\bR\brealtime\x12\x1d\n" +
 	"\n" +
-	"account_id\x18\x0e \x01(\x04R\taccountId\"\xa5\x02\n" +
+	"account_id\x18\x0e \x01(\x04R\taccountId\"\xc8\x02\n" +
 	"\fExecutorLoad\x12\x1a\n" +
 	"\bexecutor\x18\x01 \x01(\tR\bexecutor\x12\x1f\n" +
 	"\vunits_topic\x18\x02 \x01(\tR\n" +
@@ -2347,7 +2383,9 @@ const file_surge_v1_push_proto_rawDesc = "" +
 	"\vdone_job_id\x18\a \x01(\tR\tdoneJobId\x12 \n" +
 	"\fdone_unit_id\x18\b \x01(\rR\n" +
 	"doneUnitId\x12\x1b\n" +
-	"\tdone_uins\x18\t \x01(\x04R\bdoneUins\"\xb5\x01\n" +
+	"\tdone_uins\x18\t \x01(\x04R\bdoneUins\x12!\n" +
+	"\fdone_refused\x18\n" +
+	" \x01(\bR\vdoneRefused\"\xb5\x01\n" +
 	"\fOfflineEntry\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x10\n" +
 	"\x03uin\x18\x02 \x01(\rR\x03uin\x12\x1d\n" +

@@ -289,7 +289,14 @@ func (x *Executor) Handle() streams.Handler {
 		x.lastUnit.Store(time.Now().UnixMilli())
 		targets := roaring.New()
 		if err := targets.UnmarshalBinary(u.Targets); err != nil {
-			return streams.Reject("unit with unreadable targets", err)
+			// Refused, not sent: the planner is told (its targets get their
+			// quota back and the job ends PARTIALLY_COMPLETED) rather than
+			// left waiting for a unit that will never be done.
+			x.cfg.Log.Warn("executor: unit refused: its targets are unreadable", "job", u.JobId, "unit", u.UnitId, "err", err)
+			x.mUins.With(x.cfg.Name, "refused").Add(float64(u.Count))
+			return out.EmitMsg(x.topic(schemas.TopicExecutors), []byte(x.cfg.Name), &pb.ExecutorLoad{
+				Executor: x.cfg.Name, UnitsTopic: x.UnitsTopic(), AtMs: time.Now().UnixMilli(),
+				DoneJobId: u.JobId, DoneUnitId: u.UnitId, DoneRefused: true})
 		}
 		x.mu.RLock()
 		online := roaring.And(targets, x.online)

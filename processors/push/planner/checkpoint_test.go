@@ -29,7 +29,8 @@ type fakeExecutor struct {
 	name     string // "x" when empty
 	capacity uint64 // reported CapacityUins
 	mu       sync.Mutex
-	draining bool // reported: finishing its units, taking no more
+	draining bool              // reported: finishing its units, taking no more
+	refuse   map[string]uint32 // job -> a unit it reports refused (not sent)
 	holdBack map[string]bool
 	held     []*pb.SendTaskUnit        // units of held-back jobs, not finished
 	units    map[string]map[uint32]int // units received per job (and how often)
@@ -93,7 +94,11 @@ func (x *fakeExecutor) run(ctx context.Context) {
 				kept = append(kept, u)
 				continue
 			}
-			recs = append(recs, x.load(&pb.ExecutorLoad{Executor: x.name, DoneJobId: u.JobId, DoneUnitId: u.UnitId, DoneUins: u.Count}))
+			refused := false
+			if k, ok := x.refuse[u.JobId]; ok && k == u.UnitId {
+				refused = true
+			}
+			recs = append(recs, x.load(&pb.ExecutorLoad{Executor: x.name, DoneJobId: u.JobId, DoneUnitId: u.UnitId, DoneUins: u.Count, DoneRefused: refused}))
 		}
 		x.held = kept
 		x.mu.Unlock()

@@ -101,6 +101,41 @@ func timerOf(st pb.JobState, jobID string) string {
 	return ""
 }
 
+// unitTargets is unit k's targets: those of rank [k*UnitSize,
+// (k+1)*UnitSize) in the filtered package.
+func (p *Planner) unitTargets(targets *roaring.Bitmap, k uint32) *roaring.Bitmap {
+	lo := uint64(k) * p.cfg.UnitSize
+	part := roaring.New()
+	if targets == nil || lo >= targets.GetCardinality() {
+		return part
+	}
+	start, err := targets.Select(uint32(lo))
+	if err != nil {
+		return part
+	}
+	end := uint64(targets.Maximum()) + 1
+	if hi := lo + p.cfg.UnitSize; hi < targets.GetCardinality() {
+		if e, err := targets.Select(uint32(hi)); err == nil {
+			end = uint64(e)
+		}
+	}
+	part.AddRange(uint64(start), end)
+	part.And(targets)
+	return part
+}
+
+// giveBackUnits returns their quota unit and CRC mark to the targets of
+// the refused units (never sent).
+func (p *Planner) giveBackUnits(j *pb.SendJob, targets *roaring.Bitmap, units []uint32, queuedAtMs int64, now time.Time) {
+	for _, k := range units {
+		rest := p.unitTargets(targets, k)
+		p.sent.Forget(j.ContentCrc, rest)
+		if !j.Realtime && sameDay(queuedAtMs, now) {
+			p.ledger.Refund(rest)
+		}
+	}
+}
+
 // giveBack returns what a cancelled job took from the targets it never
 // reached (its units from the dispatched-th on): a unit of today's quota,
 // and the CRC filter's mark, so the same content can still reach them.

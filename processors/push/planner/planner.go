@@ -104,6 +104,7 @@ type queued struct {
 	state    pb.JobState
 	executor map[string]bool // executors that hold units of it
 	queuedAt int64           // ms, when it was queued (planner's clock)
+	refused  []uint32        // units an executor refused (done, not sent)
 }
 
 func (q *queued) score() float64 {
@@ -139,7 +140,8 @@ type Planner struct {
 	executors  map[string]*executorView
 	ctx        context.Context
 	restoreErr error
-	illegal    int // transitions a restore could not apply
+	illegal    int    // transitions a restore could not apply
+	seq        uint64 // the last transition's JobTransition.seq
 
 	ckpt         checkpoints
 	restoreStats RestoreStats
@@ -205,6 +207,8 @@ func (e emitter) move(id string, to pb.JobState, reason string, fill func(*pb.Jo
 		return err
 	}
 	t.AtMs = e.now.UnixMilli()
+	e.p.seq = max(e.p.seq+1, uint64(t.AtMs)<<10)
+	t.Seq = e.p.seq
 	t.Reason = reason
 	if fill != nil {
 		fill(&t)
@@ -544,7 +548,7 @@ func (p *Planner) observeLoad(l *pb.ExecutorLoad, now time.Time) {
 	if l.DoneJobId != "" {
 		delete(ev.inflight, unitKey(l.DoneJobId, l.DoneUnitId))
 		if q := p.queue[l.DoneJobId]; q != nil {
-			q.done[l.DoneUnitId] = true
+			q.markDone(l)
 		}
 		return // a completion, not a heartbeat
 	}
@@ -599,12 +603,9 @@ func (p *Planner) dispatch(_ context.Context, e emitter) error {
 		}
 		if q.next == q.units {
 			if len(q.done) == int(q.units) {
-				if err := e.move(q.job.JobId, pb.JobState_COMPLETED, "", func(t *pb.JobTransition) {
-					t.Position, t.Targets = uint64(q.units), q.total
-				}); err != nil {
+				if err := p.finish(e, q); err != nil {
 					return err
 				}
-				delete(p.queue, q.job.JobId)
 			}
 			continue
 		}
@@ -674,6 +675,35 @@ func (p *Planner) drainingHolder(q *queued) string {
 		}
 	}
 	return ""
+}
+
+// markDone records a unit's completion (once; a refusal is kept).
+func (q *queued) markDone(l *pb.ExecutorLoad) {
+	if q.done[l.DoneUnitId] {
+		return
+	}
+	q.done[l.DoneUnitId] = true
+	if l.DoneRefused {
+		q.refused = append(q.refused, l.DoneUnitId)
+	}
+}
+
+// finish ends a job whose units are all done: COMPLETED, or
+// PARTIALLY_COMPLETED when an executor refused some, whose targets get
+// their quota and CRC mark back (restore does the same from the
+// transition's refused_units).
+func (p *Planner) finish(e emitter, q *queued) error {
+	delete(p.queue, q.job.JobId)
+	if len(q.refused) == 0 {
+		return e.move(q.job.JobId, pb.JobState_COMPLETED, "", func(t *pb.JobTransition) {
+			t.Position, t.Targets = uint64(q.units), q.total
+		})
+	}
+	refused := slices.Clone(q.refused)
+	slices.Sort(refused)
+	p.giveBackUnits(q.job, q.targets, refused, q.queuedAt, e.now)
+	return e.move(q.job.JobId, pb.JobState_PARTIALLY_COMPLETED, fmt.Sprintf("%d of %d units refused by executors", len(refused), q.units),
+		func(t *pb.JobTransition) { t.Position, t.Targets, t.RefusedUnits = uint64(q.units), q.total, refused })
 }
 
 // expired reports whether a job with a deadline is past it.

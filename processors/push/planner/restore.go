@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sort"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -70,11 +71,32 @@ func (p *Planner) restore(ctx context.Context) error {
 			p.ckpt.last = at
 		}
 	}
+	// The transitions are read partition by partition, then applied in the
+	// order the planner wrote them (JobTransition.seq): one job's come in
+	// order either way, but a job that took back a CRC mark and another
+	// that then sent the same content to those users must be applied in
+	// that order too. Records without a seq (earlier builds) come first.
 	replay := func(from streams.ReplayFrom) (map[int32]int64, error) {
-		return streams.ReplayTo(ctx, brokers, p.topic(schemas.TopicJobTransitions), from, func(r *kgo.Record) error {
+		var ts []*pb.JobTransition
+		next, err := streams.ReplayTo(ctx, brokers, p.topic(schemas.TopicJobTransitions), from, func(r *kgo.Record) error {
 			stats.Transitions++
-			return p.observe(ctx, r, jobs, now)
+			t := new(pb.JobTransition)
+			if streams.Decode(r, t) == nil {
+				ts = append(ts, t)
+			}
+			return nil
 		})
+		if err != nil {
+			return next, err
+		}
+		sort.SliceStable(ts, func(a, b int) bool { return ts[a].Seq < ts[b].Seq })
+		for _, t := range ts {
+			p.seq = max(p.seq, t.Seq)
+			if err := p.observe(ctx, t, jobs, now); err != nil {
+				return next, err
+			}
+		}
+		return next, nil
 	}
 	next, err := replay(from)
 	if errors.Is(err, streams.ErrOutOfRetention) && stats.FromCheckpoint {
@@ -119,12 +141,8 @@ func (p *Planner) restore(ctx context.Context) error {
 }
 
 // observe applies one transition read back from the topic.
-func (p *Planner) observe(ctx context.Context, r *kgo.Record, jobs map[string]*progress, now time.Time) error {
-	var t pb.JobTransition
-	if err := streams.Decode(r, &t); err != nil {
-		return nil
-	}
-	if err := p.machine.Observe(&t); err != nil {
+func (p *Planner) observe(ctx context.Context, t *pb.JobTransition, jobs map[string]*progress, now time.Time) error {
+	if err := p.machine.Observe(t); err != nil {
 		p.illegal++
 		return nil
 	}
@@ -160,6 +178,7 @@ func (p *Planner) observe(ctx context.Context, r *kgo.Record, jobs map[string]*p
 				return fmt.Errorf("planner: restore %s: filtered package: %w", t.JobId, err)
 			}
 			p.giveBack(pr.job, kept, uint32(t.Position), pr.queuedAt, now)
+			p.giveBackUnits(pr.job, kept, t.RefusedUnits, pr.queuedAt, now)
 		}
 	}
 	if job.Terminal(t.To) {
@@ -185,7 +204,7 @@ func (p *Planner) restoreDone(ctx context.Context, brokers []string, oldest int6
 		var l pb.ExecutorLoad
 		if err := streams.Decode(r, &l); err == nil && l.DoneJobId != "" {
 			if q := p.queue[l.DoneJobId]; q != nil {
-				q.done[l.DoneUnitId] = true
+				q.markDone(&l)
 			}
 		}
 		return nil
