@@ -20,7 +20,8 @@ import (
 // counter (the live total answers 503), counter_primary (the total is
 // read from the backup Redis), stock (stock-controlled coupons refused,
 // others still granted), lock (a withdrawal no longer waits for the
-// per-user lock), global_limit (the distributed rate limit skipped). The
+// per-user lock), order_claim (keyed grants not claimed in Redis),
+// global_limit (the distributed rate limit skipped). The
 // token_redis switch has its own tests (ledger: TestDegradedTokenRedis).
 func TestDegradeSwitches(t *testing.T) {
 	streamstest.EachStack(t, func(t *testing.T, b streamstest.Backend, rdb *redis.Client) {
@@ -118,6 +119,25 @@ func TestDegradeSwitches(t *testing.T) {
 		set(map[string]bool{guard.Lock: true}, 0)
 		if code, out := call(t, srv, "POST", "/v1/users/d1/withdrawals", `{"withdraw_id":"wd1","amount":100}`); code != 200 {
 			t.Fatalf("withdrawal with the lock off: %d %v", code, out)
+		}
+
+		// order_claim: a repeated coupon order number is a duplicate while
+		// claims are on; with them off it is taken as new (its consumers
+		// take an order number once), and with them back on a duplicate again.
+		coupon := `{"orderNo":"oc_coupon_c9_2_1","actId":"oc","activityId":"spring","sceneId":"coupon","rainId":"c9","awardType":"COUPON","stage":1,"amount":1}`
+		if code, out := call(t, srv, "POST", "/v1/grants", coupon); code != 200 || out["duplicate"] != false {
+			t.Fatalf("coupon: %d %v", code, out)
+		}
+		if code, out := call(t, srv, "POST", "/v1/grants", coupon); code != 200 || out["duplicate"] != true {
+			t.Fatalf("coupon repeated, claims on: %d %v", code, out)
+		}
+		set(map[string]bool{guard.OrderClaim: true}, 0)
+		if code, out := call(t, srv, "POST", "/v1/grants", coupon); code != 200 || out["duplicate"] != false {
+			t.Fatalf("coupon repeated, claims off: %d %v, want it taken as new", code, out)
+		}
+		set(nil, 0)
+		if code, out := call(t, srv, "POST", "/v1/grants", coupon); code != 200 || out["duplicate"] != true {
+			t.Fatalf("coupon repeated, claims on again: %d %v (the first claim must have survived)", code, out)
 		}
 
 		// global_limit: one grant a second over all instances.

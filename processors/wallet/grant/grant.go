@@ -160,20 +160,21 @@ type Outcome struct {
 
 // pending is a grant on its way through a batch.
 type pending struct {
-	g        *pb.RewardGrant
-	l        *lane
-	phase    config.Child
-	scene    config.Scene
-	idem     string      // the order number's claim key; "" when the token is the claim
-	mark     string      // what this grant's claim key holds (claim)
-	tok      *pb.Token   // cash grants: the signed token
-	tokBytes []byte      // the token as the user's Redis hash keeps it (without its grant)
-	tokRec   *kgo.Record // cash grants' one record: the token with its grant
-	rec      *kgo.Record // other grants' record
-	out      *Outcome
-	spent    bool // budget taken (refund on failure)
-	cached   bool // token written to Redis (removed on failure)
-	fresh    bool
+	g         *pb.RewardGrant
+	l         *lane
+	phase     config.Child
+	scene     config.Scene
+	idem      string      // the order number's claim key; "" when the token is the claim
+	mark      string      // what this grant's claim key holds (claim)
+	tok       *pb.Token   // cash grants: the signed token
+	tokBytes  []byte      // the token as the user's Redis hash keeps it (without its grant)
+	tokRec    *kgo.Record // cash grants' one record: the token with its grant
+	rec       *kgo.Record // other grants' record
+	out       *Outcome
+	spent     bool // budget taken (refund on failure)
+	cached    bool // token written to Redis (removed on failure)
+	fresh     bool
+	unclaimed bool // order_claim switched off: its claim key, if any, is an earlier attempt's
 }
 
 // GrantBatch accepts many grants with one Redis round trip per stage and
@@ -209,7 +210,11 @@ func (in *Intake) GrantBatch(ctx context.Context, gs []*pb.RewardGrant) []Outcom
 		}
 	}
 	tokened = in.claimedByKey(ctx, tokened, now)
-	if len(keyed) > 0 {
+	if len(keyed) > 0 && tree.Degraded(guard.OrderClaim) {
+		for _, p := range keyed {
+			p.fresh, p.unclaimed = true, true // no claim: the order number's consumers take it once
+		}
+	} else if len(keyed) > 0 {
 		if err := in.claim(ctx, keyed, now); err != nil {
 			for _, p := range keyed {
 				*p.out = Outcome{Err: err}
@@ -519,7 +524,7 @@ func (in *Intake) undo(ctx context.Context, ps []*pending) {
 	ctx = context.WithoutCancel(ctx)
 	pipe := in.cfg.Redis.Pipeline()
 	for _, p := range ps {
-		if p.idem != "" {
+		if p.idem != "" && !p.unclaimed {
 			pipe.Del(ctx, p.idem)
 		}
 		if p.spent {

@@ -19,6 +19,13 @@ const (
 	Counter     = "counter"      // the live total stops counting
 	Stock       = "stock"        // coupon grants refused rather than risk overselling
 	GlobalLimit = "global_limit" // the distributed rate limit is skipped (per-instance still holds)
+	// OrderClaim off: grants claimed by key (coupons, pendants, cash
+	// while token_redis is off) skip the claim in Redis and are all taken
+	// as new; their consumers' idempotency by order number (the ledger,
+	// wallet.grants' readers) is what remains. A repeated order number
+	// then takes budget and stock again: erring on the safe side. The
+	// seed's switch that skips its idempotency store.
+	OrderClaim = "order_claim"
 	// CounterPrimary off: the live total's primary Redis is down; reads
 	// come from the backup, which every publish still writes.
 	CounterPrimary = "counter_primary"
