@@ -59,6 +59,21 @@ func TestExecutorDrainsOnSIGTERM(t *testing.T) {
 		if err := streams.WaitConsumed(ctx, b.Brokers, ns+"presence", ns+schemas.TopicLogin); err != nil {
 			t.Fatal(err)
 		}
+		// Both executors report before the job goes out: one that loads its
+		// online bitmap late would otherwise find the job already sent.
+		waitFor(t, ctx, "both executors reporting", func() bool {
+			seen := map[string]bool{}
+			rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			_ = streams.ReadToEnd(rctx, b.Brokers, ns+schemas.TopicExecutors, func(r *kgo.Record) error {
+				var l pb.ExecutorLoad
+				if streams.Decode(r, &l) == nil {
+					seen[l.Executor] = true
+				}
+				return nil
+			})
+			return seen["ea"] && seen["eb"]
+		})
 		job := &pb.SendJob{JobId: "j1", AccountId: 1, Source: pb.TargetSource_FOLLOWERS, ContentId: "c1", ContentCrc: 1, Realtime: true}
 		jr, _ := streams.NewRecord(ns+schemas.TopicJobs, []byte(job.JobId), job)
 		streamstest.ProduceSync(t, cl, jr)
