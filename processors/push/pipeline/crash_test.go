@@ -22,8 +22,9 @@ import (
 	"surge/streams"
 	"surge/streams/streamstest"
 
-	"google.golang.org/protobuf/proto"
 	"surge/processors/push/directory"
+
+	"google.golang.org/protobuf/proto"
 )
 
 const (

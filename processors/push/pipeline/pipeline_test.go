@@ -311,9 +311,13 @@ func mustRecord(t *testing.T, topic string, m *pb.LoginEvent) *kgo.Record {
 func TestQuotaUnderConcurrentJobs(t *testing.T) {
 	streamstest.Each(t, func(t *testing.T, b streamstest.Backend) {
 		cfg := testConfig()
-		// Late in the day most windows have released their unit.
+		// Late on a day whose six windows have all released their unit by
+		// 23:00, so no job waits for a release still to come.
 		now := time.Now()
-		late := time.Date(now.Year(), now.Month(), now.Day(), 23, 58, 0, 0, now.Location())
+		late := time.Date(now.Year(), now.Month(), now.Day(), 23, 0, 0, 0, now.Location())
+		for quota.Released(late, cfg.QuotaSeed) < quota.PerDay {
+			late = late.AddDate(0, 0, -1)
+		}
 		offset := late.Sub(now)
 		cfg.Now = func() time.Time { return time.Now().Add(offset) }
 		e := start(t, b, cfg, func(s *pipeline.Stack) {

@@ -185,6 +185,7 @@ func TestRestoreFromCheckpointEqualsFullReplay(t *testing.T) {
 		ctx, ns, pkgs, log := e.ctx, e.ns, e.pkgs, e.log
 		cfg := DefaultConfig()
 		cfg.UnitSize, cfg.MaxBacklog, cfg.MinLead, cfg.CheckpointEvery = 100, 4, time.Second, 300*time.Millisecond
+		cfg.Now = lateClock() // no job waits for quota, whatever the hour
 		live := New(withEnv(cfg, b.Brokers, pkgs, ns, log))
 		stopRun := e.run(live, &fakeExecutor{holdBack: map[string]bool{"held": true, "tail-held": true}})
 		submit := func(j *pb.SendJob) { e.send(schemas.TopicJobs, j.JobId, j) }
@@ -208,13 +209,13 @@ func TestRestoreFromCheckpointEqualsFullReplay(t *testing.T) {
 		submit(&pb.SendJob{JobId: "held", AccountId: 7, Source: pb.TargetSource_PACKAGE, InlinePackage: pkg(100, 350), ContentId: "c3", ContentCrc: 3, Realtime: true})
 		wait("held", pb.JobState_SENDING)
 		submit(&pb.SendJob{JobId: "later", AccountId: 7, Source: pb.TargetSource_FOLLOWERS, ContentId: "c4", ContentCrc: 4,
-			CreatedAtMs: time.Now().UnixMilli(), ScheduledAtMs: time.Now().Add(time.Hour).UnixMilli()})
+			CreatedAtMs: cfg.Now().UnixMilli(), ScheduledAtMs: cfg.Now().Add(time.Hour).UnixMilli()})
 		wait("later", pb.JobState_WAITING_SCHEDULE)
 		submit(&pb.SendJob{JobId: "refused", AccountId: 99, Source: pb.TargetSource_FOLLOWERS, ContentId: "c5"})
 		wait("refused", pb.JobState_REJECTED)
 
 		// A checkpoint after all of that, then a tail after the checkpoint.
-		mark := time.Now()
+		mark := cfg.Now()
 		for {
 			live.mu.Lock()
 			last := live.ckpt.last

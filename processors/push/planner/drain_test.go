@@ -17,11 +17,9 @@ import (
 func TestDrainingExecutorHandsOverItsJob(t *testing.T) {
 	streamstest.Each(t, func(t *testing.T, b streamstest.Backend) {
 		e := newTestEnv(t, b, 900, "x", "y")
-		y, m, d := time.Now().Date()
-		late, began := time.Date(y, m, d, 23, 30, 0, 0, time.Local), time.Now() // every quota window released
 		cfg := DefaultConfig()
 		cfg.UnitSize, cfg.MaxBacklog, cfg.CheckpointEvery = 100, 2, 0
-		cfg.Now = func() time.Time { return late.Add(time.Since(began)) }
+		cfg.Now = lateClock()
 		p := New(withEnv(cfg, e.brokers, e.pkgs, e.ns, e.log))
 		x := &fakeExecutor{name: "x", holdBack: map[string]bool{"d": true}}
 		ye := &fakeExecutor{name: "y", holdBack: map[string]bool{"d": true}}
@@ -62,12 +60,6 @@ func TestDrainingExecutorHandsOverItsJob(t *testing.T) {
 			t.Fatalf("units of d: x %d (twice %v), y %d (twice %v); want 2 and 7, none twice", nx, twiceX, ny, twiceY)
 		}
 		stop()
-		restored := New(withEnv(cfg, e.brokers, e.pkgs, e.ns, e.log))
-		if err := restored.Restore(e.ctx); err != nil {
-			t.Fatal(err)
-		}
-		if a, b := memory(t, p), memory(t, restored); a != b {
-			t.Fatalf("restored memory differs:\nlive:\n%s\nrestored:\n%s", a, b)
-		}
+		e.sameAfterRestore(p, cfg)
 	})
 }

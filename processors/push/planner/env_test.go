@@ -14,6 +14,7 @@ import (
 
 	"surge/processors/push/directory"
 	"surge/processors/push/internal/job"
+	"surge/processors/push/internal/quota"
 	"surge/processors/push/numpkg"
 	"surge/schemas"
 	pb "surge/schemas/surgev1"
@@ -106,4 +107,32 @@ func withEnv(cfg Config, brokers []string, pkgs numpkg.Store, ns string, log *sl
 	cfg.Env = streams.Env{Brokers: brokers, Namespace: ns, Log: log, Now: now}
 	cfg.Packages = pkgs
 	return cfg
+}
+
+// sameAfterRestore checks that a planner restored from the topics holds
+// p's memory (p stopped).
+func (e *testEnv) sameAfterRestore(p *Planner, cfg Config) {
+	e.t.Helper()
+	restored := New(withEnv(cfg, e.brokers, e.pkgs, e.ns, e.log))
+	if err := restored.Restore(e.ctx); err != nil {
+		e.t.Fatal(err)
+	}
+	if a, b := memory(e.t, p), memory(e.t, restored); a != b {
+		e.t.Fatalf("restored memory differs:\nlive:\n%s\nrestored:\n%s", a, b)
+	}
+}
+
+// lateClock is a clock that runs from 21:30 on the latest day (today or
+// before) whose six quota windows (seed 1, DefaultConfig's) have all
+// released their unit by then: whatever the hour a test runs, no job of
+// it waits for quota, and it stays on that day for hours.
+func lateClock() func() time.Time {
+	seed := DefaultConfig().QuotaSeed
+	y, m, d := time.Now().Date()
+	late := time.Date(y, m, d, 21, 30, 0, 0, time.Local)
+	for quota.Released(late, seed) < quota.PerDay {
+		late = late.AddDate(0, 0, -1)
+	}
+	began := time.Now()
+	return func() time.Time { return late.Add(time.Since(began)) }
 }

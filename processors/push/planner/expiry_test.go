@@ -18,11 +18,9 @@ func TestJobsStopAtTheirDeadline(t *testing.T) {
 	streamstest.Each(t, func(t *testing.T, b streamstest.Backend) {
 		e := newTestEnv(t, b, 900, "x")
 		// A clock late in the day (every quota window released) that runs.
-		y, m, d := time.Now().Date()
-		late, began := time.Date(y, m, d, 23, 30, 0, 0, time.Local), time.Now()
 		cfg := DefaultConfig()
 		cfg.UnitSize, cfg.MaxBacklog, cfg.CheckpointEvery = 100, 2, 0
-		cfg.Now = func() time.Time { return late.Add(time.Since(began)) }
+		cfg.Now = lateClock()
 		p := New(withEnv(cfg, e.brokers, e.pkgs, e.ns, e.log))
 		x := &fakeExecutor{holdBack: map[string]bool{"p": true}}
 		stop := e.run(p, x)
@@ -58,12 +56,6 @@ func TestJobsStopAtTheirDeadline(t *testing.T) {
 			t.Errorf("uin 900: quota %d, want 0 (neither job reached it)", got)
 		}
 		stop()
-		restored := New(withEnv(cfg, e.brokers, e.pkgs, e.ns, e.log))
-		if err := restored.Restore(e.ctx); err != nil {
-			t.Fatal(err)
-		}
-		if a, b := memory(t, p), memory(t, restored); a != b {
-			t.Fatalf("restored memory differs:\nlive:\n%s\nrestored:\n%s", a, b)
-		}
+		e.sameAfterRestore(p, cfg)
 	})
 }

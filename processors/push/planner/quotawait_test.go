@@ -83,12 +83,6 @@ func TestJobWaitsForTheNextQuotaRelease(t *testing.T) {
 		stopTimers()
 		<-timersDone
 		stop()
-		restored := New(withEnv(cfg, e.brokers, e.pkgs, e.ns, e.log))
-		if err := restored.Restore(e.ctx); err != nil {
-			t.Fatal(err)
-		}
-		if a, b := memory(t, p), memory(t, restored); a != b {
-			t.Fatalf("restored memory differs:\nlive:\n%s\nrestored:\n%s", a, b)
-		}
+		e.sameAfterRestore(p, cfg)
 	})
 }

@@ -2,7 +2,6 @@ package planner
 
 import (
 	"testing"
-	"time"
 
 	"surge/schemas"
 	pb "surge/schemas/surgev1"
@@ -16,11 +15,9 @@ import (
 func TestRefusedUnitGivesItsTargetsBack(t *testing.T) {
 	streamstest.Each(t, func(t *testing.T, b streamstest.Backend) {
 		e := newTestEnv(t, b, 900, "x")
-		y, m, d := time.Now().Date()
-		late, began := time.Date(y, m, d, 23, 30, 0, 0, time.Local), time.Now() // every quota window released
 		cfg := DefaultConfig()
 		cfg.UnitSize, cfg.MaxBacklog, cfg.CheckpointEvery = 100, 4, 0
-		cfg.Now = func() time.Time { return late.Add(time.Since(began)) }
+		cfg.Now = lateClock()
 		p := New(withEnv(cfg, e.brokers, e.pkgs, e.ns, e.log))
 		x := &fakeExecutor{refuse: map[string]uint32{"r": 2}} // uins 201..300
 		stop := e.run(p, x)
@@ -41,12 +38,6 @@ func TestRefusedUnitGivesItsTargetsBack(t *testing.T) {
 			t.Fatalf("the same content again: %d units, want 1 (the 100 refused targets)", n)
 		}
 		stop()
-		restored := New(withEnv(cfg, e.brokers, e.pkgs, e.ns, e.log))
-		if err := restored.Restore(e.ctx); err != nil {
-			t.Fatal(err)
-		}
-		if a, b := memory(t, p), memory(t, restored); a != b {
-			t.Fatalf("restored memory differs:\nlive:\n%s\nrestored:\n%s", a, b)
-		}
+		e.sameAfterRestore(p, cfg)
 	})
 }

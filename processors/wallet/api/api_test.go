@@ -119,30 +119,38 @@ func newStack(t *testing.T, b streamstest.Backend, rdb *redis.Client, ns string,
 	return st
 }
 
+// serve runs a wallet instance on the stack's topics, keys and config
+// (o names the rest) behind an HTTP server, once its ledger serves every
+// partition.
+func (st stack) serve(t *testing.T, o wstack.Options) (*wstack.Wallet, *httptest.Server) {
+	t.Helper()
+	o.Dir, o.Source, o.Keys, o.Producer, o.Apps, o.Users, o.Log = t.TempDir(), st.src, st.keys, st.cl, apps, users, st.log
+	w, err := wstack.New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done; w.Close() })
+	if err := w.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(w.API.Handler())
+	t.Cleanup(srv.Close)
+	for w.Ledger.Serving() < 3 {
+		time.Sleep(10 * time.Millisecond)
+	}
+	return w, srv
+}
+
 func TestAPI(t *testing.T) {
 	streamstest.EachStack(t, func(t *testing.T, b streamstest.Backend, rdb *redis.Client) {
 		ns := streamstest.Unique("api") + "."
 		st := newStack(t, b, rdb, ns, 3)
 		// As `surge wallet` builds it: grants go through a batcher.
-		w, err := wstack.New(wstack.Options{Brokers: b.Brokers, Namespace: ns, Dir: t.TempDir(), Source: st.src, Keys: st.keys,
-			Redis: rdb, Producer: st.cl, Apps: apps, Users: users, BatchSize: 64, BatchLinger: time.Millisecond, Batchers: 2,
-			NoTotal: true, Log: st.log})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- w.Run(ctx) }()
-		t.Cleanup(func() { cancel(); <-done; w.Close() })
-		if err := w.Start(ctx); err != nil {
-			t.Fatal(err)
-		}
-		s, led := w.API, w.Ledger
-		srv := httptest.NewServer(s.Handler())
-		defer srv.Close()
-		for led.Serving() < 3 {
-			time.Sleep(10 * time.Millisecond)
-		}
+		_, srv := st.serve(t, wstack.Options{Brokers: b.Brokers, Namespace: ns, Redis: rdb, BatchSize: 64,
+			BatchLinger: time.Millisecond, Batchers: 2, NoTotal: true})
 
 		code, out := call(t, srv, "POST", "/v1/grants", `{"orderNo":"u1_rain_r1_1_1","actId":"u1","activityId":"spring","sceneId":"rain","rainId":"r1","awardType":"CASH","stage":1,"amount":300}`)
 		if code != 200 || out["token"] == nil || out["activity"] != "spring-live" {

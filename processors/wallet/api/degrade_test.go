@@ -3,7 +3,6 @@ package api_test
 import (
 	"context"
 	"fmt"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -28,23 +27,7 @@ func TestDegradeSwitches(t *testing.T) {
 		ns := streamstest.Unique("dg") + "."
 		st := newStack(t, b, rdb, ns, 3)
 		backup := redis.NewClient(&redis.Options{Addr: rdb.Options().Addr, DB: 1})
-		w, err := wstack.New(wstack.Options{Brokers: b.Brokers, Namespace: ns, Dir: t.TempDir(), Source: st.src, Keys: st.keys,
-			Redis: rdb, BackupRedis: backup, Producer: st.cl, Apps: apps, Users: users, Log: st.log})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- w.Run(ctx) }()
-		t.Cleanup(func() { cancel(); <-done; w.Close() })
-		if err := w.Start(ctx); err != nil {
-			t.Fatal(err)
-		}
-		srv := httptest.NewServer(w.API.Handler())
-		defer srv.Close()
-		for w.Ledger.Serving() < 3 {
-			time.Sleep(10 * time.Millisecond)
-		}
+		_, srv := st.serve(t, wstack.Options{Brokers: b.Brokers, Namespace: ns, Redis: rdb, BackupRedis: backup})
 		set := func(degrade map[string]bool, globalLimit int) {
 			t.Helper()
 			tr := tree()
