@@ -127,7 +127,7 @@ func (in *Intake) StockOf(ctx context.Context, template string) (StockView, erro
 				return StockView{}, err
 			}
 			return StockView{Template: template, Total: sc.Stock, Remaining: rem,
-				Stop: float64(rem) < stock.StopShare*float64(sc.Stock)}, nil
+				Stop: stock.Low(rem, sc.Stock)}, nil
 		}
 	}
 	return StockView{}, fmt.Errorf("%w %q", ErrUnknownTemplate, template)

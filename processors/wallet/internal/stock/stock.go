@@ -143,6 +143,10 @@ func (c *Control) Remaining(ctx context.Context, tpl string, total int64) (int64
 	return max(sellable-used, 0), nil
 }
 
+// Low reports whether remaining, of a template's total stock, is below
+// the share at which issuers stop (StopShare).
+func Low(remaining, total int64) bool { return float64(remaining) < StopShare*float64(total) }
+
 // ShouldStop reports whether issuers should stop offering tpl: less than
 // 10% of its stock remains.
 func (c *Control) ShouldStop(ctx context.Context, tpl string, total int64) (bool, error) {
@@ -150,7 +154,7 @@ func (c *Control) ShouldStop(ctx context.Context, tpl string, total int64) (bool
 	if err != nil {
 		return false, err
 	}
-	return float64(r) < StopShare*float64(total), nil
+	return Low(r, total), nil
 }
 
 // CheckStop is ErrLow once less than 10% of tpl's stock remains (see
@@ -169,7 +173,7 @@ func (c *Control) CheckStop(ctx context.Context, tpl string, total int64) error 
 		seen = c.seen[tpl]
 		c.mu.Unlock()
 	}
-	if float64(seen.remaining) < StopShare*float64(total) {
+	if Low(seen.remaining, total) {
 		return ErrLow
 	}
 	return nil
