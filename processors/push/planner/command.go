@@ -101,34 +101,36 @@ func timerOf(st pb.JobState, jobID string) string {
 	return ""
 }
 
-// unitTargets is unit k's targets: those of rank [k*UnitSize,
-// (k+1)*UnitSize) in the filtered package.
-func (p *Planner) unitTargets(targets *roaring.Bitmap, k uint32) *roaring.Bitmap {
+// unitSpan cuts unit k out of the filtered package: the targets of rank
+// [k*UnitSize, (k+1)*UnitSize), and the uin range [start, end) they span.
+func (p *Planner) unitSpan(targets *roaring.Bitmap, k uint32) (part *roaring.Bitmap, start, end uint64, err error) {
 	lo := uint64(k) * p.cfg.UnitSize
-	part := roaring.New()
-	if targets == nil || lo >= targets.GetCardinality() {
-		return part
-	}
-	start, err := targets.Select(uint32(lo))
+	first, err := targets.Select(uint32(lo))
 	if err != nil {
-		return part
+		return nil, 0, 0, err
 	}
-	end := uint64(targets.Maximum()) + 1
+	start, end = uint64(first), uint64(targets.Maximum())+1
 	if hi := lo + p.cfg.UnitSize; hi < targets.GetCardinality() {
-		if e, err := targets.Select(uint32(hi)); err == nil {
-			end = uint64(e)
+		e, err := targets.Select(uint32(hi))
+		if err != nil {
+			return nil, 0, 0, err
 		}
+		end = uint64(e)
 	}
-	part.AddRange(uint64(start), end)
+	part = roaring.New()
+	part.AddRange(start, end)
 	part.And(targets)
-	return part
+	return part, start, end, nil
 }
 
 // giveBackUnits returns their quota unit and CRC mark to the targets of
 // the refused units (never sent).
 func (p *Planner) giveBackUnits(j *pb.SendJob, targets *roaring.Bitmap, units []uint32, queuedAtMs int64, now time.Time) {
 	for _, k := range units {
-		rest := p.unitTargets(targets, k)
+		rest, _, _, err := p.unitSpan(targets, k)
+		if err != nil {
+			continue // no such unit in the package: nothing was taken for it
+		}
 		p.sent.Forget(j.ContentCrc, rest)
 		if !j.Realtime && sameDay(queuedAtMs, now) {
 			p.ledger.Refund(rest)

@@ -825,32 +825,19 @@ func (p *Planner) assign(e emitter, q *queued, names []string, room map[string]i
 	return total, err
 }
 
-// unit cuts unit k out of the filtered package: the targets of rank
-// [k*UnitSize, (k+1)*UnitSize).
+// unit is the record of unit k of q for executor (unitSpan cuts it).
 func (p *Planner) unit(q *queued, k uint32, executor string) (*pb.SendTaskUnit, error) {
-	lo := uint64(k) * p.cfg.UnitSize
-	start, err := q.targets.Select(uint32(lo))
+	part, start, end, err := p.unitSpan(q.targets, k)
 	if err != nil {
 		return nil, err
 	}
-	end := uint64(q.targets.Maximum()) + 1
-	if hi := lo + p.cfg.UnitSize; hi < q.total {
-		e, err := q.targets.Select(uint32(hi))
-		if err != nil {
-			return nil, err
-		}
-		end = uint64(e)
-	}
-	part := roaring.New()
-	part.AddRange(uint64(start), end)
-	part.And(q.targets)
 	buf, err := part.ToBytes()
 	if err != nil {
 		return nil, err
 	}
 	j := q.job
 	return &pb.SendTaskUnit{JobId: j.JobId, UnitId: k, Executor: executor, PackageUri: j.PackageUri,
-		RangeStart: uint64(start), RangeEnd: end, Count: part.GetCardinality(), ContentId: j.ContentId,
+		RangeStart: start, RangeEnd: end, Count: part.GetCardinality(), ContentId: j.ContentId,
 		DisplayAtMs: j.DisplayAtMs, Targets: buf, ContentCrc: j.ContentCrc, UnitsTotal: q.units,
 		Realtime: j.Realtime, AccountId: j.AccountId}, nil
 }
