@@ -365,9 +365,11 @@ func (l *Ledger) publishTotals(ctx context.Context, done chan<- struct{}) {
 		// Every FullPublishEvery ticks every sum goes out, changed or not:
 		// a Redis that missed writes (the primary, down while reads were
 		// switched to the backup) is whole again within that time.
-		sums := l.totals.dirty()
+		var sums map[int32]int64
 		if ticks++; ticks%FullPublishEvery == 0 {
 			sums = l.totals.all()
+		} else {
+			sums = l.totals.dirty()
 		}
 		if err := l.cfg.Total.Publish(ctx, sums); err != nil {
 			l.totals.redirty(sums)
