@@ -28,13 +28,12 @@ import (
 // The bitmaps are a cache: changes made while a batch is in flight are
 // staged and applied only when it commits.
 type Processor struct {
-	cfg      Config
-	mu       sync.RWMutex
-	parts    map[int32]*roaring.Bitmap
-	staged   map[uint32]staged
-	outTopic string
-	mirror   *RedisMirror
-	restore  *streams.Restorer // nil unless Run: a bare Handle keeps its start-up state
+	cfg     Config
+	mu      sync.RWMutex
+	parts   map[int32]*roaring.Bitmap
+	staged  map[uint32]staged
+	mirror  *RedisMirror
+	restore *streams.Restorer // nil unless Run: a bare Handle keeps its start-up state
 }
 
 type staged struct {
@@ -69,7 +68,7 @@ func (c *Config) EnsureDefaults() {
 // New returns a processor.
 func New(cfg Config) *Processor {
 	cfg.EnsureDefaults()
-	return &Processor{cfg: cfg, parts: map[int32]*roaring.Bitmap{}, staged: map[uint32]staged{}, outTopic: cfg.Output}
+	return &Processor{cfg: cfg, parts: map[int32]*roaring.Bitmap{}, staged: map[uint32]staged{}}
 }
 
 // Handle is the streams handler.
@@ -93,7 +92,7 @@ func (p *Processor) Handle() streams.Handler {
 			return nil // no change, nothing to say
 		}
 		p.staged[uin] = staged{in.Partition, ev.Online}
-		return out.EmitMsg(p.outTopic, schemas.UinKey(uin), ev)
+		return out.EmitMsg(p.cfg.Output, schemas.UinKey(uin), ev)
 	})
 }
 
@@ -165,7 +164,7 @@ func (p *Processor) Online() *roaring.Bitmap {
 // to its current end. It returns the number of records read.
 func (p *Processor) Restore(ctx context.Context) (int, error) {
 	n := 0
-	err := streams.ReadToEnd(ctx, p.cfg.Brokers, p.outTopic, func(r *kgo.Record) error {
+	err := streams.ReadToEnd(ctx, p.cfg.Brokers, p.cfg.Output, func(r *kgo.Record) error {
 		if p.applyChange(r) {
 			n++
 		}
@@ -204,10 +203,10 @@ func (p *Processor) clearPartitions(ps map[int32]bool) error {
 // mirror, Redis is first rewritten from the restored bitmap.
 func (p *Processor) Run(ctx context.Context, opts ...streams.Option) error {
 	ns, brokers := p.cfg.Namespace, p.cfg.Brokers
-	if _, err := streams.CoPartitioned(ctx, brokers, ns+schemas.TopicLogin, p.outTopic); err != nil {
+	if _, err := streams.CoPartitioned(ctx, brokers, ns+schemas.TopicLogin, p.cfg.Output); err != nil {
 		return fmt.Errorf("presence: %w", err)
 	}
-	p.restore = streams.NewRestorer(brokers, p.clearPartitions, func(r *kgo.Record) error { p.applyChange(r); return nil }, p.outTopic)
+	p.restore = streams.NewRestorer(brokers, p.clearPartitions, func(r *kgo.Record) error { p.applyChange(r); return nil }, p.cfg.Output)
 	// A partition nobody wrote to since this start-up read is not read again
 	// when it is assigned.
 	if err := p.restore.Baseline(ctx); err != nil {

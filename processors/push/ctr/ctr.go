@@ -16,7 +16,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"math"
 	"sync"
 
@@ -39,7 +38,6 @@ func (c *Config) EnsureDefaults() { c.Env.EnsureDefaults() }
 // Processor is one push-ctr instance.
 type Processor struct {
 	cfg     Config
-	log     *slog.Logger
 	restore *streams.Restorer
 
 	mu     sync.Mutex
@@ -50,7 +48,7 @@ type Processor struct {
 // New returns a processor.
 func New(cfg Config) *Processor {
 	cfg.EnsureDefaults()
-	p := &Processor{cfg: cfg, log: cfg.Log, jobs: map[string]*pb.JobClicks{}, staged: map[string]*pb.JobClicks{}}
+	p := &Processor{cfg: cfg, jobs: map[string]*pb.JobClicks{}, staged: map[string]*pb.JobClicks{}}
 	p.restore = streams.NewRestorer(cfg.Brokers, p.clear, p.applyChangelog, cfg.Topic(schemas.TopicJobClicks))
 	return p
 }

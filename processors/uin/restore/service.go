@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -26,7 +25,6 @@ import (
 type Service struct {
 	cfg  Config
 	tool *Tool
-	log  *slog.Logger
 }
 
 // Config configures the restore service.
@@ -42,7 +40,7 @@ func (c *Config) EnsureDefaults() { c.Env.EnsureDefaults() }
 // New returns the service; Run starts it.
 func New(cfg Config) *Service {
 	cfg.EnsureDefaults()
-	return &Service{cfg: cfg, log: cfg.Log, tool: &Tool{Brokers: cfg.Brokers, Namespace: cfg.Namespace,
+	return &Service{cfg: cfg, tool: &Tool{Brokers: cfg.Brokers, Namespace: cfg.Namespace,
 		Accounts: cfg.Accounts, Pool: cfg.Pool, Now: cfg.Now}}
 }
 
@@ -79,13 +77,13 @@ func (s *Service) handle(ctx context.Context, in *kgo.Record, req *pb.RestoreReq
 	switch {
 	case errors.Is(err, ErrNoBackup), errors.Is(err, ErrLive), errors.Is(err, pool.ErrExhausted):
 		answer.Error = err.Error() // an answer, not a failure of the service
-		s.log.Info("uin-restore: refused", "username", req.Username, "request", req.RequestId, "why", err)
+		s.cfg.Log.Info("uin-restore: refused", "username", req.Username, "request", req.RequestId, "why", err)
 	case err != nil:
 		return err // Redis or the broker: retried
 	default:
 		answer.Uin, answer.Reused, answer.Friends = uint64(res.Uin), res.Reused, uint32(res.Friends)
 		out.Emit(s.tool.Registration(res, now))
-		s.log.Info("uin-restore: restored", "username", req.Username, "uin", res.Uin, "reused", res.Reused, "request", req.RequestId)
+		s.cfg.Log.Info("uin-restore: restored", "username", req.Username, "uin", res.Uin, "reused", res.Reused, "request", req.RequestId)
 	}
 	return out.EmitMsg(s.tool.Namespace+schemas.TopicRestoreResults, []byte(req.Username), answer)
 }
