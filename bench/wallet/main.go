@@ -67,13 +67,8 @@ func main() {
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ProducerLinger(2*time.Millisecond), kgo.MaxBufferedRecords(1<<20), kgo.WithHooks(&produced))
 	must(err)
 	defer cl.Close()
-	var topics []string
-	for _, n := range []string{schemas.TopicGrants, schemas.TopicTokens, schemas.TopicLedger, schemas.TopicWithdrawals, schemas.TopicWithdrawResult, schemas.TopicPackets, schemas.TopicIdentities, schemas.TopicDeadLetter} {
-		t, _ := schemas.TopicByName(n)
-		t.Name = ns + n
-		must(streams.EnsureTopics(ctx, cl, 1, t))
-		topics = append(topics, t.Name)
-	}
+	must(streams.EnsureTopics(ctx, cl, 1, stack.Topics(ns)...))
+	topics := stack.TopicNames(ns)
 	// The run's topics go with it: a broker shared by many runs would
 	// otherwise keep 72 partitions of each.
 	defer func() { _, _ = kadm.NewClient(cl).DeleteTopics(context.Background(), topics...) }()

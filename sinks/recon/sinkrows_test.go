@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"strings"
+	wstack "surge/processors/wallet/stack"
 	"testing"
 	"time"
 
@@ -39,12 +40,7 @@ func TestReconcilesRowsTheSinksWrote(t *testing.T) {
 		ctx := context.Background()
 		quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 		ns := streamstest.Unique("rs") + "."
-		var names []string
-		for _, n := range []string{schemas.TopicGrants, schemas.TopicTokens, schemas.TopicLedger, schemas.TopicWithdrawals,
-			schemas.TopicWithdrawResult, schemas.TopicPackets, schemas.TopicIdentities, schemas.TopicDeadLetter} {
-			names = append(names, ns+n)
-		}
-		streamstest.CreateTopics(t, b.Brokers, 3, names...)
+		streamstest.CreateTopics(t, b.Brokers, 3, wstack.TopicNames(ns)...)
 
 		// An hour of its own, in the past, so no other test's facts are in it.
 		hour := time.Date(2026, 11, 20, 10, 0, 0, 0, time.UTC)

@@ -26,7 +26,6 @@ import (
 	"surge/processors/wallet/ledger"
 	wstack "surge/processors/wallet/stack"
 	"surge/processors/wallet/token"
-	"surge/schemas"
 	pb "surge/schemas/surgev1"
 	"surge/streams"
 	"surge/streams/streamstest"
@@ -107,11 +106,7 @@ type stack struct {
 }
 
 func newStack(t *testing.T, b streamstest.Backend, rdb *redis.Client, ns string, partitions int32) stack {
-	var names []string
-	for _, n := range []string{schemas.TopicGrants, schemas.TopicTokens, schemas.TopicLedger, schemas.TopicWithdrawals, schemas.TopicWithdrawResult, schemas.TopicPackets, schemas.TopicIdentities, schemas.TopicDeadLetter} {
-		names = append(names, ns+n)
-	}
-	streamstest.CreateTopics(t, b.Brokers, partitions, names...)
+	streamstest.CreateTopics(t, b.Brokers, partitions, wstack.TopicNames(ns)...)
 	st := stack{log: slog.New(slog.NewTextHandler(io.Discard, nil)), src: config.Static(tree()),
 		cl: streamstest.Client(t, b.Brokers, kgo.ProducerLinger(time.Millisecond))}
 	st.keys, _ = token.Generate("k")

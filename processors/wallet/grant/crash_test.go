@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	wstack "surge/processors/wallet/stack"
 	"testing"
 	"time"
 
@@ -84,12 +85,7 @@ func TestCrashBetweenClaimAndProduce(t *testing.T) {
 	streamstest.EachStack(t, func(t *testing.T, b streamstest.Backend, rdb *redis.Client) {
 		ctx := context.Background()
 		ns := streamstest.Unique("gc") + "."
-		var names []string
-		for _, n := range []string{schemas.TopicGrants, schemas.TopicTokens, schemas.TopicLedger, schemas.TopicWithdrawals,
-			schemas.TopicWithdrawResult, schemas.TopicPackets, schemas.TopicIdentities, schemas.TopicDeadLetter} {
-			names = append(names, ns+n)
-		}
-		streamstest.CreateTopics(t, b.Brokers, 3, names...)
+		streamstest.CreateTopics(t, b.Brokers, 3, wstack.TopicNames(ns)...)
 		var raw [32]byte
 		_, _ = rand.Read(raw[:])
 		seed := base64.StdEncoding.EncodeToString(raw[:])

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	wstack "surge/processors/wallet/stack"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -72,12 +73,7 @@ type wallet struct {
 }
 
 func topics(t testing.TB, b streamstest.Backend, ns string) {
-	var names []string
-	for _, n := range []string{schemas.TopicGrants, schemas.TopicTokens, schemas.TopicLedger, schemas.TopicWithdrawals,
-		schemas.TopicWithdrawResult, schemas.TopicPackets, schemas.TopicIdentities, schemas.TopicDeadLetter} {
-		names = append(names, ns+n)
-	}
-	streamstest.CreateTopics(t, b.Brokers, 6, names...)
+	streamstest.CreateTopics(t, b.Brokers, 6, wstack.TopicNames(ns)...)
 }
 
 func newWallet(t *testing.T, b streamstest.Backend, rdb *redis.Client, tr *config.Tree, runLedger bool) *wallet {

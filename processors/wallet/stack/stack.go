@@ -40,6 +40,16 @@ func Topics(ns string) []schemas.Topic {
 		schemas.TopicWithdrawals, schemas.TopicWithdrawResult, schemas.TopicPackets, schemas.TopicIdentities, schemas.TopicDeadLetter)
 }
 
+// TopicNames are the names of Topics(ns) (tests create them with their
+// own partition counts).
+func TopicNames(ns string) []string {
+	var names []string
+	for _, t := range Topics(ns) {
+		names = append(names, t.Name)
+	}
+	return names
+}
+
 // Options configure an instance. Brokers, Source, Keys, Redis, Producer
 // and Dir are required; the rest have defaults.
 type Options struct {
