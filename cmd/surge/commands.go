@@ -63,6 +63,9 @@ func cmdRun(ctx context.Context, args []string) error {
 	if c, ok := uinServices[name]; ok {
 		return runUin(ctx, v, log, bs, c)
 	}
+	if name == "wallet-identities" {
+		return runWalletIdentities(ctx, v, log, bs, opts)
+	}
 	mirror, closeMirror, err := openMirror(ctx, v.GetString("redis.addr"), v.GetString("redis.prefix"), log)
 	if err != nil {
 		return err

@@ -46,6 +46,7 @@ commands:
   run NAME   run one processor or sink against the configured servers: presence,
              push-presence, push-planner, push-executor, push-offline, push-timers,
              push-ctr, uin-tracker, uin-recycle, uin-timers, uin-pool, uin-restore,
+             wallet-identities,
              sink-* (one per ClickHouse table); 'surge run --help' lists them all
   recon      reconciliation over ClickHouse: "recon report [--json]" (status
              per hour, open mismatches, totals), "recon run --hour TIME"

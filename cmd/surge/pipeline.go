@@ -27,7 +27,7 @@ type pipeline struct {
 // and every fact sink.
 var components = func() []string {
 	names := []string{"presence", "push-presence", "push-planner", "push-executor", "push-offline", "push-timers", "push-ctr",
-		"uin-tracker", "uin-recycle", "uin-timers", "uin-pool", "uin-restore"}
+		"uin-tracker", "uin-recycle", "uin-timers", "uin-pool", "uin-restore", "wallet-identities"}
 	for _, f := range clickhouse.Facts() {
 		names = append(names, f.Name)
 	}

@@ -20,6 +20,7 @@ import (
 
 	"surge/processors/wallet/auth"
 	"surge/processors/wallet/config"
+	"surge/processors/wallet/identity"
 	"surge/processors/wallet/stack"
 	"surge/processors/wallet/token"
 	"surge/streams"
@@ -267,4 +268,19 @@ func cmdWalletSign(args []string) error {
 		fmt.Printf("%s: %s\n", h, req.Header.Get(h))
 	}
 	return nil
+}
+
+// runWalletIdentities runs wallet-identities alone, for a deployment that
+// scales it apart from the API (`surge wallet` runs it too, in the same
+// consumer group: the two share its partitions).
+func runWalletIdentities(ctx context.Context, v *viper.Viper, log *slog.Logger, bs []string, opts []streams.Option) error {
+	addr := v.GetString("redis.addr")
+	if addr == "" {
+		return errors.New("wallet-identities needs Redis (the actIDs are kept there): set --redis.addr")
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer rdb.Close()
+	p := identity.New(identity.Config{Env: streams.Env{Brokers: bs, Namespace: v.GetString("wallet.namespace"), Log: log,
+		Metrics: metrics.Default}, Redis: rdb})
+	return p.Run(ctx, opts...)
 }
