@@ -9,29 +9,46 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"surge/schemas"
 )
 
 // EnsureTopics creates the topics that do not exist yet, with their
 // partitions and retention from the registry; existing topics are left as
-// they are.
+// they are. Every topic goes in one CreateTopics request: a KRaft
+// controller takes a few hundred milliseconds per request, and a stack
+// has a dozen topics.
 func EnsureTopics(ctx context.Context, cl *kgo.Client, replication int16, topics ...schemas.Topic) error {
-	adm := kadm.NewClient(cl)
+	if len(topics) == 0 {
+		return nil
+	}
+	req := kmsg.NewPtrCreateTopicsRequest()
+	req.TimeoutMillis = 30_000
 	for _, t := range topics {
-		cfg := map[string]*string{}
+		rt := kmsg.NewCreateTopicsRequestTopic()
+		rt.Topic, rt.NumPartitions, rt.ReplicationFactor = t.Name, t.Partitions, replication
 		for k, v := range t.BrokerConfigs() {
-			cfg[k] = kadm.StringPtr(v)
+			c := kmsg.NewCreateTopicsRequestTopicConfig()
+			c.Name, c.Value = k, kmsg.StringPtr(v)
+			rt.Configs = append(rt.Configs, c)
 		}
-		resp, err := adm.CreateTopic(ctx, t.Partitions, replication, cfg, t.Name)
-		if err == nil {
-			err = resp.Err
-		}
-		if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
-			return fmt.Errorf("create topic %s: %w", t.Name, err)
+		req.Topics = append(req.Topics, rt)
+	}
+	resp, err := req.RequestWith(ctx, cl)
+	if err != nil {
+		return fmt.Errorf("create topics: %w", err)
+	}
+	for _, rt := range resp.Topics {
+		if err := kerr.ErrorForCode(rt.ErrorCode); err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
+			msg := ""
+			if rt.ErrorMessage != nil {
+				msg = ": " + *rt.ErrorMessage
+			}
+			return fmt.Errorf("create topic %s: %w%s", rt.Topic, err, msg)
 		}
 	}
-	return waitTopics(ctx, adm, topics)
+	return waitTopics(ctx, kadm.NewClient(cl), topics)
 }
 
 // waitTopics waits until every topic is in the metadata with a leader for

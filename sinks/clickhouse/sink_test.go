@@ -96,11 +96,12 @@ func (f *flaky) Insert(ctx context.Context, table string, cols []clickhouse.Colu
 // first writes fail, three tasks insert at once and the whole topic is
 // delivered a second time; on both drivers.
 func TestSinkLosesNoRowAndRedeliveryDoesNotDouble(t *testing.T) {
+	// In turn: the backends share one ClickHouse table set.
 	streamstest.Each(t, func(t *testing.T, b streamstest.Backend) {
 		for _, name := range []string{"chdb", "server"} {
 			t.Run(name, func(t *testing.T) { sinkLosesNoRow(t, b, drivers()[name]) })
 		}
-	})
+	}, streamstest.InTurn)
 }
 
 func sinkLosesNoRow(t *testing.T, b streamstest.Backend, store clickhouse.Store) {
@@ -351,6 +352,7 @@ func TestRunTasksReturnsWhenTasksFail(t *testing.T) {
 // sink-cash-grants fill the one grants table with both, every grant once,
 // and a token of an earlier build (its grant on wallet.grants) adds no row.
 func TestCashGrantsJoinTheOtherGrants(t *testing.T) {
+	// In turn: the backends share one ClickHouse table set.
 	streamstest.Each(t, func(t *testing.T, b streamstest.Backend) {
 		ctx := context.Background()
 		if _, err := clickhouse.Migrate(ctx, store); err != nil {
@@ -415,5 +417,5 @@ func TestCashGrantsJoinTheOtherGrants(t *testing.T) {
 		if !slices.Equal(rows[0], want) {
 			t.Fatalf("grants table: rows, orders, cash, amount = %v, want %v", rows[0], want)
 		}
-	})
+	}, streamstest.InTurn)
 }

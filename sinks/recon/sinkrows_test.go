@@ -36,6 +36,7 @@ import (
 // run reconciles the clean phase and finds exactly that token in the
 // other: granted minus booked is its amount, one lost, one unbooked.
 func TestReconcilesRowsTheSinksWrote(t *testing.T) {
+	// In turn: the backends share one ClickHouse table set.
 	streamstest.EachStack(t, func(t *testing.T, b streamstest.Backend, rdb *redis.Client) {
 		ctx := context.Background()
 		quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -158,5 +159,5 @@ func TestReconcilesRowsTheSinksWrote(t *testing.T) {
 		if tf == nil || !tf.Mismatch || !strings.Contains(tf.Scope, "unbooked=1") {
 			t.Fatalf("faulty phase, tokens vs ledger: %v; want 1 unbooked", tf)
 		}
-	})
+	}, streamstest.InTurn)
 }

@@ -30,10 +30,36 @@ type Backend struct {
 	Real    bool
 }
 
+// Mode says how the per-backend subtests of Each, EachStack and EachRedis
+// run.
+type Mode int
+
+const (
+	// Concurrently is the default: the backends' subtests run side by
+	// side. Each has its own broker or its own topics (Unique), and its
+	// own Redis, and a test mostly waits on the network, so this halves
+	// its time.
+	Concurrently Mode = iota
+	// InTurn runs them one after the other, for a test whose backends
+	// share something else, such as one ClickHouse table they truncate.
+	InTurn
+)
+
+// parallel marks a backend's subtest parallel unless modes ask for InTurn.
+func parallel(t *testing.T, modes []Mode) {
+	for _, m := range modes {
+		if m == InTurn {
+			return
+		}
+	}
+	t.Parallel()
+}
+
 // Each runs fn as a subtest per backend.
-func Each(t *testing.T, fn func(t *testing.T, b Backend)) {
+func Each(t *testing.T, fn func(t *testing.T, b Backend), modes ...Mode) {
 	t.Helper()
 	t.Run("kfake", func(t *testing.T) {
+		parallel(t, modes)
 		k, err := embedded.StartKafka()
 		if err != nil {
 			t.Fatal(err)
@@ -42,6 +68,7 @@ func Each(t *testing.T, fn func(t *testing.T, b Backend)) {
 		fn(t, Backend{Name: "kfake", Brokers: k.Brokers()})
 	})
 	t.Run("kafka", func(t *testing.T) {
+		parallel(t, modes)
 		b, ok := Real()
 		if !ok {
 			if os.Getenv("SURGE_TEST_REQUIRE_REAL") == "1" {
@@ -86,11 +113,12 @@ func CreateTopics(t testing.TB, brokers []string, partitions int32, names ...str
 	cl := Client(t, brokers)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	for _, n := range names {
-		tp := schemas.Topic{Name: n, Partitions: partitions, Retention: 24 * time.Hour}
-		if err := streams.EnsureTopics(ctx, cl, 1, tp); err != nil {
-			t.Fatal(err)
-		}
+	tps := make([]schemas.Topic, len(names))
+	for i, n := range names {
+		tps[i] = schemas.Topic{Name: n, Partitions: partitions, Retention: 24 * time.Hour}
+	}
+	if err := streams.EnsureTopics(ctx, cl, 1, tps...); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -150,9 +178,10 @@ func RedisClient(t testing.TB) (*redis.Client, bool) {
 
 // EachStack runs fn twice: on kfake with miniredis, and on the real broker
 // with the real redis-server.
-func EachStack(t *testing.T, fn func(t *testing.T, b Backend, rdb *redis.Client)) {
+func EachStack(t *testing.T, fn func(t *testing.T, b Backend, rdb *redis.Client), modes ...Mode) {
 	t.Helper()
 	t.Run("kfake+miniredis", func(t *testing.T) {
+		parallel(t, modes)
 		k, err := embedded.StartKafka()
 		if err != nil {
 			t.Fatal(err)
@@ -163,6 +192,7 @@ func EachStack(t *testing.T, fn func(t *testing.T, b Backend, rdb *redis.Client)
 		fn(t, Backend{Name: "kfake", Brokers: k.Brokers()}, rdb)
 	})
 	t.Run("kafka+redis", func(t *testing.T) {
+		parallel(t, modes)
 		b, ok := Real()
 		rdb, rok := RedisClient(t)
 		if !ok || !rok {
@@ -200,14 +230,16 @@ func liveMiniredis(t *testing.T) *miniredis.Miniredis {
 
 // EachRedis runs fn on miniredis and on the real redis-server of the tests
 // (SURGE_TEST_REDIS; its absence fails under SURGE_TEST_REQUIRE_REAL=1).
-func EachRedis(t *testing.T, fn func(t *testing.T, rdb *redis.Client)) {
+func EachRedis(t *testing.T, fn func(t *testing.T, rdb *redis.Client), modes ...Mode) {
 	t.Helper()
 	t.Run("miniredis", func(t *testing.T) {
+		parallel(t, modes)
 		rdb := redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr()})
 		t.Cleanup(func() { rdb.Close() })
 		fn(t, rdb)
 	})
 	t.Run("redis", func(t *testing.T) {
+		parallel(t, modes)
 		rdb, ok := RedisClient(t)
 		if !ok {
 			t.Skip("no real redis: set SURGE_TEST_REDIS (scripts/redis.sh start)")

@@ -63,6 +63,7 @@ func TestStockClassification(t *testing.T) {
 	if _, err := clickhouse.Migrate(ctx, st); err != nil {
 		t.Fatal(err)
 	}
+	// In turn: the backends share one ClickHouse table set.
 	streamstest.EachStack(t, func(t *testing.T, b streamstest.Backend, rdb *redis.Client) {
 		for _, table := range []string{"uin_registrations", "uin_usage"} {
 			if err := st.Exec(ctx, "TRUNCATE TABLE "+table); err != nil {
@@ -167,5 +168,5 @@ func TestStockClassification(t *testing.T) {
 				t.Errorf("active or young uin %d got steps %v", uin, got[uin])
 			}
 		}
-	})
+	}, streamstest.InTurn)
 }
