@@ -53,6 +53,9 @@ PROPS
   id=$(java -cp "$cp_" kafka.tools.StorageTool random-uuid)
   java -cp "$cp_" kafka.tools.StorageTool format -t "$id" -c "$home/server.properties" >"$home/format.log" 2>&1 \
     || { cat "$home/format.log" >&2; exit 1; }
+  # Every partition keeps files open, and a test run creates thousands of
+  # topics: give the broker as many descriptors as the machine allows.
+  ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
   nohup java -Xms256m -Xmx"${KAFKA_HEAP:-1g}" -XX:+UseG1GC -cp "$cp_" kafka.Kafka "$home/server.properties" \
     >"$home/kafka.log" 2>&1 &
   echo $! > "$pidf"

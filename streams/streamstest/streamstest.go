@@ -30,22 +30,23 @@ type Backend struct {
 	Real    bool
 }
 
-// Mode says how the per-backend subtests of Each, EachStack and EachRedis
-// run.
+// Mode says how Each, EachStack and EachRedis run their test.
 type Mode int
 
 const (
-	// Concurrently is the default: the backends' subtests run side by
-	// side. Each has its own broker or its own topics (Unique), and its
-	// own Redis, and a test mostly waits on the network, so this halves
-	// its time.
+	// Concurrently is the default: the test runs in parallel with the
+	// package's other parallel tests (Each and EachStack), and its
+	// backends' subtests side by side. Each backend has its own broker or
+	// its own topics (Unique) and its own Redis or keys, and these tests
+	// mostly wait on the network, so this cuts the suite's time.
 	Concurrently Mode = iota
-	// InTurn runs them one after the other, for a test whose backends
-	// share something else, such as one ClickHouse table they truncate.
+	// InTurn runs the test alone and its backends one after the other,
+	// for a test that shares something else, such as one ClickHouse
+	// table it truncates.
 	InTurn
 )
 
-// parallel marks a backend's subtest parallel unless modes ask for InTurn.
+// parallel marks a test parallel unless modes ask for InTurn.
 func parallel(t *testing.T, modes []Mode) {
 	for _, m := range modes {
 		if m == InTurn {
@@ -55,9 +56,12 @@ func parallel(t *testing.T, modes []Mode) {
 	t.Parallel()
 }
 
-// Each runs fn as a subtest per backend.
+// Each runs fn as a subtest per backend. Unless modes say InTurn, the
+// test runs in parallel with the package's other parallel tests, and its
+// backends side by side.
 func Each(t *testing.T, fn func(t *testing.T, b Backend), modes ...Mode) {
 	t.Helper()
+	parallel(t, modes)
 	t.Run("kfake", func(t *testing.T) {
 		parallel(t, modes)
 		k, err := embedded.StartKafka()
@@ -177,9 +181,10 @@ func RedisClient(t testing.TB) (*redis.Client, bool) {
 }
 
 // EachStack runs fn twice: on kfake with miniredis, and on the real broker
-// with the real redis-server.
+// with the real redis-server; in parallel as Each is.
 func EachStack(t *testing.T, fn func(t *testing.T, b Backend, rdb *redis.Client), modes ...Mode) {
 	t.Helper()
+	parallel(t, modes)
 	t.Run("kfake+miniredis", func(t *testing.T) {
 		parallel(t, modes)
 		k, err := embedded.StartKafka()

@@ -48,8 +48,11 @@ func TestCrashChild(t *testing.T) {
 	s := pipeline.New(brokers, pipeline.Options{Namespace: ns, Dir: os.Getenv("SURGE_PUSH_CHILD_DIR"), Executors: 2,
 		Planner: crashConfig(), Log: quiet(),
 		// A killed member holds its partitions until its session times
-		// out; keep that short so restarts resume quickly.
-		StreamOpts: []streams.Option{streams.ClientOpts(kgo.SessionTimeout(6*time.Second), kgo.HeartbeatInterval(500*time.Millisecond))}})
+		// out; keep that short so restarts resume quickly. On kfake a
+		// restart also waited out the rebalance timeout (60 s by
+		// default), so that is short too.
+		StreamOpts: []streams.Option{streams.ClientOpts(kgo.SessionTimeout(6*time.Second), kgo.RebalanceTimeout(6*time.Second),
+			kgo.HeartbeatInterval(500*time.Millisecond))}})
 	publish(t, s, directory.AccountRecord(s.Opts.Namespace, &pb.AccountInfo{AccountId: 1, Filters: proto.Uint32(uint32(filter.CRC))}))
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer cancel()

@@ -40,7 +40,7 @@ func TestControllerChild(t *testing.T) {
 	// Static membership: a restarted instance takes its partitions back
 	// at once instead of after the dead one's session times out.
 	_ = c.Run(context.Background(), streams.InstanceID(os.Getenv("SURGE_RECYCLE_CHILD_ID")), streams.StaticMembership(),
-		streams.MaxBatch(50), streams.ClientOpts(kgo.SessionTimeout(6*time.Second), kgo.HeartbeatInterval(500*time.Millisecond)))
+		streams.MaxBatch(50), streams.ClientOpts(kgo.SessionTimeout(6*time.Second), kgo.RebalanceTimeout(6*time.Second), kgo.HeartbeatInterval(500*time.Millisecond)))
 }
 
 func spawnController(t *testing.T, b streamstest.Backend, redisAddr, ns, id string) *exec.Cmd {

@@ -686,7 +686,7 @@ func TestLedgerChild(t *testing.T) {
 	src := config.Static(tree(300)) // slow enough to be killed mid-way
 	l := ledger.New(ledger.Config{Env: streams.Env{Brokers: strings.Split(os.Getenv("SURGE_LEDGER_CHILD_BROKERS"), ","), Namespace: ns, Log: quiet},
 		Dir: os.Getenv("SURGE_LEDGER_CHILD_DIR"), Source: src, Keys: keys, Tokens: grant.NewTokens(rdb, ns+"wtok:", 0)})
-	_ = l.Run(context.Background(), streams.ClientOpts(kgo.SessionTimeout(6*time.Second), kgo.HeartbeatInterval(500*time.Millisecond)))
+	_ = l.Run(context.Background(), streams.ClientOpts(kgo.SessionTimeout(6*time.Second), kgo.RebalanceTimeout(6*time.Second), kgo.HeartbeatInterval(500*time.Millisecond)))
 }
 
 func spawnLedger(t *testing.T, b streamstest.Backend, rdb *redis.Client, ns, dir, seed string) *exec.Cmd {
