@@ -41,6 +41,8 @@ func main() {
 	seed := flag.Int("seed", 2_000_000, "uins put into the central pool first")
 	h2c := flag.Bool("h2c", false, "call over cleartext HTTP/2 (one multiplexed connection) instead of HTTP/1.1")
 	local := flag.Int("local", 2000, "uins the service keeps leased locally (uin.pool_local; a refill pulls twice this)")
+	useClient := flag.Bool("client", false, "callers share one allocation.Client (one uin per Allocate; concurrent callers served by one call)")
+	inFlight := flag.Int("inflight", 2, "with -client: calls on the wire at once")
 	cpuProfile := flag.String("cpuprofile", "", "CPU profile of the run (service and client)")
 	flag.Parse()
 	ctx := context.Background()
@@ -72,8 +74,13 @@ func main() {
 		time.Sleep(10 * time.Millisecond)
 	}
 	url := fmt.Sprintf("http://%s/v1/uins?count=%d", svc.Addr(), *count)
-	fmt.Printf("redis %s; %d cores, %s; central pool %d uins; %d concurrent callers (h2c %v), %d uin(s) per call, %s\n",
-		*redisAddr, runtime.NumCPU(), runtime.Version(), *seed, *conns, *h2c, *count, *dur)
+	if *useClient {
+		fmt.Printf("redis %s; %d cores, %s; central pool %d uins; %d concurrent callers of one allocation.Client (%d calls in flight), 1 uin per Allocate, %s\n",
+			*redisAddr, runtime.NumCPU(), runtime.Version(), *seed, *conns, *inFlight, *dur)
+	} else {
+		fmt.Printf("redis %s; %d cores, %s; central pool %d uins; %d concurrent callers (h2c %v), %d uin(s) per call, %s\n",
+			*redisAddr, runtime.NumCPU(), runtime.Version(), *seed, *conns, *h2c, *count, *dur)
+	}
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
 		must(err)
@@ -86,6 +93,9 @@ func main() {
 		tr.Protocols.SetUnencryptedHTTP2(true)
 	}
 	hc := &http.Client{Transport: tr}
+	counting := &countingTransport{rt: &http.Transport{MaxIdleConnsPerHost: *inFlight, MaxConnsPerHost: *inFlight}}
+	client := allocation.NewClient("http://"+svc.Addr(), secret, allocation.InFlight(*inFlight),
+		allocation.HTTPClient(&http.Client{Transport: counting}))
 	var (
 		mu       sync.Mutex
 		lat      []time.Duration
@@ -102,7 +112,17 @@ func main() {
 			defer wg.Done()
 			var mine []time.Duration
 			var got []uint32
-			for time.Now().Before(end) {
+			for *useClient && time.Now().Before(end) {
+				t0 := time.Now()
+				u, err := client.Allocate(ctx)
+				if err != nil {
+					failures.Add(1)
+					continue
+				}
+				mine = append(mine, time.Since(t0))
+				got = append(got, u)
+			}
+			for !*useClient && time.Now().Before(end) {
 				req, _ := http.NewRequest("POST", url, nil)
 				req.Header.Set("Authorization", "Bearer "+secret)
 				t0 := time.Now()
@@ -147,6 +167,10 @@ func main() {
 	}
 	fmt.Printf("calls: %d in %s = %.0f calls/s; %d uins = %.0f allocs/s; %d failed calls\n",
 		len(lat), took.Round(time.Millisecond), float64(len(lat))/took.Seconds(), len(seen), float64(len(seen))/took.Seconds(), failures.Load())
+	if *useClient {
+		fmt.Printf("(each call above is one Allocate; the client made %d HTTP calls, %.1f uins each)\n",
+			counting.calls.Load(), float64(len(lat))/float64(max(counting.calls.Load(), 1)))
+	}
 	fmt.Printf("latency per call: p50 %s  p99 %s  p99.9 %s  max %s\n", pct(0.50), pct(0.99), pct(0.999), pct(1))
 	if dups.Load() > 0 {
 		fmt.Printf("FAIL: %d uins handed out twice\n", dups.Load())
@@ -160,4 +184,15 @@ func must(err error) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
+}
+
+// countingTransport counts the HTTP calls of the -client run.
+type countingTransport struct {
+	calls atomic.Int64
+	rt    http.RoundTripper
+}
+
+func (c *countingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	c.calls.Add(1)
+	return c.rt.RoundTrip(r)
 }
