@@ -60,11 +60,13 @@ func (c walletClient) asUser(act string) func(*http.Request, []byte) {
 	}
 }
 
-// `surge wallet` runs as its own process under concurrent grants and
-// withdrawals, is killed with -9 and restarted; clients retry everything
-// until they get an answer. Afterwards every balance, the booked ledger
-// (wallet.ledger) and the live total equal the distinct grants minus the
-// withdrawals paid; no order and no withdrawal is booked twice; the budget
+// `surge wallet` runs as its own process under concurrent grants,
+// withdrawals and red packets between users, is killed with -9 and
+// restarted; clients retry everything until they get an answer. Afterwards
+// every balance, the booked ledger (wallet.ledger) and the live total
+// equal the distinct grants minus the withdrawals paid, minus the packets
+// sent plus those received; no order, withdrawal or packet (either side)
+// is booked twice; the budget
 // spent is never below what was granted; and the restarted instance
 // serves reads within seconds (logged: the recovery time).
 func TestWalletSurvivesKill9(t *testing.T) {
@@ -106,6 +108,8 @@ func TestWalletSurvivesKill9(t *testing.T) {
 		granted := map[string]int64{} // per user, distinct orders
 		paid := map[string]int64{}    // per user, withdrawals answered paid
 		paidIDs := map[string]bool{}
+		sent, received := map[string]int64{}, map[string]int64{} // red packets answered sent
+		packetIDs := map[string]bool{}
 		var sum int64
 		var done atomic.Int64
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -165,6 +169,28 @@ func TestWalletSurvivesKill9(t *testing.T) {
 				time.Sleep(100 * time.Millisecond)
 			}
 		}
+		packetOne := func(from, to, id string) {
+			body := fmt.Sprintf(`{"packet_id":"%s","to":"%s","amount":3}`, id, to)
+			for ctx.Err() == nil {
+				code, out, err := c.do("POST", "/v1/users/"+from+"/packets", body, c.asUser(from))
+				count("packet", code, err)
+				switch {
+				case err == nil && code == 200:
+					mu.Lock()
+					sent[from] += 3
+					received[to] += 3
+					packetIDs[id] = true
+					mu.Unlock()
+					return
+				case err == nil && code == 409 && strings.Contains(fmt.Sprint(out["error"]), "over balance"):
+					return // refused for good
+				case err == nil && code != 503 && code != 202 && code != 409:
+					t.Errorf("packet %s: %d %v", id, code, out)
+					return
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+		}
 		var wg sync.WaitGroup
 		next := atomic.Int64{}
 		for range 8 {
@@ -191,6 +217,22 @@ func TestWalletSurvivesKill9(t *testing.T) {
 				}
 			}()
 		}
+		const senders = 4
+		for p := range senders {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for done.Load() < grants/10 && ctx.Err() == nil {
+					time.Sleep(10 * time.Millisecond)
+				}
+				// Through the kill, and at least 15 each.
+				for n := 0; (done.Load() < grants || n < 15) && ctx.Err() == nil; n++ {
+					from := (n*senders + p) % users
+					packetOne(fmt.Sprintf("u%d", from), fmt.Sprintf("u%d", (from+7)%users), fmt.Sprintf("p%d-%d", p, n))
+					time.Sleep(5 * time.Millisecond)
+				}
+			}()
+		}
 		for done.Load() < grants/3 {
 			time.Sleep(10 * time.Millisecond)
 		}
@@ -206,16 +248,27 @@ func TestWalletSurvivesKill9(t *testing.T) {
 			return
 		}
 
-		// Every balance, read through the API (booked plus unbooked).
+		// Every balance, read through the API (booked plus unbooked). A
+		// packet's credit is booked by the receiver's ledger after the
+		// sender's debit, so a balance may take a moment to include it.
+		deadline := time.Now().Add(30 * time.Second)
 		for u := range users {
 			act := fmt.Sprintf("u%d", u)
-			code, out, err := c.do("GET", "/v1/users/"+act+"/balance", "", c.asUser(act))
-			if err != nil || code != 200 || int64(out["balance"].(float64)) != granted[act]-paid[act] {
-				t.Fatalf("%s: %d %v %v, want balance %d (granted %d, paid %d)", act, code, out, err, granted[act]-paid[act], granted[act], paid[act])
+			want := granted[act] - paid[act] - sent[act] + received[act]
+			for {
+				code, out, err := c.do("GET", "/v1/users/"+act+"/balance", "", c.asUser(act))
+				if err == nil && code == 200 && int64(out["balance"].(float64)) == want {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("%s: %d %v %v, want balance %d (granted %d, paid %d, packets sent %d, received %d)",
+						act, code, out, err, want, granted[act], paid[act], sent[act], received[act])
+				}
+				time.Sleep(50 * time.Millisecond)
 			}
 		}
 		// The booked ledger: each order and withdrawal once, sums exact.
-		want := grants + len(paidIDs)
+		want := grants + len(paidIDs) + 2*len(packetIDs) // a packet: the debit and the credit
 		entries := streamstest.ReadN(t, b.Brokers, ns+schemas.TopicLedger, true, want, 60*time.Second, 2*time.Second)
 		seen := map[string]bool{}
 		booked := map[string]int64{}
@@ -232,17 +285,21 @@ func TestWalletSurvivesKill9(t *testing.T) {
 			if e.Kind == pb.LedgerKind_WITHDRAW && !paidIDs[strings.TrimPrefix(e.OrderNo, "w:")] {
 				t.Fatalf("withdrawal %s booked but answered refused", e.OrderNo)
 			}
+			if id := strings.TrimSuffix(strings.TrimPrefix(e.OrderNo, "p:"), ":in"); e.Kind == pb.LedgerKind_P2P_PACKET && !packetIDs[id] {
+				t.Fatalf("red packet %s booked but answered refused", e.OrderNo)
+			}
 		}
 		if len(entries) != want {
-			t.Fatalf("%d ledger entries, want %d grants and %d withdrawals", len(entries), grants, len(paidIDs))
+			t.Fatalf("%d ledger entries, want %d grants, %d withdrawals and %d packets twice", len(entries), grants, len(paidIDs), len(packetIDs))
 		}
-		for act, g := range granted {
-			if booked[act] != g-paid[act] {
-				t.Fatalf("%s: ledger sums to %d, want %d", act, booked[act], g-paid[act])
+		for u := range users {
+			act := fmt.Sprintf("u%d", u)
+			if w := granted[act] - paid[act] - sent[act] + received[act]; booked[act] != w {
+				t.Fatalf("%s: ledger sums to %d, want %d", act, booked[act], w)
 			}
 		}
 		// The live total: exactly the distinct grants, after the crash.
-		deadline := time.Now().Add(30 * time.Second)
+		deadline = time.Now().Add(30 * time.Second)
 		for {
 			code, out, err := c.do("GET", "/v1/total", "", c.asUser("u0"))
 			if err == nil && code == 200 && int64(out["total"].(float64)) == sum {
@@ -258,7 +315,7 @@ func TestWalletSurvivesKill9(t *testing.T) {
 		if spent, err := rdb.Get(context.Background(), ns+"wbudget:spring-live").Int64(); err != nil || spent < sum {
 			t.Fatalf("budget spent %d (%v), granted %d", spent, err, sum)
 		}
-		t.Logf("%d grants (%d cents), %d withdrawals paid, all exact after kill -9", grants, sum, len(paidIDs))
+		t.Logf("%d grants (%d cents), %d withdrawals paid, %d red packets sent, all exact after kill -9", grants, sum, len(paidIDs), len(packetIDs))
 	})
 }
 
