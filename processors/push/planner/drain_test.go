@@ -63,3 +63,55 @@ func TestDrainingExecutorHandsOverItsJob(t *testing.T) {
 		e.sameAfterRestore(p, cfg)
 	})
 }
+
+// A DRAINING job answers an operator like a sending one: it can be paused
+// (and resumed: it drains again while the executor still holds its units)
+// and cancelled; once cancelled nothing more of it goes out.
+func TestDrainingJobCanBePausedAndCancelled(t *testing.T) {
+	streamstest.Each(t, func(t *testing.T, b streamstest.Backend) {
+		e := newTestEnv(t, b, 900, "x", "y")
+		cfg := DefaultConfig()
+		cfg.UnitSize, cfg.MaxBacklog, cfg.CheckpointEvery = 100, 2, 0
+		cfg.Now = lateClock()
+		p := New(withEnv(cfg, e.brokers, e.pkgs, e.ns, e.log))
+		x := &fakeExecutor{name: "x", holdBack: map[string]bool{"d": true}}
+		ye := &fakeExecutor{name: "y", holdBack: map[string]bool{"d": true}}
+		stop := e.run(p, x, ye)
+		defer stop()
+		e.send(schemas.TopicJobs, "d", &pb.SendJob{JobId: "d", AccountId: 7, Source: pb.TargetSource_FOLLOWERS, ContentId: "d", ContentCrc: 1})
+		command := func(op pb.JobCommand_Op) {
+			e.send(schemas.TopicJobCommands, "d", &pb.JobCommand{JobId: "d", Op: op, RequestedBy: "test"})
+		}
+		e.wait(p, "d", pb.JobState_SENDING)
+		for end := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			if nx, _ := x.received("d"); nx == 2 {
+				break
+			} else if time.Now().After(end) {
+				t.Fatalf("x holds %d units of d, want 2", nx)
+			}
+		}
+		x.mu.Lock()
+		x.draining = true
+		x.mu.Unlock()
+		e.wait(p, "d", pb.JobState_DRAINING)
+
+		command(pb.JobCommand_PAUSE)
+		e.wait(p, "d", pb.JobState_PAUSED)
+		command(pb.JobCommand_RESUME)
+		e.wait(p, "d", pb.JobState_DRAINING) // x still holds its units
+		command(pb.JobCommand_CANCEL)
+		e.wait(p, "d", pb.JobState_CANCELLED)
+
+		x.release("d")
+		ye.release("d")
+		time.Sleep(time.Second)
+		nx, _ := x.received("d")
+		ny, _ := ye.received("d")
+		if nx != 2 || ny > 2 {
+			t.Fatalf("after the cancel: x got %d units of d, y %d; want 2 and at most 2", nx, ny)
+		}
+		if st := p.State("d"); st != pb.JobState_CANCELLED {
+			t.Fatalf("d is %s, want CANCELLED", st)
+		}
+	})
+}

@@ -28,7 +28,7 @@ var Transitions = map[pb.JobState][]pb.JobState{
 		pb.JobState_COMPLETED, pb.JobState_PARTIALLY_COMPLETED, pb.JobState_FAILED, pb.JobState_CANCELLED},
 	pb.JobState_PREEMPTED: {pb.JobState_RESUMING, pb.JobState_PAUSED, pb.JobState_CANCELLED, pb.JobState_EXPIRED},
 	pb.JobState_PAUSED:    {pb.JobState_RESUMING, pb.JobState_CANCELLED},
-	pb.JobState_DRAINING:  {pb.JobState_RESUMING, pb.JobState_COMPLETED},
+	pb.JobState_DRAINING:  {pb.JobState_RESUMING, pb.JobState_COMPLETED, pb.JobState_PAUSED, pb.JobState_CANCELLED},
 	pb.JobState_RESUMING:  {pb.JobState_DISPATCHING, pb.JobState_SENDING},
 	// Terminal states have no way out.
 	pb.JobState_REJECTED:            nil,
