@@ -54,6 +54,8 @@ func main() {
 	httpGrants := flag.Int("http", 100_000, "grants per run through the HTTP API, auth on and off (0 skips the API runs)")
 	httpWorkers := flag.Int("http-workers", 256, "concurrent HTTP callers")
 	httpBatch := flag.Int("http-batch", 100, "grants per POST /v1/grants/batch request")
+	protoCallers := flag.Int("proto-callers", 40, "concurrent callers of the protobuf batch runs")
+	httpSingle := flag.Bool("http-single", true, "also run one grant per request (POST /v1/grants)")
 	cpuprofile := flag.String("cpuprofile", "", "CPU profile of the intake phase (and of booking, with .booking added; of the HTTP grant runs, with .http added)")
 	traceOut := flag.String("trace", "", "execution trace of the booking phase (go tool trace)")
 	flag.Parse()
@@ -270,10 +272,17 @@ func main() {
 			must(err)
 			must(pprof.StartCPUProfile(f))
 		}
-		for _, size := range []int{1, *httpBatch} {
+		sizes := []int{*httpBatch}
+		if *httpSingle {
+			sizes = []int{1, *httpBatch}
+		}
+		for _, size := range sizes {
 			for _, on := range []bool{false, true} {
 				h.grants(on, size, *httpGrants)
 			}
+		}
+		for _, on := range []bool{false, true} {
+			h.grantsProto(on, *httpBatch, *httpGrants, *protoCallers)
 		}
 		if *cpuprofile != "" {
 			pprof.StopCPUProfile()

@@ -1,6 +1,7 @@
 package api_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -29,6 +30,8 @@ import (
 	pb "surge/schemas/surgev1"
 	"surge/streams"
 	"surge/streams/streamstest"
+
+	"google.golang.org/protobuf/proto"
 )
 
 func tree() *config.Tree {
@@ -246,6 +249,75 @@ func batches(t *testing.T, srv *httptest.Server) {
 	}
 	if code, out := call(t, srv, "POST", "/v1/grants/batch", `{"grants":[]}`); code != 400 {
 		t.Fatalf("empty batch: %d %v", code, out)
+	}
+	protoBatches(t, srv)
+}
+
+// protoBatches: the same batch endpoint with a protobuf body (GrantBatch)
+// answers GrantResults, grant by grant, under the same signature.
+func protoBatches(t *testing.T, srv *httptest.Server) {
+	t.Helper()
+	post := func(body []byte, sign func(*http.Request, []byte)) (int, *pb.GrantResults, string) {
+		req, _ := http.NewRequest("POST", srv.URL+"/v1/grants/batch", bytes.NewReader(body))
+		req.Header.Set("Content-Type", "application/x-protobuf")
+		if sign != nil {
+			sign(req, body)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		data, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != 200 {
+			return resp.StatusCode, nil, string(data)
+		}
+		if ct := resp.Header.Get("Content-Type"); ct != "application/x-protobuf" {
+			t.Fatalf("protobuf batch answered as %q: %s", ct, data)
+		}
+		var out pb.GrantResults
+		if err := proto.Unmarshal(data, &out); err != nil {
+			t.Fatalf("answer is not GrantResults: %v", err)
+		}
+		return 200, &out, ""
+	}
+	g := func(act, rain string, amount int64, app string) *pb.RewardGrant {
+		return &pb.RewardGrant{OrderNo: act + "_rain_" + rain + "_1_1", ActId: act, ActivityId: "spring", SceneId: "rain",
+			RainId: rain, AwardType: pb.AwardType_CASH, Stage: 1, Amount: amount, AppId: app}
+	}
+	batch := func(gs ...*pb.RewardGrant) []byte {
+		b, err := proto.Marshal(&pb.GrantBatch{Grants: gs})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	body := batch(g("u7", "p1", 15, ""), g("u1", "r1", 999, ""), g("u7", "p2", 50, "x"), g("u7", "p3", 25, ""))
+	if code, _, out := post(body, nil); code != 401 {
+		t.Fatalf("unsigned protobuf batch: %d %s", code, out)
+	}
+	sign := credentials(t)
+	code, res, out := post(body, sign)
+	if code != 200 {
+		t.Fatalf("protobuf batch: %d %s", code, out)
+	}
+	var got []uint32
+	for _, r := range res.Results {
+		got = append(got, r.Code)
+	}
+	if want := []uint32{200, 409, 403, 200}; fmt.Sprint(got) != fmt.Sprint(want) || res.Results[1].Error == "" || res.Results[0].Activity == "" {
+		t.Fatalf("protobuf batch answers %v, want %v: %v", got, want, res)
+	}
+	if _, res, _ := post(batch(g("u7", "p1", 15, "")), sign); len(res.GetResults()) != 1 || res.Results[0].Code != 200 || !res.Results[0].Duplicate {
+		t.Fatalf("the same grant again: %v, want 200 and duplicate", res)
+	}
+	if code, out := call(t, srv, "GET", "/v1/users/u7/balance", ""); code != 200 || out["balance"].(float64) != 40 {
+		t.Fatalf("u7 after the protobuf batches: %d %v, want 40", code, out)
+	}
+	for name, bad := range map[string][]byte{"not protobuf": {0xff, 0xff, 0xff}, "empty batch": batch()} {
+		if code, _, out := post(bad, sign); code != 400 {
+			t.Fatalf("%s: %d %s, want 400", name, code, out)
+		}
 	}
 }
 
