@@ -148,48 +148,39 @@ func TestWalletSurvivesKill9(t *testing.T) {
 				time.Sleep(100 * time.Millisecond)
 			}
 		}
-		withdrawOne := func(act, id string) {
-			body := fmt.Sprintf(`{"withdraw_id":"%s","amount":2}`, id)
+		// moveOut withdraws or sends a red packet (op), retrying until it is
+		// answered paid (then booked is called) or refused over the balance.
+		moveOut := func(op, act, path, body string, booked func()) {
 			for ctx.Err() == nil {
-				code, out, err := c.do("POST", "/v1/users/"+act+"/withdrawals", body, c.asUser(act))
-				count("withdraw", code, err)
+				code, out, err := c.do("POST", "/v1/users/"+act+path, body, c.asUser(act))
+				count(op, code, err)
 				switch {
 				case err == nil && code == 200:
 					mu.Lock()
-					paid[act] += 2
-					paidIDs[id] = true
+					booked()
 					mu.Unlock()
 					return
 				case err == nil && code == 409 && strings.Contains(fmt.Sprint(out["error"]), "over balance"):
 					return // refused for good
 				case err == nil && code != 503 && code != 202 && code != 409:
-					t.Errorf("withdrawal %s: %d %v", id, code, out)
+					t.Errorf("%s %s: %d %v", op, body, code, out)
 					return
 				}
 				time.Sleep(100 * time.Millisecond)
 			}
 		}
+		withdrawOne := func(act, id string) {
+			moveOut("withdraw", act, "/withdrawals", fmt.Sprintf(`{"withdraw_id":"%s","amount":2}`, id), func() {
+				paid[act] += 2
+				paidIDs[id] = true
+			})
+		}
 		packetOne := func(from, to, id string) {
-			body := fmt.Sprintf(`{"packet_id":"%s","to":"%s","amount":3}`, id, to)
-			for ctx.Err() == nil {
-				code, out, err := c.do("POST", "/v1/users/"+from+"/packets", body, c.asUser(from))
-				count("packet", code, err)
-				switch {
-				case err == nil && code == 200:
-					mu.Lock()
-					sent[from] += 3
-					received[to] += 3
-					packetIDs[id] = true
-					mu.Unlock()
-					return
-				case err == nil && code == 409 && strings.Contains(fmt.Sprint(out["error"]), "over balance"):
-					return // refused for good
-				case err == nil && code != 503 && code != 202 && code != 409:
-					t.Errorf("packet %s: %d %v", id, code, out)
-					return
-				}
-				time.Sleep(100 * time.Millisecond)
-			}
+			moveOut("packet", from, "/packets", fmt.Sprintf(`{"packet_id":"%s","to":"%s","amount":3}`, id, to), func() {
+				sent[from] += 3
+				received[to] += 3
+				packetIDs[id] = true
+			})
 		}
 		var wg sync.WaitGroup
 		next := atomic.Int64{}

@@ -9,6 +9,19 @@ import (
 	"surge/streams/streamstest"
 )
 
+// drainSetup runs a planner with executors x and y, both holding back the
+// units of job "d" until released: units of 100 targets, 2 per executor.
+func drainSetup(t *testing.T, b streamstest.Backend) (*testEnv, Config, *Planner, *fakeExecutor, *fakeExecutor, func()) {
+	e := newTestEnv(t, b, 900, "x", "y")
+	cfg := DefaultConfig()
+	cfg.UnitSize, cfg.MaxBacklog, cfg.CheckpointEvery = 100, 2, 0
+	cfg.Now = lateClock()
+	p := New(withEnv(cfg, e.brokers, e.pkgs, e.ns, e.log))
+	x := &fakeExecutor{name: "x", holdBack: map[string]bool{"d": true}}
+	ye := &fakeExecutor{name: "y", holdBack: map[string]bool{"d": true}}
+	return e, cfg, p, x, ye, e.run(p, x, ye)
+}
+
 // A job with units on an executor that starts draining (leaving for an
 // upgrade) goes DRAINING: the units there finish, nothing more of the job
 // goes out meanwhile, not even to an executor with room; then it resumes
@@ -16,14 +29,7 @@ import (
 // twice, and a restore rebuilds the same memory.
 func TestDrainingExecutorHandsOverItsJob(t *testing.T) {
 	streamstest.Each(t, func(t *testing.T, b streamstest.Backend) {
-		e := newTestEnv(t, b, 900, "x", "y")
-		cfg := DefaultConfig()
-		cfg.UnitSize, cfg.MaxBacklog, cfg.CheckpointEvery = 100, 2, 0
-		cfg.Now = lateClock()
-		p := New(withEnv(cfg, e.brokers, e.pkgs, e.ns, e.log))
-		x := &fakeExecutor{name: "x", holdBack: map[string]bool{"d": true}}
-		ye := &fakeExecutor{name: "y", holdBack: map[string]bool{"d": true}}
-		stop := e.run(p, x, ye)
+		e, cfg, p, x, ye, stop := drainSetup(t, b)
 		e.send(schemas.TopicJobs, "d", &pb.SendJob{JobId: "d", AccountId: 7, Source: pb.TargetSource_FOLLOWERS, ContentId: "d", ContentCrc: 1})
 		units := func(f *fakeExecutor, want int) {
 			t.Helper()
@@ -69,14 +75,7 @@ func TestDrainingExecutorHandsOverItsJob(t *testing.T) {
 // and cancelled; once cancelled nothing more of it goes out.
 func TestDrainingJobCanBePausedAndCancelled(t *testing.T) {
 	streamstest.Each(t, func(t *testing.T, b streamstest.Backend) {
-		e := newTestEnv(t, b, 900, "x", "y")
-		cfg := DefaultConfig()
-		cfg.UnitSize, cfg.MaxBacklog, cfg.CheckpointEvery = 100, 2, 0
-		cfg.Now = lateClock()
-		p := New(withEnv(cfg, e.brokers, e.pkgs, e.ns, e.log))
-		x := &fakeExecutor{name: "x", holdBack: map[string]bool{"d": true}}
-		ye := &fakeExecutor{name: "y", holdBack: map[string]bool{"d": true}}
-		stop := e.run(p, x, ye)
+		e, _, p, x, ye, stop := drainSetup(t, b)
 		defer stop()
 		e.send(schemas.TopicJobs, "d", &pb.SendJob{JobId: "d", AccountId: 7, Source: pb.TargetSource_FOLLOWERS, ContentId: "d", ContentCrc: 1})
 		command := func(op pb.JobCommand_Op) {
