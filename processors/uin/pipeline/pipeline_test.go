@@ -275,7 +275,10 @@ func waitStep(t *testing.T, s *pipeline.Stack, uin uint32, step pb.RecycleStepKi
 func TestRecyclingStopsForLiveUsers(t *testing.T) {
 	streamstest.EachStack(t, func(t *testing.T, b streamstest.Backend, rdb *redis.Client) {
 		reg := metrics.NewRegistry()
-		s := newStack(t, b, rdb, pipeline.Options{Policy: testPolicy(4 * time.Second), Metrics: reg})
+		// The ban must outlast the time from the first BAN to the logins
+		// below reaching the controller: 4 s was too short once, on CI's 2
+		// cores with the rest of the suite running beside this test.
+		s := newStack(t, b, rdb, pipeline.Options{Policy: testPolicy(15 * time.Second), Metrics: reg})
 		ns := s.Opts.Namespace
 		ctx := context.Background()
 		now := time.Now()
