@@ -99,8 +99,9 @@ func (s *Server) FollowResults(ctx context.Context) error {
 			return
 		}
 		s.mu.Lock()
-		ch := s.waiters[waiterKey(&w)]
-		delete(s.waiters, waiterKey(&w))
+		key := waiterKey(&w)
+		ch := s.waiters[key]
+		delete(s.waiters, key)
 		s.mu.Unlock()
 		if ch != nil {
 			ch <- &w
@@ -565,23 +566,23 @@ func (s *Server) packet(w http.ResponseWriter, r *http.Request) {
 // packet: the ledger books it (the user's unbooked tokens first) and
 // answers on wallet.withdrawal-results.
 func (s *Server) moveOut(w http.ResponseWriter, r *http.Request, req *pb.Withdrawal) {
-	act := req.ActId
+	act, key := req.ActId, waiterKey(req)
 	ctx := r.Context()
 	// One withdrawal per user at a time (a double-clicked button); the
 	// ledger's per-user order keeps the balance right even without it.
 	if !s.cfg.Source.Tree().Degraded(guard.Lock) {
 		lock := s.cfg.Namespace + "wlock:" + act
-		ok, err := s.cfg.Redis.SetNX(ctx, lock, waiterKey(req), 10*time.Second).Result()
+		ok, err := s.cfg.Redis.SetNX(ctx, lock, key, 10*time.Second).Result()
 		if err == nil && !ok {
 			// A retry of the same withdrawal or packet (its first try's instance
 			// died holding the lock) goes on: the ledger books an id once.
-			if holder, _ := s.cfg.Redis.Get(ctx, lock).Result(); holder != waiterKey(req) {
+			if holder, _ := s.cfg.Redis.Get(ctx, lock).Result(); holder != key {
 				fail(w, http.StatusConflict, errors.New("another withdrawal of this user is in progress"))
 				return
 			}
 		}
 		if err == nil {
-			defer releaseLock.Run(context.WithoutCancel(ctx), s.cfg.Redis, []string{lock}, waiterKey(req))
+			defer releaseLock.Run(context.WithoutCancel(ctx), s.cfg.Redis, []string{lock}, key)
 		}
 	}
 	ch := make(chan *pb.Withdrawal, 1)
@@ -589,9 +590,9 @@ func (s *Server) moveOut(w http.ResponseWriter, r *http.Request, req *pb.Withdra
 	if s.waiters == nil {
 		s.waiters = map[string]chan *pb.Withdrawal{}
 	}
-	s.waiters[waiterKey(req)] = ch
+	s.waiters[key] = ch
 	s.mu.Unlock()
-	defer func() { s.mu.Lock(); delete(s.waiters, waiterKey(req)); s.mu.Unlock() }()
+	defer func() { s.mu.Lock(); delete(s.waiters, key); s.mu.Unlock() }()
 	req.AtMs = s.now().UnixMilli()
 	rec, err := streams.NewRecord(s.cfg.Namespace+schemas.TopicWithdrawals, []byte(act), req)
 	if err == nil {
