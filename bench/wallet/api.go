@@ -126,10 +126,6 @@ func pct(lat []time.Duration, p int) time.Duration {
 // POST /v1/grants/batch), signed when on.
 func (h *httpBench) grants(on bool, size, n int) {
 	h.run++
-	i := 0
-	if on {
-		i = 1
-	}
 	grantJSON := func(k int) string {
 		act := fmt.Sprintf("h%d", k%h.users)
 		return fmt.Sprintf(`{"orderNo":"%s_rain_h%d-%d_1_1","actId":"%s","activityId":"spring","sceneId":"rain","rainId":"h%d-%d","awardType":"CASH","stage":1,"amount":%d,"appId":"bench"}`,
@@ -152,25 +148,15 @@ func (h *httpBench) grants(on bool, size, n int) {
 	}
 	// A batch is many callers' grants: a few times as many in flight as
 	// with single grants (the Batcher's batches fill), not size times more.
-	w := h.workers
+	callers := h.workers
 	if size > 1 {
-		h.workers = max(1, 4*w/size)
+		callers = max(1, 4*h.workers/size)
 	}
-	defer func() { h.workers = w }()
-	cpu0 := cpuTime()
-	lat, el := h.parallel(reqs, func(r int) {
-		req, _ := http.NewRequestWithContext(context.Background(), "POST", h.url[i]+path, bytes.NewReader(bodies[r]))
-		if on {
-			auth.Sign(req, bodies[r], h.app, time.Now())
-		}
-		body := h.do(req)
+	h.post(on, path, "", size, n, callers, bodies, func(r int, body []byte) {
 		if size > 1 && bytes.Count(body, []byte(`"code":200`)) != bytes.Count(bodies[r], []byte(`"orderNo"`)) {
 			must(fmt.Errorf("batch not all granted: %.300s", body))
 		}
 	})
-	cpu := cpuTime() - cpu0
-	fmt.Printf("HTTP grants, %s, %4d per request (%s), %d callers: %d grants in %v = %.0f grants/s, request p50 %v, p99 %v; process CPU %.2f cores (server and callers)\n",
-		label(on), size, path, h.workers, n, el.Round(time.Millisecond), float64(n)/el.Seconds(), pct(lat, 50), pct(lat, 99), cpu.Seconds()/el.Seconds())
 }
 
 // reads gets n balances through GET /v1/users/{act}/balance, each with a
@@ -207,10 +193,6 @@ func (h *httpBench) reads(on bool, readers, n, backlogUsers int) {
 // answered with GrantResults), signed when on.
 func (h *httpBench) grantsProto(on bool, size, n, callers int) {
 	h.run++
-	i := 0
-	if on {
-		i = 1
-	}
 	reqs := (n + size - 1) / size
 	bodies := make([][]byte, reqs) // made before the clock starts
 	for r := range bodies {
@@ -225,25 +207,41 @@ func (h *httpBench) grantsProto(on bool, size, n, callers int) {
 		must(err)
 		bodies[r] = body
 	}
-	w := h.workers
-	h.workers = callers
-	defer func() { h.workers = w }()
-	cpu0 := cpuTime()
-	lat, el := h.parallel(reqs, func(r int) {
-		req, _ := http.NewRequestWithContext(context.Background(), "POST", h.url[i]+"/v1/grants/batch", bytes.NewReader(bodies[r]))
-		req.Header.Set("Content-Type", "application/x-protobuf")
-		if on {
-			auth.Sign(req, bodies[r], h.app, time.Now())
-		}
+	h.post(on, "/v1/grants/batch, protobuf", "application/x-protobuf", size, n, callers, bodies, func(_ int, body []byte) {
 		var res pb.GrantResults
-		must(proto.Unmarshal(h.do(req), &res))
+		must(proto.Unmarshal(body, &res))
 		for _, g := range res.Results {
 			if g.Code != 200 {
 				must(fmt.Errorf("batch not all granted: %v", g))
 			}
 		}
 	})
+}
+
+// post sends the bodies (n grants, size each) from callers at once to
+// the API signed when on, checks each answer, and prints the rate. what
+// names the endpoint (its path first); contentType is set when not "".
+func (h *httpBench) post(on bool, what, contentType string, size, n, callers int, bodies [][]byte, check func(r int, body []byte)) {
+	i := 0
+	if on {
+		i = 1
+	}
+	path, _, _ := strings.Cut(what, ",")
+	w := h.workers
+	h.workers = callers
+	defer func() { h.workers = w }()
+	cpu0 := cpuTime()
+	lat, el := h.parallel(len(bodies), func(r int) {
+		req, _ := http.NewRequestWithContext(context.Background(), "POST", h.url[i]+path, bytes.NewReader(bodies[r]))
+		if contentType != "" {
+			req.Header.Set("Content-Type", contentType)
+		}
+		if on {
+			auth.Sign(req, bodies[r], h.app, time.Now())
+		}
+		check(r, h.do(req))
+	})
 	cpu := cpuTime() - cpu0
-	fmt.Printf("HTTP grants, %s, %4d per request (/v1/grants/batch, protobuf), %d callers: %d grants in %v = %.0f grants/s, request p50 %v, p99 %v; process CPU %.2f cores (server and callers)\n",
-		label(on), size, h.workers, n, el.Round(time.Millisecond), float64(n)/el.Seconds(), pct(lat, 50), pct(lat, 99), cpu.Seconds()/el.Seconds())
+	fmt.Printf("HTTP grants, %s, %4d per request (%s), %d callers: %d grants in %v = %.0f grants/s, request p50 %v, p99 %v; process CPU %.2f cores (server and callers)\n",
+		label(on), size, what, callers, n, el.Round(time.Millisecond), float64(n)/el.Seconds(), pct(lat, 50), pct(lat, 99), cpu.Seconds()/el.Seconds())
 }
