@@ -76,7 +76,7 @@ func init() {
 	register(1, 1, func() proto.Message { return new(surgev1.StockChange) })
 	register(1, 1, func() proto.Message { return new(surgev1.UinRegistration) })
 	register(1, 1, func() proto.Message { return new(surgev1.UsageEvent) })
-	register(1, 1, func() proto.Message { return new(surgev1.RecycleStep) })
+	register(2, 1, func() proto.Message { return new(surgev1.RecycleStep) }) // v2: batch (field 12)
 	register(1, 1, func() proto.Message { return new(surgev1.PoolChange) })
 	register(1, 1, func() proto.Message { return new(surgev1.RegistrationCheck) })
 	register(1, 1, func() proto.Message { return new(surgev1.Tracking) })

@@ -86,8 +86,13 @@ func PartitionCount(ctx context.Context, brokers []string, topic string) (int, e
 		return 0, err
 	}
 	defer cl.Close()
+	return PartitionCountVia(ctx, cl, topic)
+}
+
+// PartitionCountVia is PartitionCount through a client the caller has.
+func PartitionCountVia(ctx context.Context, cl *kgo.Client, topic string) (int, error) {
 	var n int
-	err = retryFor(ctx, 30*time.Second, func() error {
+	err := retryFor(ctx, 30*time.Second, func() error {
 		td, err := kadm.NewClient(cl).ListTopics(ctx, topic)
 		if err != nil {
 			return err

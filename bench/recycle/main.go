@@ -38,6 +38,7 @@ func main() {
 	seed := flag.Uint64("seed", 1, "random seed")
 	verbose := flag.Bool("v", false, "log warnings to stderr")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the run here")
+	profilePhase := flag.String("profile-phase", "all", "what -cpuprofile covers: all, or recycle (phase 4 alone)")
 	flag.Parse()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	if *verbose {
@@ -66,15 +67,24 @@ func main() {
 	defer os.RemoveAll(dir)
 	fmt.Printf("backend: %s, redis %s, chDB; %d cores, %s; %d accounts, %d controllers\n",
 		backend, *redisAddr, runtime.NumCPU(), runtime.Version(), *n, *controllers)
-	if *cpuProfile != "" {
+	startProfile := func() {
 		f, err := os.Create(*cpuProfile)
 		must(err)
 		must(pprof.StartCPUProfile(f))
+	}
+	var recycling func()
+	switch {
+	case *cpuProfile == "":
+	case *profilePhase == "recycle":
+		recycling = startProfile
+		defer pprof.StopCPUProfile()
+	default:
+		startProfile()
 		defer pprof.StopCPUProfile()
 	}
 	last := time.Now()
 	res, err := synth.Run(context.Background(), brokers, rdb, st, synth.Options{Accounts: *n, Controllers: *controllers, Seed: *seed,
-		Dir: dir, Namespace: fmt.Sprintf("rbench%d.", time.Now().UnixNano()), Log: log,
+		Dir: dir, Namespace: fmt.Sprintf("rbench%d.", time.Now().UnixNano()), Log: log, Recycling: recycling,
 		Progress: func(phase string, done, total int64) {
 			if time.Since(last) > 2*time.Second {
 				fmt.Fprintf(os.Stderr, "   %s: %d of %d\n", phase, done, total)

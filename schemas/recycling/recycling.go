@@ -40,3 +40,25 @@ func Grant(uin uint32, category, username, reason string, lastLogin int64, at ti
 		Username: username, Reason: reason, LastLoginMs: lastLogin, AtMs: at.UnixMilli(),
 		TicketId: fmt.Sprintf("%s-%d-%d", category, uin, at.UnixMilli())}
 }
+
+// MaxBatch is the most tickets a producer puts in one record's batch
+// (about 70 KB of steps, far below the broker's message limit).
+const MaxBatch = 1000
+
+// Entries are the tickets' steps a record carries: its batch, or itself.
+func Entries(s *pb.RecycleStep) []*pb.RecycleStep {
+	if len(s.Batch) > 0 {
+		return s.Batch
+	}
+	return []*pb.RecycleStep{s}
+}
+
+// Batch is the record that carries entries (at least one, all of one
+// partition): the entry itself when it is alone, so a single ticket's
+// record reads as it did before batches.
+func Batch(entries []*pb.RecycleStep) *pb.RecycleStep {
+	if len(entries) == 1 {
+		return entries[0]
+	}
+	return &pb.RecycleStep{Batch: entries}
+}

@@ -685,8 +685,15 @@ type RecycleStep struct {
 	TicketExpiresAtMs int64                  `protobuf:"varint,9,opt,name=ticket_expires_at_ms,json=ticketExpiresAtMs,proto3" json:"ticket_expires_at_ms,omitempty"` // the ticket's validity, renewed by every step
 	LastLoginMs       int64                  `protobuf:"varint,10,opt,name=last_login_ms,json=lastLoginMs,proto3" json:"last_login_ms,omitempty"`                    // on a grant: the newest login the check saw (either source)
 	DueAtMs           int64                  `protobuf:"varint,11,opt,name=due_at_ms,json=dueAtMs,proto3" json:"due_at_ms,omitempty"`                                // when a timed step (backup after a ban, release after cool-down) is due
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// Since version 2, a record may carry many tickets' steps: then they are
+	// the entries here, the record's own fields are empty, and every entry's
+	// uin is in the record's partition (the record is keyed by the first
+	// entry's uin). Entries carry no batch of their own. The checks send
+	// their grants so, and the controller answers a batch with batches: a
+	// stock recycle moves a record per partition and step, not per uin.
+	Batch         []*RecycleStep `protobuf:"bytes,12,rep,name=batch,proto3" json:"batch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RecycleStep) Reset() {
@@ -794,6 +801,13 @@ func (x *RecycleStep) GetDueAtMs() int64 {
 		return x.DueAtMs
 	}
 	return 0
+}
+
+func (x *RecycleStep) GetBatch() []*RecycleStep {
+	if x != nil {
+		return x.Batch
+	}
+	return nil
 }
 
 type PoolChange struct {
@@ -1099,7 +1113,7 @@ const file_surge_v1_uin_proto_rawDesc = "" +
 	"\busername\x18\x02 \x01(\tR\busername\x12\x1b\n" +
 	"\tticket_id\x18\x03 \x01(\tR\bticketId\x12\x1a\n" +
 	"\bcategory\x18\x04 \x01(\tR\bcategory\x12\x13\n" +
-	"\x05at_ms\x18\x05 \x01(\x03R\x04atMs\"\x81\x03\n" +
+	"\x05at_ms\x18\x05 \x01(\x03R\x04atMs\"\xae\x03\n" +
 	"\vRecycleStep\x12\x10\n" +
 	"\x03uin\x18\x01 \x01(\x04R\x03uin\x12\x1b\n" +
 	"\tticket_id\x18\x02 \x01(\tR\bticketId\x12-\n" +
@@ -1112,7 +1126,8 @@ const file_surge_v1_uin_proto_rawDesc = "" +
 	"\x14ticket_expires_at_ms\x18\t \x01(\x03R\x11ticketExpiresAtMs\x12\"\n" +
 	"\rlast_login_ms\x18\n" +
 	" \x01(\x03R\vlastLoginMs\x12\x1a\n" +
-	"\tdue_at_ms\x18\v \x01(\x03R\adueAtMs\"\xda\x01\n" +
+	"\tdue_at_ms\x18\v \x01(\x03R\adueAtMs\x12+\n" +
+	"\x05batch\x18\f \x03(\v2\x15.surge.v1.RecycleStepR\x05batch\"\xda\x01\n" +
 	"\n" +
 	"PoolChange\x12\x10\n" +
 	"\x03uin\x18\x01 \x01(\x04R\x03uin\x12'\n" +
@@ -1188,12 +1203,13 @@ var file_surge_v1_uin_proto_depIdxs = []int32{
 	12, // 0: surge.v1.AccountBackup.profile:type_name -> surge.v1.AccountBackup.ProfileEntry
 	0,  // 1: surge.v1.RecycleStep.step:type_name -> surge.v1.RecycleStepKind
 	0,  // 2: surge.v1.RecycleStep.expected_prev:type_name -> surge.v1.RecycleStepKind
-	1,  // 3: surge.v1.PoolChange.op:type_name -> surge.v1.PoolChange.Op
-	4,  // [4:4] is the sub-list for method output_type
-	4,  // [4:4] is the sub-list for method input_type
-	4,  // [4:4] is the sub-list for extension type_name
-	4,  // [4:4] is the sub-list for extension extendee
-	0,  // [0:4] is the sub-list for field type_name
+	8,  // 3: surge.v1.RecycleStep.batch:type_name -> surge.v1.RecycleStep
+	1,  // 4: surge.v1.PoolChange.op:type_name -> surge.v1.PoolChange.Op
+	5,  // [5:5] is the sub-list for method output_type
+	5,  // [5:5] is the sub-list for method input_type
+	5,  // [5:5] is the sub-list for extension type_name
+	5,  // [5:5] is the sub-list for extension extendee
+	0,  // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_surge_v1_uin_proto_init() }

@@ -8,6 +8,7 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 
 	"surge/schemas"
+	"surge/schemas/recycling"
 	pb "surge/schemas/surgev1"
 	"surge/streams"
 )
@@ -153,21 +154,26 @@ func RecycleSteps() *Sink {
 	return &Sink{Name: "sink-recycle-steps", Topic: schemas.TopicRecycleSteps, Table: "recycle_steps",
 		Columns: Columns("uin UInt32, ticket_id String, step String, expected_prev String, category String, reason String, at_ms Int64"),
 		Write: func(r *kgo.Record, w *RowWriter) error {
-			var s pb.RecycleStep
-			if err := streams.Decode(r, &s); err != nil {
+			var rec pb.RecycleStep
+			if err := streams.Decode(r, &rec); err != nil {
 				return err
 			}
-			if err := checkUin(s.Uin); err != nil {
-				return err
+			entries := recycling.Entries(&rec) // a row per ticket of a batch
+			for _, s := range entries {
+				if err := checkUin(s.Uin); err != nil {
+					return err
+				}
 			}
-			w.U32(uint32(s.Uin))
-			w.Str(s.TicketId)
-			w.Str(s.Step.String())
-			w.Str(s.ExpectedPrev.String())
-			w.Str(s.Category)
-			w.Str(s.Reason)
-			w.I64(s.AtMs)
-			w.EndRow()
+			for _, s := range entries {
+				w.U32(uint32(s.Uin))
+				w.Str(s.TicketId)
+				w.Str(s.Step.String())
+				w.Str(s.ExpectedPrev.String())
+				w.Str(s.Category)
+				w.Str(s.Reason)
+				w.I64(s.AtMs)
+				w.EndRow()
+			}
 			return nil
 		}}
 }

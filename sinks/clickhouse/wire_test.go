@@ -278,3 +278,38 @@ func TestCashGrantsAreTheGrantsInsideTokens(t *testing.T) {
 		}
 	}
 }
+
+// A batch of recycle steps writes a row per ticket, the rows its tickets
+// would write one record each; a batch with one bad uin writes none.
+func TestRecycleStepBatchesWriteARowPerTicket(t *testing.T) {
+	s := clickhouse.RecycleSteps()
+	rows := func(m *surgev1.RecycleStep) ([]byte, int, error) {
+		r, err := streams.NewRecord("uin.recycle-steps", nil, m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w := clickhouse.NewRowWriter(s.Columns)
+		err = s.Write(r, w)
+		return w.Bytes(), w.Rows(), err
+	}
+	var batch []*surgev1.RecycleStep
+	var want []byte
+	for u := uint64(1); u <= 5; u++ {
+		st := &surgev1.RecycleStep{Uin: u, TicketId: "t" + strconv.FormatUint(u, 10), Step: surgev1.RecycleStepKind(u),
+			ExpectedPrev: surgev1.RecycleStepKind(u - 1), Category: "inactive", Reason: "r", AtMs: int64(1000 * u)}
+		one, n, err := rows(st)
+		if err != nil || n != 1 {
+			t.Fatalf("single step: %d rows, %v", n, err)
+		}
+		want = append(want, one...)
+		batch = append(batch, st)
+	}
+	got, n, err := rows(&surgev1.RecycleStep{Batch: batch})
+	if err != nil || n != 5 || !bytes.Equal(got, want) {
+		t.Fatalf("batch: %d rows (%v), equal to the singles' rows: %v", n, err, bytes.Equal(got, want))
+	}
+	batch = append(batch, &surgev1.RecycleStep{Uin: 1 << 40})
+	if _, n, err := rows(&surgev1.RecycleStep{Batch: batch}); n != 0 || !streams.IsReject(err) {
+		t.Fatalf("batch with a uin out of range: %d rows (%v), want a rejection and none", n, err)
+	}
+}

@@ -12,9 +12,15 @@ import (
 	"github.com/cockroachdb/pebble/v2/bloom"
 )
 
+// Option adjusts a store's Pebble options (a merge operator, say).
+type Option func(*pebble.Options)
+
+// Merger sets the store's merge operator.
+func Merger(m *pebble.Merger) Option { return func(o *pebble.Options) { o.Merger = m } }
+
 // Open opens (creating) a Pebble store in dir. With fresh set the directory
 // is wiped first: the caller will rebuild it from a topic.
-func Open(dir string, fresh bool, log *slog.Logger) (*pebble.DB, error) {
+func Open(dir string, fresh bool, log *slog.Logger, options ...Option) (*pebble.DB, error) {
 	if fresh {
 		if err := os.RemoveAll(dir); err != nil {
 			return nil, err
@@ -40,6 +46,9 @@ func Open(dir string, fresh bool, log *slog.Logger) (*pebble.DB, error) {
 	}
 	for i := range opts.Levels {
 		opts.Levels[i].FilterPolicy = bloom.FilterPolicy(10)
+	}
+	for _, o := range options {
+		o(opts)
 	}
 	db, err := pebble.Open(dir, opts)
 	if err != nil {

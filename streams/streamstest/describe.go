@@ -59,6 +59,12 @@ func describeMessage(m protoreflect.Message, epoch time.Time) string {
 		switch {
 		case f.IsMap():
 			s = fmt.Sprintf("%d entries", v.Map().Len())
+		case f.IsList() && f.Kind() == protoreflect.MessageKind: // a batch: an entry a line
+			l := v.List()
+			s = fmt.Sprintf("%d items", l.Len())
+			for j := 0; j < l.Len(); j++ {
+				s += "\n  - " + strings.TrimSpace(describeMessage(l.Get(j).Message(), epoch))
+			}
 		case f.IsList():
 			s = fmt.Sprintf("%d items", v.List().Len())
 		case f.Kind() == protoreflect.MessageKind:

@@ -141,6 +141,13 @@ func ProduceSync(t testing.TB, cl *kgo.Client, recs ...*kgo.Record) {
 // for settle afterwards so that extra (duplicate) records are seen too.
 func ReadN(t testing.TB, brokers []string, topic string, committedOnly bool, n int, timeout, settle time.Duration) []*kgo.Record {
 	t.Helper()
+	return ReadUntil(t, brokers, topic, committedOnly, func(recs []*kgo.Record) bool { return len(recs) >= n }, timeout, settle)
+}
+
+// ReadUntil is ReadN for records that carry many items each (batches):
+// it reads until enough says the records read so far are enough.
+func ReadUntil(t testing.TB, brokers []string, topic string, committedOnly bool, enough func([]*kgo.Record) bool, timeout, settle time.Duration) []*kgo.Record {
+	t.Helper()
 	iso := kgo.ReadUncommitted()
 	if committedOnly {
 		iso = kgo.ReadCommitted()
@@ -159,7 +166,7 @@ func ReadN(t testing.TB, brokers []string, topic string, committedOnly bool, n i
 		f := cl.PollFetches(ctx)
 		cancel()
 		out = append(out, f.Records()...)
-		if len(out) >= n && settleUntil.IsZero() {
+		if settleUntil.IsZero() && enough(out) {
 			settleUntil = time.Now().Add(settle)
 		}
 	}

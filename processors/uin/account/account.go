@@ -181,22 +181,38 @@ func (s *Store) DeleteMany(ctx context.Context, ds []Deletion) error {
 		return nil
 	}
 	pipe := s.rdb.Pipeline()
+	var names []string // username keys, and the uin each must still point at
+	var uins []any
 	for _, d := range ds {
 		k := s.key(d.Uin)
 		pipe.Del(ctx, k, k+":friends", k+":moments")
 		if d.Username != "" {
-			unmap.Eval(ctx, pipe, []string{s.unameKey(d.Username)}, strconv.FormatUint(uint64(d.Uin), 10))
+			names, uins = append(names, s.unameKey(d.Username)), append(uins, strconv.FormatUint(uint64(d.Uin), 10))
 		}
 	}
+	for lo := 0; lo < len(names); lo += 500 {
+		hi := min(lo+500, len(names))
+		unmap.EvalSha(ctx, pipe, names[lo:hi], uins[lo:hi]...)
+	}
 	_, err := pipe.Exec(ctx)
+	if redis.HasErrorPrefix(err, "NOSCRIPT") { // not loaded yet: the deletions are idempotent
+		if err := unmap.Load(ctx, s.rdb).Err(); err != nil {
+			return err
+		}
+		return s.DeleteMany(ctx, ds)
+	}
 	if errors.Is(err, redis.Nil) {
 		err = nil
 	}
 	return err
 }
 
-// unmap drops a username's mapping only if it still points at the uin.
-var unmap = redis.NewScript(`if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end return 0`)
+// unmap drops each username's mapping (KEYS) only if it still points at
+// its uin (ARGV).
+var unmap = redis.NewScript(`for i, k in ipairs(KEYS) do
+  if redis.call('GET', k) == ARGV[i] then redis.call('DEL', k) end
+end
+return 0`)
 
 // Ban is one account banned for recycling: logins are refused until
 // Until (the platform's login service reads Banned), and the ban ends by
@@ -217,8 +233,7 @@ func (s *Store) banKey(uin uint32) string {
 func (s *Store) BanMany(ctx context.Context, bans []Ban) error {
 	pipe := s.rdb.Pipeline()
 	for _, b := range bans {
-		pipe.Set(ctx, s.banKey(b.Uin), b.TicketID+"|"+b.Reason, 0)
-		pipe.PExpireAt(ctx, s.banKey(b.Uin), b.Until)
+		pipe.Do(ctx, "SET", s.banKey(b.Uin), b.TicketID+"|"+b.Reason, "PXAT", b.Until.UnixMilli())
 	}
 	_, err := pipe.Exec(ctx)
 	return err

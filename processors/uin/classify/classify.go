@@ -31,6 +31,7 @@ import (
 
 	"surge/schemas"
 	"surge/schemas/recycling"
+	pb "surge/schemas/surgev1"
 	"surge/sinks/clickhouse"
 	"surge/streams"
 )
@@ -48,6 +49,10 @@ type Options struct {
 	MinAge      time.Duration // accounts younger are the registration checks' (default 90 days)
 	InactiveFor time.Duration // default 180 days
 	Limit       int           // most tickets requested in one run (0: no limit)
+	// Batch is the most tickets one record requests (default
+	// recycling.MaxBatch; 1: a record per uin). A record's tickets are of
+	// one partition of uin.recycle-requests.
+	Batch int
 	// Online is the final online check (nil: nobody is online).
 	Online   func(ctx context.Context, uin uint32) (bool, error)
 	Now      func() time.Time
@@ -143,6 +148,9 @@ func (o Options) withDefaults() Options {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
+	if o.Batch <= 0 {
+		o.Batch = recycling.MaxBatch
+	}
 	if o.Log == nil {
 		o.Log = slog.Default()
 	}
@@ -161,10 +169,31 @@ func Run(ctx context.Context, st clickhouse.Store, cl *kgo.Client, o Options) (R
 	rep := Report{Scanned: scanned, Groups: map[string]int{}}
 	now := o.Now()
 	topic := o.Namespace + schemas.TopicRecycleReqs
+	partitions, err := streams.PartitionCountVia(ctx, cl, topic)
+	if err != nil {
+		return rep, fmt.Errorf("classify: partitions of %s: %w", topic, err)
+	}
 	var (
 		mu         sync.Mutex
 		produceErr error
+		pending    = make([][]*pb.RecycleStep, partitions) // grants waiting for a full batch, per partition
 	)
+	// send produces one partition's grants as one record, keyed by the
+	// first uin: the partitioner puts it where all of them belong.
+	send := func(grants []*pb.RecycleStep) error {
+		rec, err := streams.NewRecord(topic, schemas.UinKey(uint32(grants[0].Uin)), recycling.Batch(grants))
+		if err != nil {
+			return err
+		}
+		cl.Produce(ctx, rec, func(_ *kgo.Record, err error) {
+			mu.Lock()
+			if err != nil && produceErr == nil {
+				produceErr = err
+			}
+			mu.Unlock()
+		})
+		return nil
+	}
 	for i, c := range cands {
 		rep.Groups[c.Group]++
 		if o.Limit > 0 && rep.Requested >= o.Limit {
@@ -180,21 +209,24 @@ func Run(ctx context.Context, st clickhouse.Store, cl *kgo.Client, o Options) (R
 				continue
 			}
 		}
-		rec, err := streams.NewRecord(topic, schemas.UinKey(c.Uin),
-			recycling.Grant(c.Uin, c.Category, c.Username, "stock group "+c.Group, c.LastLogin, now))
-		if err != nil {
-			return rep, err
-		}
-		cl.Produce(ctx, rec, func(_ *kgo.Record, err error) {
-			mu.Lock()
-			if err != nil && produceErr == nil {
-				produceErr = err
+		p := streams.PartitionFor(schemas.UinKey(c.Uin), partitions)
+		pending[p] = append(pending[p], recycling.Grant(c.Uin, c.Category, c.Username, "stock group "+c.Group, c.LastLogin, now))
+		if len(pending[p]) >= o.Batch {
+			if err := send(pending[p]); err != nil {
+				return rep, err
 			}
-			mu.Unlock()
-		})
+			pending[p] = nil
+		}
 		rep.Requested++
 		if o.Progress != nil && (i+1)%10000 == 0 {
 			o.Progress(i+1, len(cands))
+		}
+	}
+	for _, grants := range pending {
+		if len(grants) > 0 {
+			if err := send(grants); err != nil {
+				return rep, err
+			}
 		}
 	}
 	if err := cl.Flush(ctx); err != nil {

@@ -142,13 +142,26 @@ func TestStockClassification(t *testing.T) {
 		if rep.Scanned != 7 || !maps.Equal(rep.Groups, wantGroups) || rep.Online != 1 || rep.Requested != 4 {
 			t.Fatalf("report %+v, want 7 scanned, groups %v, 1 online, 4 requested", rep, wantGroups)
 		}
+		// The grants come in batches, and so do the steps: 7 entries in all.
 		got := map[uint64][]*pb.RecycleStep{}
-		for _, r := range streamstest.ReadN(t, b.Brokers, ns+schemas.TopicRecycleSteps, true, 7, 30*time.Second, 2*time.Second) {
-			var st pb.RecycleStep
-			if err := streams.Decode(r, &st); err != nil {
-				t.Fatal(err)
+		entries := func(recs []*kgo.Record) (n int) {
+			clear(got)
+			for _, r := range recs {
+				var rec pb.RecycleStep
+				if err := streams.Decode(r, &rec); err != nil {
+					t.Fatal(err)
+				}
+				for _, st := range recycling.Entries(&rec) {
+					got[st.Uin] = append(got[st.Uin], st)
+					n++
+				}
 			}
-			got[st.Uin] = append(got[st.Uin], &st)
+			return n
+		}
+		stepRecs := streamstest.ReadUntil(t, b.Brokers, ns+schemas.TopicRecycleSteps, true,
+			func(recs []*kgo.Record) bool { return entries(recs) >= 7 }, 30*time.Second, 2*time.Second)
+		if entries(stepRecs) == len(stepRecs) {
+			t.Errorf("%d steps in as many records: the grants were not batched", len(stepRecs))
 		}
 		granted := []pb.RecycleStepKind{pb.RecycleStepKind_TICKET_GRANTED, pb.RecycleStepKind_BAN}
 		for uin, cat := range map[uint64]string{7001: recycling.Abandoned, 7002: recycling.Spam, 7003: recycling.Inactive} {

@@ -20,6 +20,7 @@ import (
 	"surge/processors/uin/pool"
 	"surge/processors/uin/recycle"
 	"surge/schemas"
+	"surge/schemas/recycling"
 	pb "surge/schemas/surgev1"
 	"surge/streams"
 	"surge/streams/streamstest"
@@ -58,17 +59,26 @@ func spawnController(t *testing.T, b streamstest.Backend, redisAddr, ns, id stri
 // processes side by side, SIGKILLs one of them at random three times while
 // tickets are mid-way, and has a competing scheduler send every request a
 // second time. Every step of every ticket must be applied exactly once,
-// every uin deleted once and pooled once.
+// every uin deleted once and pooled once. Half the tickets come one by one
+// (the tracker's grants for abandoned registrations), half in batches (a
+// stock check's grants, a record per partition), so kills land in the
+// middle of batches too.
 func TestEveryStepOnceAcrossCrashesAndCompetingInstances(t *testing.T) {
 	streamstest.EachStack(t, func(t *testing.T, b streamstest.Backend, rdb *redis.Client) {
 		s := newStack(t, b, rdb, pipeline.Options{Controllers: -1})
 		ns := s.Opts.Namespace
-		const n = 300
+		const singles, batched = 300, 300
+		const n = singles + batched
 		now := time.Now().UnixMilli()
 		var recs []*kgo.Record
-		for u := uint64(10_001); u <= 10_000+n; u++ {
+		for u := uint64(10_001); u <= 10_000+singles; u++ {
 			recs = append(recs, rec(t, ns+schemas.TopicRegistrations, u, &pb.UinRegistration{Uin: u, AtMs: now}))
 		}
+		parts, err := streams.PartitionCount(context.Background(), b.Brokers, ns+schemas.TopicRecycleReqs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		recs = append(recs, batchedGrants(t, ns+schemas.TopicRecycleReqs, parts, 20_001, 20_000+batched, recycling.Inactive, now-int64(400*24*time.Hour/time.Millisecond))...)
 		cl := streamstest.Client(t, b.Brokers)
 		streamstest.ProduceSync(t, cl, recs...)
 
@@ -88,7 +98,7 @@ func TestEveryStepOnceAcrossCrashesAndCompetingInstances(t *testing.T) {
 					c := &kgo.Record{Topic: r.Topic, Key: r.Key, Value: r.Value,
 						Headers: append(slices.Clone(r.Headers), kgo.RecordHeader{Key: "test-duplicate", Value: []byte("1")})}
 					dup.Produce(ctx, c, nil)
-					duplicated.Add(1)
+					duplicated.Add(int64(entries(r)))
 				})
 			}
 		}()
@@ -109,7 +119,7 @@ func TestEveryStepOnceAcrossCrashesAndCompetingInstances(t *testing.T) {
 			kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 		go func() {
 			for ctx.Err() == nil {
-				applied.Add(int64(prog.PollFetches(ctx).NumRecords()))
+				prog.PollFetches(ctx).EachRecord(func(r *kgo.Record) { applied.Add(int64(entries(r))) })
 			}
 		}()
 		kills := 0
@@ -132,10 +142,15 @@ func TestEveryStepOnceAcrossCrashesAndCompetingInstances(t *testing.T) {
 
 		got := steps(t, s, 6*n, 5*time.Second)
 		bad := 0
-		for u := uint64(10_001); u <= 10_000+n; u++ {
+		uins := slices.Concat(uinRange(10_001, 10_000+singles), uinRange(20_001, 20_000+batched))
+		for _, u := range uins {
 			if k := kinds(got[u]); !slices.Equal(k, fullCycle) {
 				if bad++; bad <= 10 {
-					t.Errorf("uin %d: steps %v (last: %q), want each of %v once", u, k, got[u][len(got[u])-1].Reason, fullCycle)
+					last := ""
+					if len(got[u]) > 0 {
+						last = got[u][len(got[u])-1].Reason
+					}
+					t.Errorf("uin %d: steps %v (last: %q), want each of %v once", u, k, last, fullCycle)
 				}
 			}
 		}
@@ -180,4 +195,12 @@ func TestEveryStepOnceAcrossCrashesAndCompetingInstances(t *testing.T) {
 		}
 		t.Logf("%d kills, %d requests duplicated by the competing scheduler", kills, duplicated.Load())
 	})
+}
+
+func uinRange(from, to uint64) []uint64 {
+	var us []uint64
+	for u := from; u <= to; u++ {
+		us = append(us, u)
+	}
+	return us
 }

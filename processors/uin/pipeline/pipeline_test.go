@@ -81,18 +81,56 @@ func rec(t testing.TB, topic string, uin uint64, m proto.Message) *kgo.Record {
 	return r
 }
 
-// steps reads the applied steps, per uin, in order.
+// steps reads the applied steps (want of them, batches counted by their
+// entries), per uin, in order.
 func steps(t *testing.T, s *pipeline.Stack, want int, settle time.Duration) map[uint64][]*pb.RecycleStep {
 	t.Helper()
-	out := map[uint64][]*pb.RecycleStep{}
-	for _, r := range streamstest.ReadN(t, s.Brokers, s.Opts.Namespace+schemas.TopicRecycleSteps, true, want, 60*time.Second, settle) {
-		var st pb.RecycleStep
-		if err := streams.Decode(r, &st); err != nil {
-			t.Fatal(err)
+	var out map[uint64][]*pb.RecycleStep
+	read := func(recs []*kgo.Record) (n int) {
+		out = map[uint64][]*pb.RecycleStep{}
+		for _, r := range recs {
+			var rec pb.RecycleStep
+			if err := streams.Decode(r, &rec); err != nil {
+				t.Fatal(err)
+			}
+			for _, st := range recycling.Entries(&rec) {
+				out[st.Uin] = append(out[st.Uin], st)
+				n++
+			}
 		}
-		out[st.Uin] = append(out[st.Uin], &st)
+		return n
 	}
+	read(streamstest.ReadUntil(t, s.Brokers, s.Opts.Namespace+schemas.TopicRecycleSteps, true,
+		func(recs []*kgo.Record) bool { return read(recs) >= want }, 60*time.Second, settle))
 	return out
+}
+
+// entries is the number of tickets' steps a record of uin.recycle-steps
+// or uin.recycle-requests carries (0: not one).
+func entries(r *kgo.Record) int {
+	var rec pb.RecycleStep
+	if streams.Decode(r, &rec) != nil {
+		return 0
+	}
+	return len(recycling.Entries(&rec))
+}
+
+// batchedGrants are grants for uins from..to as a stock check sends them:
+// a record per partition of uin.recycle-requests, keyed by its first uin.
+func batchedGrants(t *testing.T, topic string, partitions int, from, to uint64, category string, lastLogin int64) []*kgo.Record {
+	t.Helper()
+	byPart := make([][]*pb.RecycleStep, partitions)
+	for u := from; u <= to; u++ {
+		p := streams.PartitionFor(schemas.UinKey(uint32(u)), partitions)
+		byPart[p] = append(byPart[p], recycling.Grant(uint32(u), category, "", "stock group test", lastLogin, time.Now()))
+	}
+	var recs []*kgo.Record
+	for _, g := range byPart {
+		if len(g) > 0 {
+			recs = append(recs, rec(t, topic, g[0].Uin, recycling.Batch(g)))
+		}
+	}
+	return recs
 }
 
 func kinds(ss []*pb.RecycleStep) []pb.RecycleStepKind {

@@ -57,34 +57,63 @@ func (c *Central) bucket(uin uint32) string {
 func (c *Central) used() string { return c.prefix + "used" } // bitmap: an account holds the uin
 func (c *Central) held() string { return c.prefix + "held" } // bitmap: pooled or leased
 
-// insertScript pools one uin unless it is used or held; it answers 1
-// (pooled), 0 (in use), 2 (already in the bucket), 3 (leased).
+// insertScript pools uins (ARGV), each unless it is used or held; KEYS
+// are the used and held bitmaps, then each uin's bucket. It answers a code
+// per uin: 1 (pooled), 0 (in use), 2 (already in the bucket), 3 (leased).
 var insertScript = redis.NewScript(`
-if redis.call('GETBIT', KEYS[1], ARGV[1]) == 1 then return 0 end
-if redis.call('GETBIT', KEYS[2], ARGV[1]) == 1 then
-  if redis.call('SISMEMBER', KEYS[3], ARGV[1]) == 1 then return 2 end
-  return 3
+local codes = {}
+for i, u in ipairs(ARGV) do
+  local bucket = KEYS[2 + i]
+  if redis.call('GETBIT', KEYS[1], u) == 1 then codes[i] = 0
+  elseif redis.call('GETBIT', KEYS[2], u) == 1 then
+    if redis.call('SISMEMBER', bucket, u) == 1 then codes[i] = 2 else codes[i] = 3 end
+  else
+    redis.call('SETBIT', KEYS[2], u, 1)
+    redis.call('SADD', bucket, u)
+    codes[i] = 1
+  end
 end
-redis.call('SETBIT', KEYS[2], ARGV[1], 1)
-redis.call('SADD', KEYS[3], ARGV[1])
-return 1`)
+return codes`)
 
-// insert runs insertScript for each uin in one pipeline.
+// insertChunk is the most uins one insertScript call pools.
+const insertChunk = 500
+
+// insert runs insertScript over the uins in one pipeline, a call per
+// insertChunk of them (each uin is checked and pooled atomically, as is
+// each call).
 func (c *Central) insert(ctx context.Context, uins []uint32) ([]int, error) {
 	if len(uins) == 0 {
 		return nil, nil
 	}
 	pipe := c.rdb.Pipeline()
-	cmds := make([]*redis.Cmd, len(uins))
-	for i, u := range uins {
-		cmds[i] = insertScript.Eval(ctx, pipe, []string{c.used(), c.held(), c.bucket(u)}, u)
+	var cmds []*redis.Cmd
+	for lo := 0; lo < len(uins); lo += insertChunk {
+		chunk := uins[lo:min(lo+insertChunk, len(uins))]
+		keys := append(make([]string, 0, 2+len(chunk)), c.used(), c.held())
+		args := make([]any, len(chunk))
+		for i, u := range chunk {
+			keys, args[i] = append(keys, c.bucket(u)), u
+		}
+		cmds = append(cmds, insertScript.EvalSha(ctx, pipe, keys, args...))
 	}
-	if _, err := pipe.Exec(ctx); err != nil {
+	if _, err := pipe.Exec(ctx); redis.HasErrorPrefix(err, "NOSCRIPT") {
+		// Not loaded yet (or the server restarted): no call ran.
+		if err := insertScript.Load(ctx, c.rdb).Err(); err != nil {
+			return nil, err
+		}
+		return c.insert(ctx, uins)
+	} else if err != nil {
 		return nil, err
 	}
-	out := make([]int, len(uins))
-	for i, cmd := range cmds {
-		out[i], _ = cmd.Int()
+	out := make([]int, 0, len(uins))
+	for _, cmd := range cmds {
+		codes, err := cmd.Int64Slice()
+		if err != nil {
+			return nil, err
+		}
+		for _, code := range codes {
+			out = append(out, int(code))
+		}
 	}
 	return out, nil
 }
@@ -131,29 +160,86 @@ func (c *Central) InsertIfFree(ctx context.Context, uins []uint32) ([]uint32, er
 // setBits sets bits with BITFIELD, a thousand per command: one command
 // object per thousand uins, not one per uin.
 func (c *Central) setBits(ctx context.Context, key string, uins []uint32) error {
+	return c.putBits(ctx, uins, 1, key)
+}
+
+// putBits sets the uins' bits in each of keys to bit, with BITFIELD, a
+// thousand per command.
+func (c *Central) putBits(ctx context.Context, uins []uint32, bit int, keys ...string) error {
+	pipe := c.rdb.Pipeline()
 	if c.noBitfield.Load() {
-		pipe := c.rdb.Pipeline()
-		for _, u := range uins {
-			pipe.SetBit(ctx, key, int64(u), 1)
+		for _, key := range keys {
+			for _, u := range uins {
+				pipe.SetBit(ctx, key, int64(u), bit)
+			}
 		}
 		_, err := pipe.Exec(ctx)
 		return err
 	}
-	pipe := c.rdb.Pipeline()
-	for lo := 0; lo < len(uins); lo += 1000 {
-		hi := min(lo+1000, len(uins))
-		args := make([]any, 0, 4*(hi-lo))
-		for _, u := range uins[lo:hi] {
-			args = append(args, "SET", "u1", u, 1)
+	for _, key := range keys {
+		for lo := 0; lo < len(uins); lo += 1000 {
+			hi := min(lo+1000, len(uins))
+			args := make([]any, 0, 4*(hi-lo))
+			for _, u := range uins[lo:hi] {
+				args = append(args, "SET", "u1", u, bit)
+			}
+			pipe.BitField(ctx, key, args...)
 		}
-		pipe.BitField(ctx, key, args...)
 	}
 	_, err := pipe.Exec(ctx)
 	if err != nil && strings.Contains(err.Error(), "unknown command") {
 		c.noBitfield.Store(true) // a Redis without BITFIELD (miniredis)
-		return c.setBits(ctx, key, uins)
+		return c.putBits(ctx, uins, bit, keys...)
 	}
 	return err
+}
+
+// getBits reads the uins' bits in key, with BITFIELD, a thousand per
+// command.
+func (c *Central) getBits(ctx context.Context, key string, uins []uint32) ([]bool, error) {
+	out := make([]bool, len(uins))
+	if len(uins) == 0 {
+		return out, nil
+	}
+	pipe := c.rdb.Pipeline()
+	if c.noBitfield.Load() {
+		cmds := make([]*redis.IntCmd, len(uins))
+		for i, u := range uins {
+			cmds[i] = pipe.GetBit(ctx, key, int64(u))
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			return nil, err
+		}
+		for i, cmd := range cmds {
+			out[i] = cmd.Val() == 1
+		}
+		return out, nil
+	}
+	var cmds []*redis.IntSliceCmd
+	for lo := 0; lo < len(uins); lo += 1000 {
+		hi := min(lo+1000, len(uins))
+		args := make([]any, 0, 3*(hi-lo))
+		for _, u := range uins[lo:hi] {
+			args = append(args, "GET", "u1", u)
+		}
+		cmds = append(cmds, pipe.BitField(ctx, key, args...))
+	}
+	_, err := pipe.Exec(ctx)
+	if err != nil && strings.Contains(err.Error(), "unknown command") {
+		c.noBitfield.Store(true)
+		return c.getBits(ctx, key, uins)
+	}
+	if err != nil {
+		return nil, err
+	}
+	i := 0
+	for _, cmd := range cmds {
+		for _, v := range cmd.Val() {
+			out[i] = v == 1
+			i++
+		}
+	}
+	return out, nil
 }
 
 // Size is the number of uins in the central pool.
@@ -178,32 +264,15 @@ func (c *Central) Size(ctx context.Context) (int64, error) {
 // recycle controller calls it, after its DELETE step won the
 // compare-and-set; it is idempotent.
 func (c *Central) Free(ctx context.Context, uins ...uint32) error {
-	pipe := c.rdb.Pipeline()
-	for _, u := range uins {
-		pipe.SetBit(ctx, c.used(), int64(u), 0)
-		pipe.SetBit(ctx, c.held(), int64(u), 0)
+	if len(uins) == 0 {
+		return nil
 	}
-	_, err := pipe.Exec(ctx)
-	return err
+	return c.putBits(ctx, uins, 0, c.used(), c.held())
 }
 
 // Status reports, per uin, whether it is in use, in one round trip.
 func (c *Central) Status(ctx context.Context, uins []uint32) (used []bool, err error) {
-	pipe := c.rdb.Pipeline()
-	u := make([]*redis.IntCmd, len(uins))
-	for i, x := range uins {
-		u[i] = pipe.GetBit(ctx, c.used(), int64(x))
-	}
-	if len(uins) > 0 {
-		if _, err := pipe.Exec(ctx); err != nil {
-			return nil, err
-		}
-	}
-	used = make([]bool, len(uins))
-	for i := range uins {
-		used[i] = u[i].Val() == 1
-	}
-	return used, nil
+	return c.getBits(ctx, c.used(), uins)
 }
 
 // Claim takes a uin for an account outside allocation (the restore tool

@@ -2,6 +2,7 @@ package recycle
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -9,16 +10,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/RoaringBitmap/roaring/v2"
 	"github.com/alicebob/miniredis/v2"
 	"github.com/cockroachdb/datadriven"
 	"github.com/redis/go-redis/v9"
 
 	"surge/processors/uin/account"
 	"surge/processors/uin/pool"
+	"surge/schemas"
 	"surge/schemas/recycling"
 	pb "surge/schemas/surgev1"
 	"surge/streams"
-	"surge/streams/localstore"
 	"surge/streams/streamstest"
 )
 
@@ -34,6 +36,9 @@ var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 //	clock at=T                         the controller's clock
 //	grant uin=N category=C last-login=T [username=U]
 //	request uin=N step=KIND prev=KIND [ticket=ID]  (default: the uin's ticket)
+//	batch-grant uins=(N,M,..) category=C last-login=T [partition=P]
+//	batch uins=(N,M,..) step=KIND prev=KIND [partition=P]  (each uin's ticket)
+//	partitions n=N                     of uin.recycle-requests (default 1)
 //	usage uin=N kind=K at=T [source=S]
 //	state uin=N
 //	pooled uin=N                       whether the uin is free in the central pool
@@ -48,14 +53,16 @@ func TestTicketDataDriven(t *testing.T) {
 		mr.SetTime(epoch) // TTLs (bans) count on the scripts' clock
 		rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 		accounts, central := account.NewStore(rdb, "dd:acct:"), pool.NewCentral(rdb, "dd:pool:", 16)
-		db, err := localstore.Open(t.TempDir(), true, quiet)
+		db, err := openDB(t.TempDir(), quiet)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer db.Close()
 		now := epoch
 		c := New(Config{Env: streams.Env{Namespace: "dd.", Now: func() time.Time { return now }, Log: quiet}, Accounts: accounts, Pool: central})
-		c.db, c.staged, c.restored = db, newStore(db), newStore(db)
+		c.known, c.recent = roaring.New(), newRecentStates(2) // small: the scripts' lookups go to Pebble too
+		c.db, c.staged, c.restored = db, newStore(db, c.known, c.recent), newStore(db, c.known, c.recent)
+		c.partitions = 1
 
 		datadriven.RunTest(t, path, func(t *testing.T, d *datadriven.TestData) string {
 			offset := func(key string) int64 {
@@ -110,6 +117,29 @@ func TestTicketDataDriven(t *testing.T) {
 					}
 				}
 				err = s.request(&pb.RecycleStep{Uin: uin, TicketId: ticket, Step: kind("step"), ExpectedPrev: kind("prev")})
+			case "partitions":
+				d.ScanArgs(t, "n", &c.partitions)
+				return fmt.Sprintf("%d partitions\n", c.partitions)
+			case "batch-grant", "batch":
+				var uins []int
+				d.ScanArgs(t, "uins", &uins)
+				req := &pb.RecycleStep{}
+				for _, u := range uins {
+					if d.Cmd == "batch-grant" {
+						req.Batch = append(req.Batch, recycling.Grant(uint32(u), str("category"), "", "scripted", offset("last-login"), now))
+						continue
+					}
+					e := &pb.RecycleStep{Uin: uint64(u), Step: kind("step"), ExpectedPrev: kind("prev")}
+					if cur, _ := c.staged.state(uint32(u)); cur != nil {
+						e.TicketId = cur.TicketId
+					}
+					req.Batch = append(req.Batch, e)
+				}
+				partition := int32(streams.PartitionFor(schemas.UinKey(uint32(uins[0])), c.partitions))
+				if d.HasArg("partition") {
+					d.ScanArgs(t, "partition", &partition)
+				}
+				err = s.record(partition, req)
 			case "usage":
 				err = s.usage(&pb.UsageEvent{Uin: uin, Kind: str("kind"), Source: str("source"), AtMs: offset("at")})
 			case "state":
@@ -145,6 +175,9 @@ func TestTicketDataDriven(t *testing.T) {
 				d.Fatalf(t, "unknown command %q", d.Cmd)
 			}
 			if err == nil {
+				err = s.flush()
+			}
+			if err == nil {
 				err = c.applyEffects(ctx)
 			}
 			c.batchEnd(err == nil)
@@ -155,13 +188,15 @@ func TestTicketDataDriven(t *testing.T) {
 
 // render is a step's answer: its refusal, or the records it emitted.
 func render(err error, out *streams.Output, now time.Time) string {
-	if err != nil {
+	var b strings.Builder
+	if re := (*streams.RejectError)(nil); errors.As(err, &re) && re.Keep {
+		b.WriteString("refused, the rest kept: " + err.Error() + "\n")
+	} else if err != nil {
 		return "refused: " + err.Error() + "\n"
 	}
 	if out.Len() == 0 {
-		return "(nothing)\n"
+		return b.String() + "(nothing)\n"
 	}
-	var b strings.Builder
 	for _, r := range out.Records() {
 		b.WriteString(streamstest.Describe(r, "dd.", epoch) + "\n")
 	}

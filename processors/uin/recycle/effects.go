@@ -8,6 +8,7 @@ import (
 
 	"surge/processors/uin/account"
 	"surge/schemas"
+	"surge/schemas/recycling"
 	pb "surge/schemas/surgev1"
 	"surge/streams"
 )
@@ -21,6 +22,7 @@ import (
 
 // prefetched is what the batch's steps will read.
 type prefetched struct {
+	decoded map[*kgo.Record]*pb.RecycleStep // the batch's requests, decoded once
 	err     error
 	backups map[uint32]*pb.AccountBackup // absent: no account data
 	asked   map[uint32]bool              // uins whose backups were fetched
@@ -39,22 +41,29 @@ type effects struct {
 // BACKUP and RELEASE requests need.
 func (c *Controller) prefetchBatch(ctx context.Context, recs []*kgo.Record) {
 	var backup, release []uint32
+	decoded := map[*kgo.Record]*pb.RecycleStep{}
 	for _, r := range recs {
 		if r.Topic != c.topic(schemas.TopicRecycleReqs) {
 			continue
 		}
-		var req pb.RecycleStep
-		if streams.Decode(r, &req) != nil || validUin(req.Uin) != nil {
+		req := new(pb.RecycleStep)
+		if streams.Decode(r, req) != nil {
 			continue
 		}
-		switch req.Step {
-		case pb.RecycleStepKind_BACKUP:
-			backup = append(backup, uint32(req.Uin))
-		case pb.RecycleStepKind_RELEASE:
-			release = append(release, uint32(req.Uin))
+		decoded[r] = req
+		for _, e := range recycling.Entries(req) {
+			if validUin(e.Uin) != nil {
+				continue
+			}
+			switch e.Step {
+			case pb.RecycleStepKind_BACKUP:
+				backup = append(backup, uint32(e.Uin))
+			case pb.RecycleStepKind_RELEASE:
+				release = append(release, uint32(e.Uin))
+			}
 		}
 	}
-	p := prefetched{asked: map[uint32]bool{}, polled: map[uint32]bool{}, used: map[uint32]bool{}}
+	p := prefetched{decoded: decoded, asked: map[uint32]bool{}, polled: map[uint32]bool{}, used: map[uint32]bool{}}
 	if len(backup) > 0 {
 		p.backups, p.err = c.cfg.Accounts.BackupMany(ctx, backup)
 		for _, u := range backup {

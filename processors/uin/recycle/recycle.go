@@ -17,6 +17,13 @@
 // controller's changelog: its store is rebuilt from it, partition by
 // partition, whenever it is assigned a partition.
 //
+// A record may carry many tickets of one partition (RecycleStep.batch):
+// the controller applies each ticket's step on its own, as above, and
+// answers with one record per kind of output (the applied steps, the next
+// requests, a timer per due time) rather than one per ticket, so a stock
+// recycle costs records per partition and step, not per uin. A single
+// ticket's record is answered with single records, as before batches.
+//
 // Effects outside Kafka (deleting account data, freeing the uin, pooling
 // it) are idempotent, because an aborted batch runs them again.
 package recycle
@@ -30,6 +37,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/RoaringBitmap/roaring/v2"
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -75,14 +83,17 @@ type Config struct {
 	Accounts   *account.Store
 	Pool       *pool.Central
 	Policy     Policy
-	Partitions int // of uin.recycle-requests (default: the registry's)
+	Partitions int // of uin.recycle-requests (default: as the broker has it)
 }
 
 // Controller is the recycle step controller.
 type Controller struct {
-	cfg     Config
-	db      *pebble.DB
-	restore *streams.Restorer
+	cfg        Config
+	db         *pebble.DB
+	known      *roaring.Bitmap // uins with a state in db
+	recent     *recentStates   // the states committed last
+	restore    *streams.Restorer
+	partitions int // of uin.recycle-requests, co-partitioned with uin.usage
 
 	mu       sync.Mutex // the handler, the batch hooks and reads
 	staged   *store     // the batch in flight
@@ -103,10 +114,6 @@ func (c *Config) EnsureDefaults() {
 	if c.Policy.EndedRetention <= c.Policy.TicketTTL {
 		c.Policy.EndedRetention = max(30*24*time.Hour, 2*c.Policy.TicketTTL)
 	}
-	if c.Partitions == 0 {
-		t, _ := schemas.TopicByName(schemas.TopicRecycleReqs)
-		c.Partitions = int(t.Partitions)
-	}
 }
 
 // New returns a controller; Run starts it.
@@ -124,18 +131,33 @@ func New(cfg Config) *Controller {
 	return c
 }
 
+// recentStatesSize bounds the states kept in memory: 2 generations of
+// 100k, about 40 MB.
+const recentStatesSize = 100_000
+
 func (c *Controller) topic(name string) string { return c.cfg.Namespace + name }
 func (c *Controller) group() string            { return c.cfg.Namespace + "uin-recycle" }
 
 // Run serves until ctx ends.
 func (c *Controller) Run(ctx context.Context, opts ...streams.Option) error {
-	db, err := localstore.Open(c.cfg.Dir, true, c.cfg.Log)
+	// A batch's uins must all be in its partition, the one whose logins
+	// this instance holds; the check needs the topic's real count.
+	c.partitions = c.cfg.Partitions
+	if c.partitions == 0 {
+		n, err := streams.PartitionCount(ctx, c.cfg.Brokers, c.topic(schemas.TopicRecycleReqs))
+		if err != nil {
+			return fmt.Errorf("recycle: partitions of %s: %w", c.topic(schemas.TopicRecycleReqs), err)
+		}
+		c.partitions = n
+	}
+	db, err := openDB(c.cfg.Dir, c.cfg.Log)
 	if err != nil {
 		return err
 	}
 	defer db.Close()
 	c.mu.Lock()
-	c.db, c.staged, c.restored = db, newStore(db), newStore(db)
+	c.known, c.recent = roaring.New(), newRecentStates(recentStatesSize)
+	c.db, c.staged, c.restored = db, newStore(db, c.known, c.recent), newStore(db, c.known, c.recent)
 	c.restored.retention, c.restored.now = c.cfg.Policy.EndedRetention, c.cfg.Now
 	c.mu.Unlock()
 	opts = append([]streams.Option{
@@ -176,9 +198,19 @@ func (c *Controller) batchEnd(committed bool) {
 // clearPartitions drops the state of the uins in partitions ps.
 func (c *Controller) clearPartitions(ps map[int32]bool) error {
 	// Keys are a one-byte kind and a 4-byte uin, partitioned like the records.
-	return localstore.DeleteWhere(c.db, func(k []byte) bool {
-		return len(k) == 5 && ps[int32(streams.PartitionFor(k[1:], c.cfg.Partitions))]
-	})
+	inPs := func(uin []byte) bool { return ps[int32(streams.PartitionFor(uin, c.partitions))] }
+	var gone []uint32
+	it := c.known.Iterator()
+	for it.HasNext() {
+		if u := it.Next(); inPs(schemas.UinKey(u)) {
+			gone = append(gone, u)
+		}
+	}
+	for _, u := range gone {
+		c.known.Remove(u)
+	}
+	c.recent.forget(func(u uint32) bool { return inPs(schemas.UinKey(u)) })
+	return localstore.DeleteWhere(c.db, func(k []byte) bool { return len(k) == 5 && inPs(k[1:]) })
 }
 
 // applyChangelog rebuilds state from one applied step or usage event.
@@ -186,18 +218,20 @@ func (c *Controller) applyChangelog(r *kgo.Record) error {
 	switch r.Topic {
 	case c.topic(schemas.TopicRecycleSteps):
 		var s pb.RecycleStep
-		if streams.Decode(r, &s) != nil || validUin(s.Uin) != nil {
+		if streams.Decode(r, &s) != nil {
 			return nil
 		}
-		c.restored.setState(&s)
+		for _, e := range recycling.Entries(&s) {
+			if validUin(e.Uin) == nil {
+				c.restored.setState(e)
+			}
+		}
 	default:
 		var u pb.UsageEvent
 		if streams.Decode(r, &u) != nil || validUin(u.Uin) != nil {
 			return nil
 		}
-		if err := c.restored.noteLogin(&u); err != nil {
-			return err
-		}
+		c.restored.noteLogin(&u)
 	}
 	if c.restored.size() >= 100_000 {
 		return c.restored.commit()
@@ -220,7 +254,7 @@ func (c *Controller) State(uin uint32) (*pb.RecycleStep, error) {
 	if c.db == nil {
 		return nil, errors.New("recycle: not running")
 	}
-	return newStore(c.db).state(uin)
+	return newStore(c.db, c.known, c.recent).state(uin)
 }
 
 // LastLogin returns the controller's live login index entry of uin.
@@ -230,7 +264,7 @@ func (c *Controller) LastLogin(uin uint32) (LastLogin, error) {
 	if c.db == nil {
 		return LastLogin{}, errors.New("recycle: not running")
 	}
-	return newStore(c.db).login(uin)
+	return newStore(c.db, c.known, c.recent).login(uin)
 }
 
 // next is the only step that may follow each step (the queue's order).
@@ -258,12 +292,27 @@ func validUin(u uint64) error {
 	return nil
 }
 
-// step is the work on one input record.
+// step is the work on one input record. What its tickets' steps produce
+// for the topics the controller itself reads (the changelog, the next
+// requests, their timers) is gathered and emitted by flush, one record per
+// kind; what other services read per uin (backups, deletion notices, pool
+// changes) is emitted at once.
 type step struct {
 	c   *Controller
 	ctx context.Context
 	out *streams.Output
 	now time.Time
+
+	applied  []*pb.RecycleStep // for uin.recycle-steps
+	requests []*pb.RecycleStep // for uin.recycle-requests, now
+	timed    []timedRequests   // for uin.recycle-requests, later
+}
+
+// timedRequests are requests due at one time, sent through one timer.
+type timedRequests struct {
+	what string // backup, release
+	at   time.Time
+	reqs []*pb.RecycleStep
 }
 
 func (c *Controller) handle(ctx context.Context, in *kgo.Record, out *streams.Output) error {
@@ -278,14 +327,111 @@ func (c *Controller) handle(ctx context.Context, in *kgo.Record, out *streams.Ou
 		if err := streams.Decode(in, &u); err != nil {
 			return err
 		}
-		return s.usage(&u)
+		if err := s.usage(&u); err != nil {
+			return err
+		}
+		return s.flush()
 	}
-	var req pb.RecycleStep
-	if err := streams.Decode(in, &req); err != nil {
+	req, ok := c.prefetch.decoded[in]
+	if !ok { // a retry, after the prefetch was forgotten
+		req = new(pb.RecycleStep)
+		if err := streams.Decode(in, req); err != nil {
+			return err
+		}
+	}
+	return s.record(in.Partition, req)
+}
+
+// record applies a request record: one ticket's step, or a batch's.
+func (s *step) record(partition int32, req *pb.RecycleStep) error {
+	c := s.c
+	if err := c.checkPartition(partition, req); err != nil {
 		return err
 	}
-	return s.request(&req)
+	if len(req.Batch) == 0 {
+		if err := s.request(req); err != nil {
+			return err
+		}
+		return s.flush()
+	}
+	// A refused ticket does not hold back the others: the record goes to
+	// the dead letters with the reasons, and what the others did is kept
+	// (replayed, they lose the compare-and-set).
+	var refused []string
+	for _, e := range req.Batch {
+		err := s.request(e)
+		if streams.IsReject(err) {
+			refused = append(refused, err.Error())
+			c.mRefused.With("rejected").Inc()
+			continue
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if err := s.flush(); err != nil {
+		return err
+	}
+	if len(refused) > 0 {
+		return streams.RejectKeeping(fmt.Sprintf("%d of the batch's %d tickets refused; the first: %s", len(refused), len(req.Batch), refused[0]), nil)
+	}
+	return nil
 }
+
+// checkPartition refuses a request whose uins are not in the record's
+// partition: this instance holds the logins of that partition's uins
+// alone, and would judge another's without them.
+func (c *Controller) checkPartition(partition int32, req *pb.RecycleStep) error {
+	if len(req.Batch) > 0 && (req.Uin != 0 || req.TicketId != "" || req.Step != pb.RecycleStepKind_RECYCLE_STEP_UNSPECIFIED) {
+		return streams.Reject("a batch with a ticket of its own", nil)
+	}
+	for _, e := range recycling.Entries(req) {
+		if len(e.Batch) > 0 {
+			return streams.Reject("a batch inside a batch", nil)
+		}
+		if err := validUin(e.Uin); err != nil {
+			return err
+		}
+		if p := streams.PartitionFor(schemas.UinKey(uint32(e.Uin)), c.partitions); int32(p) != partition {
+			return streams.Reject(fmt.Sprintf("uin %d belongs to partition %d, the record is on %d (key a record by its first uin)", e.Uin, p, partition), nil)
+		}
+	}
+	return nil
+}
+
+// flush emits what the record's tickets gathered: their applied steps,
+// the steps requested now, and a timer per due time, each as one record
+// (a single ticket's as before batches, keyed by its uin; a batch keyed by
+// its first uin, which puts it in the same partition).
+func (s *step) flush() error {
+	c := s.c
+	if len(s.applied) > 0 {
+		if err := s.out.EmitMsg(c.topic(schemas.TopicRecycleSteps), firstUin(s.applied), recycling.Batch(s.applied)); err != nil {
+			return err
+		}
+	}
+	if len(s.requests) > 0 {
+		if err := s.out.EmitMsg(c.topic(schemas.TopicRecycleReqs), firstUin(s.requests), recycling.Batch(s.requests)); err != nil {
+			return err
+		}
+	}
+	for _, t := range s.timed {
+		id := timerID(t.reqs[0].TicketId, t.what)
+		if len(t.reqs) > 1 { // not the first ticket's own timer: stopping that ticket must not cancel it
+			id = "recycle/batch/" + t.reqs[0].TicketId + "/" + t.what
+		}
+		rec, err := timer.Schedule(id, t.at, c.topic(schemas.TopicRecycleReqs), firstUin(t.reqs), recycling.Batch(t.reqs))
+		if err != nil {
+			return err
+		}
+		rec.Topic = c.topic(schemas.TopicTimers)
+		s.out.Emit(rec)
+	}
+	s.applied, s.requests, s.timed = nil, nil, nil
+	return nil
+}
+
+func firstUin(entries []*pb.RecycleStep) []byte { return schemas.UinKey(uint32(entries[0].Uin)) }
 
 // usage keeps the login index and stops or monitors banned accounts.
 func (s *step) usage(u *pb.UsageEvent) error {
@@ -293,9 +439,7 @@ func (s *step) usage(u *pb.UsageEvent) error {
 		return err
 	}
 	c := s.c
-	if err := c.staged.noteLogin(u); err != nil {
-		return err
-	}
+	c.staged.noteLogin(u)
 	cur, err := c.staged.state(uint32(u.Uin))
 	if err != nil || ended(cur) {
 		return err
@@ -524,12 +668,10 @@ func (s *step) advance(cur *pb.RecycleStep, to pb.RecycleStepKind, due time.Time
 	return n
 }
 
-// apply records an applied step: the changelog record and the staged state.
+// apply records an applied step: its changelog entry and the staged state.
 func (s *step) apply(st *pb.RecycleStep) error {
 	st.AtMs = s.now.UnixMilli()
-	if err := s.out.EmitMsg(s.c.topic(schemas.TopicRecycleSteps), schemas.UinKey(uint32(st.Uin)), st); err != nil {
-		return err
-	}
+	s.applied = append(s.applied, st)
 	s.c.staged.setState(st)
 	s.c.mApplied.With(st.Step.String()).Inc()
 	return nil
@@ -537,17 +679,21 @@ func (s *step) apply(st *pb.RecycleStep) error {
 
 // requestNext asks for the step after done, now.
 func (s *step) requestNext(done *pb.RecycleStep, to pb.RecycleStepKind) error {
-	return s.out.EmitMsg(s.c.topic(schemas.TopicRecycleReqs), schemas.UinKey(uint32(done.Uin)), recycling.Request(done, to))
+	s.requests = append(s.requests, recycling.Request(done, to))
+	return nil
 }
 
-// schedule asks for the step after done at a time, through the timer service.
+// schedule asks for the step after done at a time, through the timer
+// service: with the other tickets due then, in one timer.
 func (s *step) schedule(done *pb.RecycleStep, what string, at time.Time, to pb.RecycleStepKind) error {
-	rec, err := timer.Schedule(timerID(done.TicketId, what), at, s.c.topic(schemas.TopicRecycleReqs), schemas.UinKey(uint32(done.Uin)), recycling.Request(done, to))
-	if err != nil {
-		return err
+	req := recycling.Request(done, to)
+	for i := range s.timed {
+		if t := &s.timed[i]; t.what == what && t.at.Equal(at) {
+			t.reqs = append(t.reqs, req)
+			return nil
+		}
 	}
-	rec.Topic = s.c.topic(schemas.TopicTimers)
-	s.out.Emit(rec)
+	s.timed = append(s.timed, timedRequests{what: what, at: at, reqs: []*pb.RecycleStep{req}})
 	return nil
 }
 

@@ -3,13 +3,19 @@ package recycle
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
 	"time"
 
+	"github.com/RoaringBitmap/roaring/v2"
 	"github.com/cockroachdb/pebble/v2"
 	"google.golang.org/protobuf/proto"
 
 	"surge/schemas/recycling"
 	pb "surge/schemas/surgev1"
+	"surge/streams/localstore"
 )
 
 // store is the controller's state: Pebble holds what is committed, and two
@@ -17,19 +23,68 @@ import (
 // the batch commits (an aborted batch is simply forgotten).
 //
 // Keys: 's' uin(4) -> the uin's last applied step (its last ticket);
-// 'l' uin(4) -> newest login by auth(8) and by device(8).
+// 'l' uin(4) -> newest login by auth(8) and by device(8), a merge of
+// every login seen (loginMerger), so noting one reads nothing.
+//
+// Most uins a usage event or a grant names have no ticket: known, the set
+// of uins with a state in Pebble, answers that without a lookup. A ticket's
+// untimed steps follow each other within seconds: recent, the states
+// committed last, answers those.
 type store struct {
 	db     *pebble.DB
+	known  *roaring.Bitmap            // shared by the stores on db
+	recent *recentStates              // shared by the stores on db
 	steps  map[uint32]*pb.RecycleStep // nil: delete the uin's state
-	logins map[uint32]LastLogin
+	logins map[uint32]LastLogin       // the batch's logins, merged into Pebble's at commit
 	// retention > 0 drops finished tickets older than it (the rebuild's
 	// store; see Policy.EndedRetention).
 	retention time.Duration
 	now       func() time.Time
 }
 
-func newStore(db *pebble.DB) *store {
-	return &store{db: db, steps: map[uint32]*pb.RecycleStep{}, logins: map[uint32]LastLogin{}}
+func newStore(db *pebble.DB, known *roaring.Bitmap, recent *recentStates) *store {
+	return &store{db: db, known: known, recent: recent, steps: map[uint32]*pb.RecycleStep{}, logins: map[uint32]LastLogin{}}
+}
+
+// recentStates holds the states committed last, in two generations of up
+// to size each: a lookup finds what was committed within the last size to
+// 2*size states, and memory stays bounded. Its states are shared: never
+// modified.
+type recentStates struct {
+	size      int
+	cur, prev map[uint32]*pb.RecycleStep
+}
+
+func newRecentStates(size int) *recentStates {
+	return &recentStates{size: size, cur: map[uint32]*pb.RecycleStep{}}
+}
+
+func (r *recentStates) get(uin uint32) (*pb.RecycleStep, bool) {
+	if st, ok := r.cur[uin]; ok {
+		return st, true
+	}
+	st, ok := r.prev[uin]
+	return st, ok
+}
+
+// put records uin's committed state (nil: it has none).
+func (r *recentStates) put(uin uint32, st *pb.RecycleStep) {
+	if len(r.cur) >= r.size {
+		r.prev, r.cur = r.cur, make(map[uint32]*pb.RecycleStep, r.size)
+	}
+	r.cur[uin] = st
+}
+
+// forget drops the uins that match (their partitions were cleared).
+func (r *recentStates) forget(match func(uin uint32) bool) {
+	for _, m := range []map[uint32]*pb.RecycleStep{r.cur, r.prev} {
+		maps.DeleteFunc(m, func(u uint32, _ *pb.RecycleStep) bool { return match(u) })
+	}
+}
+
+// openDB opens the controller's Pebble (a cache, wiped on start).
+func openDB(dir string, log *slog.Logger) (*pebble.DB, error) {
+	return localstore.Open(dir, true, log, localstore.Merger(loginMerger))
 }
 
 func stateKey(uin uint32) []byte { return binary.BigEndian.AppendUint32([]byte{'s'}, uin) }
@@ -38,6 +93,12 @@ func loginKey(uin uint32) []byte { return binary.BigEndian.AppendUint32([]byte{'
 // state returns the uin's last ticket at its last applied step, or nil.
 func (s *store) state(uin uint32) (*pb.RecycleStep, error) {
 	if st, ok := s.steps[uin]; ok {
+		return st, nil
+	}
+	if !s.known.Contains(uin) {
+		return nil, nil
+	}
+	if st, ok := s.recent.get(uin); ok {
 		return st, nil
 	}
 	v, cl, err := s.db.Get(stateKey(uin))
@@ -69,37 +130,33 @@ func ended(st *pb.RecycleStep) bool {
 	return st == nil || st.Step == pb.RecycleStepKind_RELEASE || st.Step == pb.RecycleStepKind_STOPPED
 }
 
+// login is the uin's newest logins: Pebble's, and the batch's.
 func (s *store) login(uin uint32) (LastLogin, error) {
-	if l, ok := s.logins[uin]; ok {
-		return l, nil
-	}
+	staged := s.logins[uin]
 	v, cl, err := s.db.Get(loginKey(uin))
 	if errors.Is(err, pebble.ErrNotFound) {
-		return LastLogin{}, nil
+		return staged, nil
 	}
 	if err != nil {
 		return LastLogin{}, err
 	}
 	defer cl.Close()
-	return LastLogin{int64(binary.BigEndian.Uint64(v)), int64(binary.BigEndian.Uint64(v[8:]))}, nil
+	l, err := decodeLogin(v)
+	return l.newer(staged), err
 }
 
 // noteLogin keeps the newest login per source.
-func (s *store) noteLogin(u *pb.UsageEvent) error {
+func (s *store) noteLogin(u *pb.UsageEvent) {
 	if u.Kind != recycling.KindLogin {
-		return nil
+		return
 	}
-	l, err := s.login(uint32(u.Uin))
-	if err != nil {
-		return err
-	}
+	l := s.logins[uint32(u.Uin)]
 	if u.Source == "device" {
 		l.Device = max(l.Device, u.AtMs)
 	} else {
 		l.Auth = max(l.Auth, u.AtMs)
 	}
 	s.logins[uint32(u.Uin)] = l
-	return nil
 }
 
 // size is the number of staged changes.
@@ -118,10 +175,18 @@ func (s *store) commit() error {
 		_ = b.Set(stateKey(uin), v, nil)
 	}
 	for uin, l := range s.logins {
-		_ = b.Set(loginKey(uin), binary.BigEndian.AppendUint64(binary.BigEndian.AppendUint64(nil, uint64(l.Auth)), uint64(l.Device)), nil)
+		_ = b.Merge(loginKey(uin), l.encode(), nil)
 	}
 	if err := b.Commit(pebble.NoSync); err != nil {
 		return err
+	}
+	for uin, st := range s.steps {
+		if st == nil {
+			s.known.Remove(uin)
+		} else {
+			s.known.Add(uin)
+		}
+		s.recent.put(uin, st)
 	}
 	s.discard()
 	return nil
@@ -132,3 +197,41 @@ func (s *store) discard() {
 	clear(s.steps)
 	clear(s.logins)
 }
+
+func (l LastLogin) encode() []byte {
+	return binary.BigEndian.AppendUint64(binary.BigEndian.AppendUint64(make([]byte, 0, 16), uint64(l.Auth)), uint64(l.Device))
+}
+
+func decodeLogin(v []byte) (LastLogin, error) {
+	if len(v) != 16 {
+		return LastLogin{}, fmt.Errorf("recycle: a login entry of %d bytes, want 16", len(v))
+	}
+	return LastLogin{int64(binary.BigEndian.Uint64(v)), int64(binary.BigEndian.Uint64(v[8:]))}, nil
+}
+
+// newer is the newest of both, per source.
+func (l LastLogin) newer(o LastLogin) LastLogin {
+	return LastLogin{Auth: max(l.Auth, o.Auth), Device: max(l.Device, o.Device)}
+}
+
+// loginMerger merges login entries into the newest per source: the order
+// of the operands does not matter.
+var loginMerger = &pebble.Merger{
+	Name: "surge.recycle.last-login.v1",
+	Merge: func(_, value []byte) (pebble.ValueMerger, error) {
+		m := &loginMerge{}
+		return m, m.MergeNewer(value)
+	},
+}
+
+type loginMerge struct{ l LastLogin }
+
+func (m *loginMerge) MergeNewer(v []byte) error {
+	l, err := decodeLogin(v)
+	m.l = m.l.newer(l)
+	return err
+}
+
+func (m *loginMerge) MergeOlder(v []byte) error { return m.MergeNewer(v) }
+
+func (m *loginMerge) Finish(bool) ([]byte, io.Closer, error) { return m.l.encode(), nil, nil }

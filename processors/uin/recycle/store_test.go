@@ -1,12 +1,15 @@
 package recycle
 
 import (
+	"context"
 	"testing"
 	"time"
 
+	"github.com/RoaringBitmap/roaring/v2"
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
 
+	"surge/schemas/recycling"
 	pb "surge/schemas/surgev1"
 )
 
@@ -20,7 +23,8 @@ func TestRebuildDropsEndedTicketsPastRetention(t *testing.T) {
 	}
 	defer db.Close()
 	now := time.Date(2026, 12, 4, 0, 0, 0, 0, time.UTC)
-	s := newStore(db)
+	known := roaring.New()
+	s := newStore(db, known, newRecentStates(1))
 	s.retention, s.now = 30*24*time.Hour, func() time.Time { return now }
 	old, recent := now.Add(-31*24*time.Hour).UnixMilli(), now.Add(-29*24*time.Hour).UnixMilli()
 	for _, st := range []*pb.RecycleStep{
@@ -36,7 +40,7 @@ func TestRebuildDropsEndedTicketsPastRetention(t *testing.T) {
 	if err := s.commit(); err != nil {
 		t.Fatal(err)
 	}
-	live := newStore(db)
+	live := newStore(db, known, newRecentStates(1))
 	for uin, want := range map[uint32]pb.RecycleStepKind{1: 0, 2: 0, 3: pb.RecycleStepKind_RELEASE,
 		4: pb.RecycleStepKind_COOL_DOWN, 5: pb.RecycleStepKind_TICKET_GRANTED} {
 		st, err := live.state(uin)
@@ -46,5 +50,51 @@ func TestRebuildDropsEndedTicketsPastRetention(t *testing.T) {
 		if got := st.GetStep(); got != want {
 			t.Errorf("uin %d: state %v, want %v", uin, got, want)
 		}
+	}
+}
+
+// The login index is a merge: noting a login reads nothing, and a read
+// gives the newest login per source however the logins were spread over
+// batches, flushes and compactions, in any order.
+func TestLoginIndexKeepsTheNewestPerSource(t *testing.T) {
+	db, err := openDB(t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	s := newStore(db, roaring.New(), newRecentStates(1))
+	note := func(source string, at int64) {
+		s.noteLogin(&pb.UsageEvent{Uin: 7, Kind: recycling.KindLogin, Source: source, AtMs: at})
+	}
+	check := func(when string, want LastLogin) {
+		t.Helper()
+		got, err := s.login(7)
+		if err != nil || got != want {
+			t.Errorf("%s: login %+v, %v; want %+v", when, got, err, want)
+		}
+	}
+	note("auth", 500)
+	note("device", 300)
+	check("staged", LastLogin{Auth: 500, Device: 300})
+	if err := s.commit(); err != nil {
+		t.Fatal(err)
+	}
+	check("committed", LastLogin{Auth: 500, Device: 300})
+	if err := db.Flush(); err != nil { // into an sstable: the merges meet there
+		t.Fatal(err)
+	}
+	note("auth", 400) // older than what Pebble has: kept out
+	note("device", 900)
+	s.noteLogin(&pb.UsageEvent{Uin: 7, Kind: recycling.KindLoginRefused, Source: "auth", AtMs: 2000}) // not a login
+	check("staged over committed", LastLogin{Auth: 500, Device: 900})
+	if err := s.commit(); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Compact(context.Background(), []byte{'l'}, []byte{'m'}, true); err != nil {
+		t.Fatal(err)
+	}
+	check("compacted", LastLogin{Auth: 500, Device: 900})
+	if got, err := s.login(8); err != nil || got != (LastLogin{}) {
+		t.Errorf("a uin never seen: %+v, %v", got, err)
 	}
 }

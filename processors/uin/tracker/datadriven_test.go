@@ -28,6 +28,7 @@ var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 //	usage uin=N kind=K at=T
 //	check uin=N checkpoint=I          the timer of checkpoint I fired
 //	step uin=N step=KIND at=T         a recycle step applied (uin.recycle-steps)
+//	step uins=(N,M,..) step=KIND at=T  the same step of many tickets, in one batch
 //	state uin=N
 //
 // Regenerate the expected output with -rewrite.
@@ -43,7 +44,9 @@ func TestTrackerDataDriven(t *testing.T) {
 		tr.db, tr.staged = db, db.NewIndexedBatch()
 		datadriven.RunTest(t, path, func(t *testing.T, d *datadriven.TestData) string {
 			var uin uint64
-			d.ScanArgs(t, "uin", &uin)
+			if d.HasArg("uin") {
+				d.ScanArgs(t, "uin", &uin)
+			}
 			at := func() int64 {
 				var s string
 				d.ScanArgs(t, "at", &s)
@@ -83,7 +86,16 @@ func TestTrackerDataDriven(t *testing.T) {
 				if !ok {
 					d.Fatalf(t, "unknown step %q", str("step"))
 				}
-				err = tr.recycled(&pb.RecycleStep{Uin: uin, Step: pb.RecycleStepKind(kind), AtMs: at()}, out)
+				rec := &pb.RecycleStep{Uin: uin, Step: pb.RecycleStepKind(kind), AtMs: at()}
+				if d.HasArg("uins") {
+					var uins []uint64
+					d.ScanArgs(t, "uins", &uins)
+					rec = &pb.RecycleStep{}
+					for _, u := range uins {
+						rec.Batch = append(rec.Batch, &pb.RecycleStep{Uin: u, Step: pb.RecycleStepKind(kind), AtMs: at()})
+					}
+				}
+				err = tr.recycledRecord(rec, out)
 			case "state":
 				cur, err := get(tr.staged, uint32(uin))
 				switch {

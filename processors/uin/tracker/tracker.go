@@ -233,7 +233,7 @@ func (t *Tracker) handle(ctx context.Context, in *kgo.Record, out *streams.Outpu
 		if err := streams.Decode(in, &s); err != nil {
 			return err
 		}
-		return t.recycled(&s, out)
+		return t.recycledRecord(&s, out)
 	}
 }
 
@@ -376,6 +376,17 @@ func (t *Tracker) check(c *pb.RegistrationCheck, out *streams.Output) error {
 		t.mVerdicts.With(cur.Verdict).Inc()
 	}
 	return t.put(cur, out)
+}
+
+// recycledRecord follows a record of uin.recycle-steps: one ticket's step,
+// or a batch's.
+func (t *Tracker) recycledRecord(s *pb.RecycleStep, out *streams.Output) error {
+	for _, e := range recycling.Entries(s) {
+		if err := t.recycled(e, out); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // recycled follows the recycle queue: a released uin is free for a new
