@@ -27,13 +27,16 @@ import (
 // every login seen (loginMerger), so noting one reads nothing.
 //
 // Most uins a usage event or a grant names have no ticket: known, the set
-// of uins with a state in Pebble, answers that without a lookup. A ticket's
-// untimed steps follow each other within seconds: recent, the states
-// committed last, answers those.
+// of uins with a state, answers that without a lookup. A ticket's untimed
+// steps follow each other within seconds: recent holds the states
+// committed last and writes a state to Pebble only when it leaves memory,
+// so the steps a ticket takes while it is there never reach Pebble (the
+// store is a cache rebuilt from the changelog on every start, so nothing
+// needs to be on disk sooner).
 type store struct {
 	db     *pebble.DB
-	known  *roaring.Bitmap            // shared by the stores on db
-	recent *recentStates              // shared by the stores on db
+	known  *roaring.Bitmap            // uins with a state, in recent or Pebble; shared by the stores on db
+	recent *recentStates              // the states committed last; shared by the stores on db
 	steps  map[uint32]*pb.RecycleStep // nil: delete the uin's state
 	logins map[uint32]LastLogin       // the batch's logins, merged into Pebble's at commit
 	// retention > 0 drops finished tickets older than it (the rebuild's
@@ -48,8 +51,9 @@ func newStore(db *pebble.DB, known *roaring.Bitmap, recent *recentStates) *store
 
 // recentStates holds the states committed last, in two generations of up
 // to size each: a lookup finds what was committed within the last size to
-// 2*size states, and memory stays bounded. Its states are shared: never
-// modified.
+// 2*size states, and memory stays bounded. When the current generation is
+// full, the previous one leaves memory, to be written to Pebble. Its
+// states are shared: never modified.
 type recentStates struct {
 	size      int
 	cur, prev map[uint32]*pb.RecycleStep
@@ -67,12 +71,15 @@ func (r *recentStates) get(uin uint32) (*pb.RecycleStep, bool) {
 	return st, ok
 }
 
-// put records uin's committed state (nil: it has none).
-func (r *recentStates) put(uin uint32, st *pb.RecycleStep) {
+// put records uin's committed state (nil: it has none), and returns the
+// states that leave memory to make room (nil: none), for Pebble.
+func (r *recentStates) put(uin uint32, st *pb.RecycleStep) (evicted map[uint32]*pb.RecycleStep) {
 	if len(r.cur) >= r.size {
-		r.prev, r.cur = r.cur, make(map[uint32]*pb.RecycleStep, r.size)
+		evicted, r.prev, r.cur = r.prev, r.cur, make(map[uint32]*pb.RecycleStep, r.size)
 	}
 	r.cur[uin] = st
+	delete(r.prev, uin) // superseded: not worth writing when prev leaves
+	return evicted
 }
 
 // forget drops the uins that match (their partitions were cleared).
@@ -162,31 +169,33 @@ func (s *store) noteLogin(u *pb.UsageEvent) {
 // size is the number of staged changes.
 func (s *store) size() int { return len(s.steps) + len(s.logins) }
 
-// commit writes the staged changes to Pebble.
+// commit makes the staged changes the committed state: states into
+// recent (and the ones it lets go into Pebble), logins merged into Pebble.
+// A failed commit leaves the store unusable: the caller exits, and the
+// restart rebuilds it.
 func (s *store) commit() error {
 	b := s.db.NewBatch()
 	defer b.Close()
-	for uin, st := range s.steps {
-		if st == nil {
-			_ = b.Delete(stateKey(uin), nil)
-			continue
-		}
-		v, _ := proto.Marshal(st)
-		_ = b.Set(stateKey(uin), v, nil)
-	}
-	for uin, l := range s.logins {
-		_ = b.Merge(loginKey(uin), l.encode(), nil)
-	}
-	if err := b.Commit(pebble.NoSync); err != nil {
-		return err
-	}
 	for uin, st := range s.steps {
 		if st == nil {
 			s.known.Remove(uin)
 		} else {
 			s.known.Add(uin)
 		}
-		s.recent.put(uin, st)
+		for u, old := range s.recent.put(uin, st) {
+			if old == nil {
+				_ = b.Delete(stateKey(u), nil)
+				continue
+			}
+			v, _ := proto.Marshal(old)
+			_ = b.Set(stateKey(u), v, nil)
+		}
+	}
+	for uin, l := range s.logins {
+		_ = b.Merge(loginKey(uin), l.encode(), nil)
+	}
+	if err := b.Commit(pebble.NoSync); err != nil {
+		return err
 	}
 	s.discard()
 	return nil

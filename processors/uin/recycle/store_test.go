@@ -2,12 +2,14 @@ package recycle
 
 import (
 	"context"
+	"math/rand/v2"
 	"testing"
 	"time"
 
 	"github.com/RoaringBitmap/roaring/v2"
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
+	"google.golang.org/protobuf/proto"
 
 	"surge/schemas/recycling"
 	pb "surge/schemas/surgev1"
@@ -23,15 +25,16 @@ func TestRebuildDropsEndedTicketsPastRetention(t *testing.T) {
 	}
 	defer db.Close()
 	now := time.Date(2026, 12, 4, 0, 0, 0, 0, time.UTC)
-	known := roaring.New()
-	s := newStore(db, known, newRecentStates(1))
+	// Two states in memory at most: the others are in Pebble.
+	known, recent := roaring.New(), newRecentStates(1)
+	s := newStore(db, known, recent)
 	s.retention, s.now = 30*24*time.Hour, func() time.Time { return now }
-	old, recent := now.Add(-31*24*time.Hour).UnixMilli(), now.Add(-29*24*time.Hour).UnixMilli()
+	old, young := now.Add(-31*24*time.Hour).UnixMilli(), now.Add(-29*24*time.Hour).UnixMilli()
 	for _, st := range []*pb.RecycleStep{
 		{Uin: 1, Step: pb.RecycleStepKind_BAN, AtMs: old},            // the same uin's ticket went on...
 		{Uin: 1, Step: pb.RecycleStepKind_RELEASE, AtMs: old},        // ...and ended long ago: dropped
 		{Uin: 2, Step: pb.RecycleStepKind_STOPPED, AtMs: old},        // dropped
-		{Uin: 3, Step: pb.RecycleStepKind_RELEASE, AtMs: recent},     // kept
+		{Uin: 3, Step: pb.RecycleStepKind_RELEASE, AtMs: young},      // kept
 		{Uin: 4, Step: pb.RecycleStepKind_COOL_DOWN, AtMs: old},      // in flight: kept
 		{Uin: 5, Step: pb.RecycleStepKind_TICKET_GRANTED, AtMs: old}, // in flight: kept
 	} {
@@ -40,7 +43,7 @@ func TestRebuildDropsEndedTicketsPastRetention(t *testing.T) {
 	if err := s.commit(); err != nil {
 		t.Fatal(err)
 	}
-	live := newStore(db, known, newRecentStates(1))
+	live := newStore(db, known, recent)
 	for uin, want := range map[uint32]pb.RecycleStepKind{1: 0, 2: 0, 3: pb.RecycleStepKind_RELEASE,
 		4: pb.RecycleStepKind_COOL_DOWN, 5: pb.RecycleStepKind_TICKET_GRANTED} {
 		st, err := live.state(uin)
@@ -96,5 +99,62 @@ func TestLoginIndexKeepsTheNewestPerSource(t *testing.T) {
 	check("compacted", LastLogin{Auth: 500, Device: 900})
 	if got, err := s.login(8); err != nil || got != (LastLogin{}) {
 		t.Errorf("a uin never seen: %+v, %v", got, err)
+	}
+}
+
+// States live in memory until they leave it for Pebble: whatever the
+// order of writes, evictions and forgotten tickets, a read gives the last
+// committed state, and what left memory is in Pebble.
+func TestStatesLeaveMemoryForPebbleAndReadBack(t *testing.T) {
+	db, err := openDB(t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	seed := rand.Uint64()
+	rng := rand.New(rand.NewPCG(seed, 1))
+	known, recent := roaring.New(), newRecentStates(3)
+	s := newStore(db, known, recent)
+	model := map[uint32]pb.RecycleStepKind{}
+	for commit := range 500 {
+		for range 1 + rng.IntN(4) {
+			uin := uint32(1 + rng.IntN(30))
+			if rng.IntN(8) == 0 {
+				s.steps[uin] = nil // forgotten (past retention)
+				delete(model, uin)
+				continue
+			}
+			k := pb.RecycleStepKind(1 + rng.IntN(7))
+			s.setState(&pb.RecycleStep{Uin: uint64(uin), Step: k, AtMs: int64(commit)})
+			model[uin] = k
+		}
+		if err := s.commit(); err != nil {
+			t.Fatal(err)
+		}
+		for uin := uint32(1); uin <= 30; uin++ {
+			st, err := s.state(uin)
+			if err != nil || st.GetStep() != model[uin] {
+				t.Fatalf("seed %d, commit %d: uin %d reads %v (%v), want %v", seed, commit, uin, st.GetStep(), err, model[uin])
+			}
+		}
+	}
+	onDisk := 0
+	for uin := range model {
+		if _, ok := recent.get(uin); ok {
+			continue
+		}
+		v, cl, err := db.Get(stateKey(uin))
+		if err != nil {
+			t.Fatalf("seed %d: uin %d is neither in memory nor in Pebble: %v", seed, uin, err)
+		}
+		var st pb.RecycleStep
+		if err := proto.Unmarshal(v, &st); err != nil || st.Step != model[uin] {
+			t.Fatalf("seed %d: uin %d in Pebble at %v, want %v", seed, uin, st.Step, model[uin])
+		}
+		cl.Close()
+		onDisk++
+	}
+	if onDisk == 0 {
+		t.Fatalf("seed %d: no state left memory: the test tests nothing", seed)
 	}
 }
