@@ -56,6 +56,7 @@ func main() {
 	httpBatch := flag.Int("http-batch", 100, "grants per POST /v1/grants/batch request")
 	protoCallers := flag.Int("proto-callers", 40, "concurrent callers of the protobuf batch runs")
 	httpSingle := flag.Bool("http-single", true, "also run one grant per request (POST /v1/grants)")
+	httpJSON := flag.Bool("http-json", true, "run the JSON grant runs (false: the protobuf batches alone)")
 	cpuprofile := flag.String("cpuprofile", "", "CPU profile of the intake phase (and of booking, with .booking added; of the HTTP grant runs, with .http added)")
 	traceOut := flag.String("trace", "", "execution trace of the booking phase (go tool trace)")
 	flag.Parse()
@@ -275,6 +276,9 @@ func main() {
 		sizes := []int{*httpBatch}
 		if *httpSingle {
 			sizes = []int{1, *httpBatch}
+		}
+		if !*httpJSON {
+			sizes = nil
 		}
 		for _, size := range sizes {
 			for _, on := range []bool{false, true} {
