@@ -9,6 +9,9 @@ import (
 	"time"
 
 	pb "surge/schemas/surgev1"
+	"surge/streams"
+
+	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // Categories of recyclable uins (seed 003: gaps need no queue; they were
@@ -61,4 +64,23 @@ func Batch(entries []*pb.RecycleStep) *pb.RecycleStep {
 		return entries[0]
 	}
 	return &pb.RecycleStep{Batch: entries}
+}
+
+// StepsByUin decodes records of uin.recycle-steps (or of
+// uin.recycle-requests), single tickets or batches, into each uin's steps
+// in the records' order, and counts them.
+func StepsByUin(recs []*kgo.Record) (map[uint64][]*pb.RecycleStep, int, error) {
+	out := map[uint64][]*pb.RecycleStep{}
+	n := 0
+	for _, r := range recs {
+		var rec pb.RecycleStep
+		if err := streams.Decode(r, &rec); err != nil {
+			return nil, 0, err
+		}
+		for _, st := range Entries(&rec) {
+			out[st.Uin] = append(out[st.Uin], st)
+			n++
+		}
+	}
+	return out, n, nil
 }

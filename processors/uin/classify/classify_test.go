@@ -143,18 +143,12 @@ func TestStockClassification(t *testing.T) {
 			t.Fatalf("report %+v, want 7 scanned, groups %v, 1 online, 4 requested", rep, wantGroups)
 		}
 		// The grants come in batches, and so do the steps: 7 entries in all.
-		got := map[uint64][]*pb.RecycleStep{}
-		entries := func(recs []*kgo.Record) (n int) {
-			clear(got)
-			for _, r := range recs {
-				var rec pb.RecycleStep
-				if err := streams.Decode(r, &rec); err != nil {
-					t.Fatal(err)
-				}
-				for _, st := range recycling.Entries(&rec) {
-					got[st.Uin] = append(got[st.Uin], st)
-					n++
-				}
+		var got map[uint64][]*pb.RecycleStep
+		entries := func(recs []*kgo.Record) int {
+			var n int
+			var err error
+			if got, n, err = recycling.StepsByUin(recs); err != nil {
+				t.Fatal(err)
 			}
 			return n
 		}

@@ -86,17 +86,11 @@ func rec(t testing.TB, topic string, uin uint64, m proto.Message) *kgo.Record {
 func steps(t *testing.T, s *pipeline.Stack, want int, settle time.Duration) map[uint64][]*pb.RecycleStep {
 	t.Helper()
 	var out map[uint64][]*pb.RecycleStep
-	read := func(recs []*kgo.Record) (n int) {
-		out = map[uint64][]*pb.RecycleStep{}
-		for _, r := range recs {
-			var rec pb.RecycleStep
-			if err := streams.Decode(r, &rec); err != nil {
-				t.Fatal(err)
-			}
-			for _, st := range recycling.Entries(&rec) {
-				out[st.Uin] = append(out[st.Uin], st)
-				n++
-			}
+	read := func(recs []*kgo.Record) int {
+		var n int
+		var err error
+		if out, n, err = recycling.StepsByUin(recs); err != nil {
+			t.Fatal(err)
 		}
 		return n
 	}
