@@ -90,7 +90,7 @@ type Config struct {
 type Controller struct {
 	cfg        Config
 	db         *pebble.DB
-	known      *roaring.Bitmap // uins with a state in db
+	known      *roaring.Bitmap // uins with a state, in recent or in db
 	recent     *recentStates   // the states committed last
 	restore    *streams.Restorer
 	partitions int // of uin.recycle-requests, co-partitioned with uin.usage
