@@ -39,6 +39,7 @@ import (
 // round trip and one produce per batch).
 type Granter interface {
 	Grant(ctx context.Context, g *pb.RewardGrant) (*grant.Result, error)
+	GrantBatch(ctx context.Context, gs []*pb.RewardGrant) []grant.Outcome
 }
 
 // Config configures the API: the intake and ledger it fronts, and who may
@@ -274,18 +275,20 @@ func (s *Server) grantBatch(w http.ResponseWriter, r *http.Request) {
 	if results == nil {
 		return
 	}
-	var wg sync.WaitGroup
+	var gs []*pb.RewardGrant
+	var asked []*batchItem
 	for _, res := range results {
 		if res.grant == nil {
 			continue
 		}
-		wg.Add(1)
-		go func() { // concurrent, so the Batcher coalesces them
-			defer wg.Done()
-			res.code, res.result, res.err = s.accept(r.Context(), app, res.grant)
-		}()
+		if res.code, res.err = s.mayGrant(app, res.grant); res.err != nil {
+			continue
+		}
+		gs, asked = append(gs, res.grant), append(asked, res)
 	}
-	wg.Wait()
+	for i, o := range s.granter().GrantBatch(r.Context(), gs) {
+		asked[i].result, asked[i].err, asked[i].code = o.Result, o.Err, codeOf(o.Err)
+	}
 	if isProto(r) {
 		out := &pb.GrantResults{Results: make([]*pb.GrantResult, len(results))}
 		for i, res := range results {
@@ -373,18 +376,35 @@ func (s *Server) grantOne(ctx context.Context, app string, g *pb.RewardGrant, wi
 // accept grants g for app ("" with authentication off): the HTTP code of
 // the outcome, the intake's result, and its error.
 func (s *Server) accept(ctx context.Context, app string, g *pb.RewardGrant) (int, *grant.Result, error) {
+	if code, err := s.mayGrant(app, g); err != nil {
+		return code, nil, err
+	}
+	res, err := s.granter().Grant(ctx, g)
+	return codeOf(err), res, err
+}
+
+// mayGrant checks that app ("" with authentication off) may make g, and
+// makes it in app's name when g names none.
+func (s *Server) mayGrant(app string, g *pb.RewardGrant) (int, error) {
 	switch {
 	case app == "" || g.AppId == app:
 	case g.AppId == "":
 		g.AppId = app
 	default:
-		return http.StatusForbidden, nil, fmt.Errorf("%w: app %s may not grant as app %s", auth.ErrForbidden, app, g.AppId)
+		return http.StatusForbidden, fmt.Errorf("%w: app %s may not grant as app %s", auth.ErrForbidden, app, g.AppId)
 	}
-	var granter Granter = s.cfg.Intake
+	return http.StatusOK, nil
+}
+
+func (s *Server) granter() Granter {
 	if s.cfg.Batcher != nil {
-		granter = s.cfg.Batcher
+		return s.cfg.Batcher
 	}
-	res, err := granter.Grant(ctx, g)
+	return s.cfg.Intake
+}
+
+// codeOf is the HTTP code of a grant's outcome.
+func codeOf(err error) int {
 	code := http.StatusOK
 	switch {
 	case errors.Is(err, grant.ErrConflict):
@@ -398,7 +418,7 @@ func (s *Server) accept(ctx context.Context, app string, g *pb.RewardGrant) (int
 	case err != nil:
 		code = http.StatusServiceUnavailable
 	}
-	return code, res, err
+	return code
 }
 
 // answer is the JSON body of one grant's outcome.
