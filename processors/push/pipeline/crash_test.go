@@ -50,9 +50,15 @@ func TestCrashChild(t *testing.T) {
 		// A killed member holds its partitions until its session times
 		// out; keep that short so restarts resume quickly. On kfake a
 		// restart also waited out the rebalance timeout (60 s by
-		// default), so that is short too.
-		StreamOpts: []streams.Option{streams.ClientOpts(kgo.SessionTimeout(6*time.Second), kgo.RebalanceTimeout(6*time.Second),
-			kgo.HeartbeatInterval(500*time.Millisecond))}})
+		// default), so that is short too. Each processor joins as a
+		// static member (processor.static_membership), as an operator
+		// restarting an instance in place would run it: the restarted
+		// member takes the killed one's place at once. Without it, kfake
+		// sometimes kept the killed planner in the group for good, holding
+		// every partition, and the job never resumed.
+		StreamOpts: []streams.Option{streams.InstanceID("crash-child"), streams.StaticMembership(),
+			streams.ClientOpts(kgo.SessionTimeout(6*time.Second), kgo.RebalanceTimeout(6*time.Second),
+				kgo.HeartbeatInterval(500*time.Millisecond))}})
 	publish(t, s, directory.AccountRecord(s.Opts.Namespace, &pb.AccountInfo{AccountId: 1, Filters: proto.Uint32(uint32(filter.CRC))}))
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer cancel()
