@@ -180,6 +180,17 @@ func (s *Store) DeleteMany(ctx context.Context, ds []Deletion) error {
 	if len(ds) == 0 {
 		return nil
 	}
+	err := s.deleteOnce(ctx, ds)
+	if redis.HasErrorPrefix(err, "NOSCRIPT") { // not loaded yet: the deletions are idempotent
+		if err := unmap.Load(ctx, s.rdb).Err(); err != nil {
+			return err
+		}
+		err = s.deleteOnce(ctx, ds)
+	}
+	return err
+}
+
+func (s *Store) deleteOnce(ctx context.Context, ds []Deletion) error {
 	pipe := s.rdb.Pipeline()
 	var names []string // username keys, and the uin each must still point at
 	var uins []any
@@ -195,12 +206,6 @@ func (s *Store) DeleteMany(ctx context.Context, ds []Deletion) error {
 		unmap.EvalSha(ctx, pipe, names[lo:hi], uins[lo:hi]...)
 	}
 	_, err := pipe.Exec(ctx)
-	if redis.HasErrorPrefix(err, "NOSCRIPT") { // not loaded yet: the deletions are idempotent
-		if err := unmap.Load(ctx, s.rdb).Err(); err != nil {
-			return err
-		}
-		return s.DeleteMany(ctx, ds)
-	}
 	if errors.Is(err, redis.Nil) {
 		err = nil
 	}

@@ -85,6 +85,18 @@ func (c *Central) insert(ctx context.Context, uins []uint32) ([]int, error) {
 	if len(uins) == 0 {
 		return nil, nil
 	}
+	out, err := c.insertOnce(ctx, uins)
+	if redis.HasErrorPrefix(err, "NOSCRIPT") {
+		// Not loaded yet (or the server restarted): no call ran.
+		if err := insertScript.Load(ctx, c.rdb).Err(); err != nil {
+			return nil, err
+		}
+		out, err = c.insertOnce(ctx, uins)
+	}
+	return out, err
+}
+
+func (c *Central) insertOnce(ctx context.Context, uins []uint32) ([]int, error) {
 	pipe := c.rdb.Pipeline()
 	var cmds []*redis.Cmd
 	for lo := 0; lo < len(uins); lo += insertChunk {
@@ -96,13 +108,7 @@ func (c *Central) insert(ctx context.Context, uins []uint32) ([]int, error) {
 		}
 		cmds = append(cmds, insertScript.EvalSha(ctx, pipe, keys, args...))
 	}
-	if _, err := pipe.Exec(ctx); redis.HasErrorPrefix(err, "NOSCRIPT") {
-		// Not loaded yet (or the server restarted): no call ran.
-		if err := insertScript.Load(ctx, c.rdb).Err(); err != nil {
-			return nil, err
-		}
-		return c.insert(ctx, uins)
-	} else if err != nil {
+	if _, err := pipe.Exec(ctx); err != nil {
 		return nil, err
 	}
 	out := make([]int, 0, len(uins))

@@ -368,3 +368,45 @@ func TestStopReturnsLease(t *testing.T) {
 		}
 	})
 }
+
+// The pool's scripts run by SHA; a server that does not know them (a
+// fresh or restarted one, here a flushed script cache) gets them loaded
+// and the call made again, once. Freeing and reading bits in bulk works
+// on a server without BITFIELD too (miniredis).
+func TestScriptsLoadedWhenTheServerLostThem(t *testing.T) {
+	mr := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	ctx := context.Background()
+	c := NewCentral(rdb, "p:", 10)
+	for round := range 2 {
+		if err := rdb.ScriptFlush(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		uins := make([]uint32, 0, 1200)
+		for u := range uint32(1200) {
+			uins = append(uins, 10_000*uint32(round+1)+u)
+		}
+		refused, err := c.InsertIfFree(ctx, uins)
+		if err != nil || len(refused) != 0 {
+			t.Fatalf("round %d: refused %v, %v", round, refused, err)
+		}
+		if err := c.putBits(ctx, uins[:600], 1, c.used()); err != nil { // accounts took half
+			t.Fatal(err)
+		}
+		used, err := c.Status(ctx, uins)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, u := range used {
+			if u != (i < 600) {
+				t.Fatalf("round %d: uin %d used %v", round, uins[i], u)
+			}
+		}
+		if err := c.Free(ctx, uins...); err != nil {
+			t.Fatal(err)
+		}
+		if used, _ := c.Status(ctx, uins[:1]); used[0] {
+			t.Fatalf("round %d: freed uin still used", round)
+		}
+	}
+}
