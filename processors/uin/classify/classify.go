@@ -169,9 +169,11 @@ func Run(ctx context.Context, st clickhouse.Store, cl *kgo.Client, o Options) (R
 	rep := Report{Scanned: scanned, Groups: map[string]int{}}
 	now := o.Now()
 	topic := o.Namespace + schemas.TopicRecycleReqs
-	partitions, err := streams.PartitionCountVia(ctx, cl, topic)
-	if err != nil {
-		return rep, fmt.Errorf("classify: partitions of %s: %w", topic, err)
+	partitions := 1 // no candidates: no topic to ask
+	if len(cands) > 0 {
+		if partitions, err = streams.PartitionCountVia(ctx, cl, topic); err != nil {
+			return rep, fmt.Errorf("classify: partitions of %s (create the topics first: surge topics --create): %w", topic, err)
+		}
 	}
 	var (
 		mu         sync.Mutex
