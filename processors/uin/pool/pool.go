@@ -163,14 +163,9 @@ func (c *Central) InsertIfFree(ctx context.Context, uins []uint32) ([]uint32, er
 	return refused, nil
 }
 
-// setBits sets bits with BITFIELD, a thousand per command: one command
-// object per thousand uins, not one per uin.
-func (c *Central) setBits(ctx context.Context, key string, uins []uint32) error {
-	return c.putBits(ctx, uins, 1, key)
-}
-
 // putBits sets the uins' bits in each of keys to bit, with BITFIELD, a
-// thousand per command.
+// thousand per command: one command object per thousand uins, not one per
+// uin.
 func (c *Central) putBits(ctx context.Context, uins []uint32, bit int, keys ...string) error {
 	pipe := c.rdb.Pipeline()
 	if c.noBitfield.Load() {
