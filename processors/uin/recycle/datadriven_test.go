@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/RoaringBitmap/roaring/v2"
 	"github.com/alicebob/miniredis/v2"
 	"github.com/cockroachdb/datadriven"
 	"github.com/redis/go-redis/v9"
@@ -60,8 +59,8 @@ func TestTicketDataDriven(t *testing.T) {
 		defer db.Close()
 		now := epoch
 		c := New(Config{Env: streams.Env{Namespace: "dd.", Now: func() time.Time { return now }, Log: quiet}, Accounts: accounts, Pool: central})
-		c.known, c.recent = roaring.New(), newRecentStates(2) // small: the scripts' lookups go to Pebble too
-		c.db, c.staged, c.restored = db, newStore(db, c.known, c.recent), newStore(db, c.known, c.recent)
+		c.committed = newCommitted(db, 2) // few states in memory: the scripts' lookups go to Pebble too
+		c.staged, c.restored = newStore(c.committed), newStore(c.committed)
 		c.partitions = 1
 
 		datadriven.RunTest(t, path, func(t *testing.T, d *datadriven.TestData) string {

@@ -37,8 +37,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/RoaringBitmap/roaring/v2"
-	"github.com/cockroachdb/pebble/v2"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"surge/processors/timer"
@@ -48,7 +46,6 @@ import (
 	"surge/schemas/recycling"
 	pb "surge/schemas/surgev1"
 	"surge/streams"
-	"surge/streams/localstore"
 	"surge/streams/metrics"
 )
 
@@ -89,9 +86,7 @@ type Config struct {
 // Controller is the recycle step controller.
 type Controller struct {
 	cfg        Config
-	db         *pebble.DB
-	known      *roaring.Bitmap // uins with a state, in recent or in db
-	recent     *recentStates   // the states committed last
+	committed  *committed // nil until Run opens it
 	restore    *streams.Restorer
 	partitions int // of uin.recycle-requests, co-partitioned with uin.usage
 
@@ -156,8 +151,8 @@ func (c *Controller) Run(ctx context.Context, opts ...streams.Option) error {
 	}
 	defer db.Close()
 	c.mu.Lock()
-	c.known, c.recent = roaring.New(), newRecentStates(recentStatesSize)
-	c.db, c.staged, c.restored = db, newStore(db, c.known, c.recent), newStore(db, c.known, c.recent)
+	c.committed = newCommitted(db, recentStatesSize)
+	c.staged, c.restored = newStore(c.committed), newStore(c.committed)
 	c.restored.retention, c.restored.now = c.cfg.Policy.EndedRetention, c.cfg.Now
 	c.mu.Unlock()
 	opts = append([]streams.Option{
@@ -197,20 +192,7 @@ func (c *Controller) batchEnd(committed bool) {
 
 // clearPartitions drops the state of the uins in partitions ps.
 func (c *Controller) clearPartitions(ps map[int32]bool) error {
-	// Keys are a one-byte kind and a 4-byte uin, partitioned like the records.
-	inPs := func(uin []byte) bool { return ps[int32(streams.PartitionFor(uin, c.partitions))] }
-	var gone []uint32
-	it := c.known.Iterator()
-	for it.HasNext() {
-		if u := it.Next(); inPs(schemas.UinKey(u)) {
-			gone = append(gone, u)
-		}
-	}
-	for _, u := range gone {
-		c.known.Remove(u)
-	}
-	c.recent.forget(func(u uint32) bool { return inPs(schemas.UinKey(u)) })
-	return localstore.DeleteWhere(c.db, func(k []byte) bool { return len(k) == 5 && inPs(k[1:]) })
+	return c.committed.drop(func(uin []byte) bool { return ps[int32(streams.PartitionFor(uin, c.partitions))] })
 }
 
 // applyChangelog rebuilds state from one applied step or usage event.
@@ -251,20 +233,20 @@ func (l LastLogin) Newest() int64 { return max(l.Auth, l.Device) }
 func (c *Controller) State(uin uint32) (*pb.RecycleStep, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.db == nil {
+	if c.committed == nil {
 		return nil, errors.New("recycle: not running")
 	}
-	return newStore(c.db, c.known, c.recent).state(uin)
+	return newStore(c.committed).state(uin)
 }
 
 // LastLogin returns the controller's live login index entry of uin.
 func (c *Controller) LastLogin(uin uint32) (LastLogin, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.db == nil {
+	if c.committed == nil {
 		return LastLogin{}, errors.New("recycle: not running")
 	}
-	return newStore(c.db, c.known, c.recent).login(uin)
+	return newStore(c.committed).login(uin)
 }
 
 // next is the only step that may follow each step (the queue's order).

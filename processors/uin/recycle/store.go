@@ -13,18 +13,17 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 	"google.golang.org/protobuf/proto"
 
+	"surge/schemas"
 	"surge/schemas/recycling"
 	pb "surge/schemas/surgev1"
 	"surge/streams/localstore"
 )
 
-// store is the controller's state: Pebble holds what is committed, and two
-// maps hold what the batch in flight changed, written to Pebble only when
-// the batch commits (an aborted batch is simply forgotten).
+// committed is the controller's committed state, shared by its stores.
 //
-// Keys: 's' uin(4) -> the uin's last applied step (its last ticket);
-// 'l' uin(4) -> newest login by auth(8) and by device(8), a merge of
-// every login seen (loginMerger), so noting one reads nothing.
+// Keys in Pebble: 's' uin(4) -> the uin's last applied step (its last
+// ticket); 'l' uin(4) -> newest login by auth(8) and by device(8), a merge
+// of every login seen (loginMerger), so noting one reads nothing.
 //
 // Most uins a usage event or a grant names have no ticket: known, the set
 // of uins with a state, answers that without a lookup. A ticket's untimed
@@ -33,10 +32,39 @@ import (
 // so the steps a ticket takes while it is there never reach Pebble (the
 // store is a cache rebuilt from the changelog on every start, so nothing
 // needs to be on disk sooner).
-type store struct {
+type committed struct {
 	db     *pebble.DB
-	known  *roaring.Bitmap            // uins with a state, in recent or Pebble; shared by the stores on db
-	recent *recentStates              // the states committed last; shared by the stores on db
+	known  *roaring.Bitmap // uins with a state, in recent or Pebble
+	recent *recentStates   // the states committed last
+}
+
+func newCommitted(db *pebble.DB, recentSize int) *committed {
+	return &committed{db: db, known: roaring.New(), recent: newRecentStates(recentSize)}
+}
+
+// drop forgets the state and logins of the uins that match (their
+// partitions were cleared), in memory and in Pebble alike.
+func (c *committed) drop(match func(uin []byte) bool) error {
+	var gone []uint32
+	it := c.known.Iterator()
+	for it.HasNext() {
+		if u := it.Next(); match(schemas.UinKey(u)) {
+			gone = append(gone, u)
+		}
+	}
+	for _, u := range gone {
+		c.known.Remove(u)
+	}
+	c.recent.forget(func(u uint32) bool { return match(schemas.UinKey(u)) })
+	// Keys are a one-byte kind and a 4-byte uin.
+	return localstore.DeleteWhere(c.db, func(k []byte) bool { return len(k) == 5 && match(k[1:]) })
+}
+
+// store is a view of the committed state with changes of its own: two
+// maps hold what the batch in flight changed, made committed only when
+// the batch commits (an aborted batch is simply forgotten).
+type store struct {
+	*committed
 	steps  map[uint32]*pb.RecycleStep // nil: delete the uin's state
 	logins map[uint32]LastLogin       // the batch's logins, merged into Pebble's at commit
 	// retention > 0 drops finished tickets older than it (the rebuild's
@@ -45,8 +73,8 @@ type store struct {
 	now       func() time.Time
 }
 
-func newStore(db *pebble.DB, known *roaring.Bitmap, recent *recentStates) *store {
-	return &store{db: db, known: known, recent: recent, steps: map[uint32]*pb.RecycleStep{}, logins: map[uint32]LastLogin{}}
+func newStore(c *committed) *store {
+	return &store{committed: c, steps: map[uint32]*pb.RecycleStep{}, logins: map[uint32]LastLogin{}}
 }
 
 // recentStates holds the states committed last, in two generations of up

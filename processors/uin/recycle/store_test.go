@@ -2,11 +2,11 @@ package recycle
 
 import (
 	"context"
+	"encoding/binary"
 	"math/rand/v2"
 	"testing"
 	"time"
 
-	"github.com/RoaringBitmap/roaring/v2"
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"google.golang.org/protobuf/proto"
@@ -26,8 +26,8 @@ func TestRebuildDropsEndedTicketsPastRetention(t *testing.T) {
 	defer db.Close()
 	now := time.Date(2026, 12, 4, 0, 0, 0, 0, time.UTC)
 	// Two states in memory at most: the others are in Pebble.
-	known, recent := roaring.New(), newRecentStates(1)
-	s := newStore(db, known, recent)
+	com := newCommitted(db, 1)
+	s := newStore(com)
 	s.retention, s.now = 30*24*time.Hour, func() time.Time { return now }
 	old, young := now.Add(-31*24*time.Hour).UnixMilli(), now.Add(-29*24*time.Hour).UnixMilli()
 	for _, st := range []*pb.RecycleStep{
@@ -43,7 +43,7 @@ func TestRebuildDropsEndedTicketsPastRetention(t *testing.T) {
 	if err := s.commit(); err != nil {
 		t.Fatal(err)
 	}
-	live := newStore(db, known, recent)
+	live := newStore(com)
 	for uin, want := range map[uint32]pb.RecycleStepKind{1: 0, 2: 0, 3: pb.RecycleStepKind_RELEASE,
 		4: pb.RecycleStepKind_COOL_DOWN, 5: pb.RecycleStepKind_TICKET_GRANTED} {
 		st, err := live.state(uin)
@@ -65,7 +65,7 @@ func TestLoginIndexKeepsTheNewestPerSource(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	s := newStore(db, roaring.New(), newRecentStates(1))
+	s := newStore(newCommitted(db, 1))
 	note := func(source string, at int64) {
 		s.noteLogin(&pb.UsageEvent{Uin: 7, Kind: recycling.KindLogin, Source: source, AtMs: at})
 	}
@@ -113,8 +113,7 @@ func TestStatesLeaveMemoryForPebbleAndReadBack(t *testing.T) {
 	defer db.Close()
 	seed := rand.Uint64()
 	rng := rand.New(rand.NewPCG(seed, 1))
-	known, recent := roaring.New(), newRecentStates(3)
-	s := newStore(db, known, recent)
+	s := newStore(newCommitted(db, 3))
 	model := map[uint32]pb.RecycleStepKind{}
 	for commit := range 500 {
 		for range 1 + rng.IntN(4) {
@@ -140,7 +139,7 @@ func TestStatesLeaveMemoryForPebbleAndReadBack(t *testing.T) {
 	}
 	onDisk := 0
 	for uin := range model {
-		if _, ok := recent.get(uin); ok {
+		if _, ok := s.recent.get(uin); ok {
 			continue
 		}
 		v, cl, err := db.Get(stateKey(uin))
@@ -156,5 +155,52 @@ func TestStatesLeaveMemoryForPebbleAndReadBack(t *testing.T) {
 	}
 	if onDisk == 0 {
 		t.Fatalf("seed %d: no state left memory: the test tests nothing", seed)
+	}
+}
+
+// Dropping cleared partitions' uins forgets their states wherever they
+// are (memory or Pebble) and their logins, and keeps every other uin's.
+func TestDropForgetsTheMatchingUinsEverywhere(t *testing.T) {
+	db, err := openDB(t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	com := newCommitted(db, 4) // of 20 states, most leave memory for Pebble
+	s := newStore(com)
+	for uin := uint64(1); uin <= 20; uin++ {
+		s.setState(&pb.RecycleStep{Uin: uin, Step: pb.RecycleStepKind_BAN})
+		s.noteLogin(&pb.UsageEvent{Uin: uin, Kind: recycling.KindLogin, Source: "auth", AtMs: int64(uin)})
+		if err := s.commit(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	odd := func(uin []byte) bool { return binary.BigEndian.Uint32(uin)%2 == 1 }
+	if err := com.drop(odd); err != nil {
+		t.Fatal(err)
+	}
+	// More states push the ones in memory out to Pebble: none of the
+	// dropped may come back with them.
+	for uin := uint64(21); uin <= 40; uin++ {
+		s.setState(&pb.RecycleStep{Uin: uin, Step: pb.RecycleStepKind_BAN})
+		if err := s.commit(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for uin := uint32(1); uin <= 20; uin += 2 {
+		if _, cl, err := db.Get(stateKey(uin)); err == nil {
+			cl.Close()
+			t.Errorf("dropped uin %d is back in Pebble", uin)
+		}
+	}
+	for uin := uint32(1); uin <= 20; uin++ {
+		st, err := s.state(uin)
+		l, lerr := s.login(uin)
+		if err != nil || lerr != nil {
+			t.Fatal(err, lerr)
+		}
+		if gone := uin%2 == 1; (st == nil) != gone || (l == LastLogin{}) != gone {
+			t.Errorf("uin %d: state %v, login %+v after dropping the odd uins", uin, st.GetStep(), l)
+		}
 	}
 }
