@@ -66,6 +66,16 @@ func Batch(entries []*pb.RecycleStep) *pb.RecycleStep {
 	return &pb.RecycleStep{Batch: entries}
 }
 
+// Decode reads a record of uin.recycle-steps or uin.recycle-requests: the
+// tickets' steps it carries (its batch, or itself).
+func Decode(r *kgo.Record) ([]*pb.RecycleStep, error) {
+	rec := new(pb.RecycleStep)
+	if err := streams.Decode(r, rec); err != nil {
+		return nil, err
+	}
+	return Entries(rec), nil
+}
+
 // StepsByUin decodes records of uin.recycle-steps (or of
 // uin.recycle-requests), single tickets or batches, into each uin's steps
 // in the records' order, and counts them.
@@ -73,11 +83,11 @@ func StepsByUin(recs []*kgo.Record) (map[uint64][]*pb.RecycleStep, int, error) {
 	out := map[uint64][]*pb.RecycleStep{}
 	n := 0
 	for _, r := range recs {
-		var rec pb.RecycleStep
-		if err := streams.Decode(r, &rec); err != nil {
+		steps, err := Decode(r)
+		if err != nil {
 			return nil, 0, err
 		}
-		for _, st := range Entries(&rec) {
+		for _, st := range steps {
 			out[st.Uin] = append(out[st.Uin], st)
 			n++
 		}

@@ -154,11 +154,10 @@ func RecycleSteps() *Sink {
 	return &Sink{Name: "sink-recycle-steps", Topic: schemas.TopicRecycleSteps, Table: "recycle_steps",
 		Columns: Columns("uin UInt32, ticket_id String, step String, expected_prev String, category String, reason String, at_ms Int64"),
 		Write: func(r *kgo.Record, w *RowWriter) error {
-			var rec pb.RecycleStep
-			if err := streams.Decode(r, &rec); err != nil {
+			entries, err := recycling.Decode(r) // a row per ticket of a batch
+			if err != nil {
 				return err
 			}
-			entries := recycling.Entries(&rec) // a row per ticket of a batch
 			for _, s := range entries {
 				if err := checkUin(s.Uin); err != nil {
 					return err

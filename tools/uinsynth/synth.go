@@ -266,11 +266,11 @@ func Run(ctx context.Context, brokers []string, rdb redis.UniversalClient, st cl
 			return res, ctx.Err()
 		}
 		f.EachRecord(func(r *kgo.Record) {
-			var rec pb.RecycleStep
-			if streams.Decode(r, &rec) != nil {
+			entries, err := recycling.Decode(r)
+			if err != nil {
 				return
 			}
-			for _, st := range recycling.Entries(&rec) {
+			for _, st := range entries {
 				if st.Uin > uint64(n) {
 					continue
 				}

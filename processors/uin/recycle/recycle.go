@@ -199,11 +199,11 @@ func (c *Controller) clearPartitions(ps map[int32]bool) error {
 func (c *Controller) applyChangelog(r *kgo.Record) error {
 	switch r.Topic {
 	case c.topic(schemas.TopicRecycleSteps):
-		var s pb.RecycleStep
-		if streams.Decode(r, &s) != nil {
-			return nil
+		steps, err := recycling.Decode(r)
+		if err != nil {
+			return nil // not a step: nothing to rebuild
 		}
-		for _, e := range recycling.Entries(&s) {
+		for _, e := range steps {
 			if validUin(e.Uin) == nil {
 				c.restored.setState(e)
 			}

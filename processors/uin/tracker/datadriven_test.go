@@ -10,6 +10,7 @@ import (
 	"github.com/cockroachdb/datadriven"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"surge/schemas/recycling"
 	pb "surge/schemas/surgev1"
 	"surge/streams"
 	"surge/streams/localstore"
@@ -95,7 +96,7 @@ func TestTrackerDataDriven(t *testing.T) {
 						rec.Batch = append(rec.Batch, &pb.RecycleStep{Uin: u, Step: pb.RecycleStepKind(kind), AtMs: at()})
 					}
 				}
-				err = tr.recycledRecord(rec, out)
+				err = tr.recycledSteps(recycling.Entries(rec), out)
 			case "state":
 				cur, err := get(tr.staged, uint32(uin))
 				switch {

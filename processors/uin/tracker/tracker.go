@@ -229,11 +229,11 @@ func (t *Tracker) handle(ctx context.Context, in *kgo.Record, out *streams.Outpu
 		}
 		return t.check(&c, out)
 	default:
-		var s pb.RecycleStep
-		if err := streams.Decode(in, &s); err != nil {
+		steps, err := recycling.Decode(in)
+		if err != nil {
 			return err
 		}
-		return t.recycledRecord(&s, out)
+		return t.recycledSteps(steps, out)
 	}
 }
 
@@ -378,10 +378,10 @@ func (t *Tracker) check(c *pb.RegistrationCheck, out *streams.Output) error {
 	return t.put(cur, out)
 }
 
-// recycledRecord follows a record of uin.recycle-steps: one ticket's step,
-// or a batch's.
-func (t *Tracker) recycledRecord(s *pb.RecycleStep, out *streams.Output) error {
-	for _, e := range recycling.Entries(s) {
+// recycledSteps follows the steps a record of uin.recycle-steps carries:
+// one ticket's, or a batch's.
+func (t *Tracker) recycledSteps(steps []*pb.RecycleStep, out *streams.Output) error {
+	for _, e := range steps {
 		if err := t.recycled(e, out); err != nil {
 			return err
 		}
