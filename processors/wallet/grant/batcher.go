@@ -61,14 +61,9 @@ var replies = sync.Pool{New: func() any { return make(chan Outcome, 1) }}
 // Grant accepts one grant through a batch.
 func (b *Batcher) Grant(ctx context.Context, g *pb.RewardGrant) (*Result, error) {
 	r := batchReq{g: g, done: replies.Get().(chan Outcome)}
-	select {
-	case b.reqs <- r:
-	case <-b.stop:
+	if err := b.hand(ctx, r); err != nil {
 		replies.Put(r.done)
-		return nil, ErrClosed
-	case <-ctx.Done():
-		replies.Put(r.done)
-		return nil, ctx.Err()
+		return nil, err
 	}
 	select {
 	case o := <-r.done:
@@ -93,19 +88,9 @@ func (b *Batcher) GrantBatch(ctx context.Context, gs []*pb.RewardGrant) []Outcom
 		return m.outs
 	}
 	for i, g := range gs {
-		var err error
-		select {
-		case <-b.stop: // first: a send could still find room in the queue
-			err = ErrClosed
-		default:
-			select {
-			case b.reqs <- batchReq{g: g, many: m, i: i}:
-				continue
-			case <-b.stop:
-				err = ErrClosed
-			case <-ctx.Done():
-				err = ctx.Err()
-			}
+		err := b.hand(ctx, batchReq{g: g, many: m, i: i})
+		if err == nil {
+			continue
 		}
 		for j := i; j < len(gs); j++ { // not handed over: answered here
 			m.outs[j] = Outcome{Err: err}
@@ -127,6 +112,24 @@ func (b *Batcher) GrantBatch(ctx context.Context, gs []*pb.RewardGrant) []Outcom
 		outs[i] = Outcome{Err: err}
 	}
 	return outs
+}
+
+// hand gives r to the workers. After Close it refuses r even when the
+// queue still has room: no worker may be left to answer.
+func (b *Batcher) hand(ctx context.Context, r batchReq) error {
+	select {
+	case <-b.stop:
+		return ErrClosed
+	default:
+	}
+	select {
+	case b.reqs <- r:
+		return nil
+	case <-b.stop:
+		return ErrClosed
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // Close stops the workers once the queued grants are sent.

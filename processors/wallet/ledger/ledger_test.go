@@ -469,13 +469,16 @@ func TestConcurrentDuplicatesClaimOnce(t *testing.T) {
 			}
 		}
 		wg.Wait()
-		// A closed batcher answers a batch at once, every grant refused.
+		// A closed batcher answers at once, every grant refused.
 		closed := grant.NewBatcher(w.intake, 32, time.Millisecond, 1)
 		closed.Close()
 		for _, o := range closed.GrantBatch(ctx, []*pb.RewardGrant{cash("u1", "late", 1), cash("u2", "late", 1)}) {
 			if !errors.Is(o.Err, grant.ErrClosed) {
 				t.Fatalf("grant through a closed batcher: %+v %v", o.Result, o.Err)
 			}
+		}
+		if res, err := closed.Grant(ctx, cash("u3", "late", 1)); !errors.Is(err, grant.ErrClosed) {
+			t.Fatalf("single grant through a closed batcher: %+v %v", res, err)
 		}
 		for i, o := range first {
 			if o.Err != nil || o.Result.Duplicate != (i%2 == 1) {
