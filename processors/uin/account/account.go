@@ -23,6 +23,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"surge/processors/uin/internal/luascript"
 	pb "surge/schemas/surgev1"
 )
 
@@ -180,14 +181,8 @@ func (s *Store) DeleteMany(ctx context.Context, ds []Deletion) error {
 	if len(ds) == 0 {
 		return nil
 	}
-	err := s.deleteOnce(ctx, ds)
-	if redis.HasErrorPrefix(err, "NOSCRIPT") { // not loaded yet: the deletions are idempotent
-		if err := unmap.Load(ctx, s.rdb).Err(); err != nil {
-			return err
-		}
-		err = s.deleteOnce(ctx, ds)
-	}
-	return err
+	// Sent twice when the script was not loaded: the deletions are idempotent.
+	return luascript.Pipelined(ctx, s.rdb, unmap, func() error { return s.deleteOnce(ctx, ds) })
 }
 
 func (s *Store) deleteOnce(ctx context.Context, ds []Deletion) error {

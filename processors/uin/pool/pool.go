@@ -15,6 +15,7 @@ import (
 	"math/rand/v2"
 	"strconv"
 	"strings"
+	"surge/processors/uin/internal/luascript"
 	"sync/atomic"
 	"time"
 
@@ -85,14 +86,11 @@ func (c *Central) insert(ctx context.Context, uins []uint32) ([]int, error) {
 	if len(uins) == 0 {
 		return nil, nil
 	}
-	out, err := c.insertOnce(ctx, uins)
-	if redis.HasErrorPrefix(err, "NOSCRIPT") {
-		// Not loaded yet (or the server restarted): no call ran.
-		if err := insertScript.Load(ctx, c.rdb).Err(); err != nil {
-			return nil, err
-		}
+	var out []int
+	err := luascript.Pipelined(ctx, c.rdb, insertScript, func() (err error) {
 		out, err = c.insertOnce(ctx, uins)
-	}
+		return err
+	})
 	return out, err
 }
 
