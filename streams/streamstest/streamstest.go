@@ -148,11 +148,17 @@ func ReadN(t testing.TB, brokers []string, topic string, committedOnly bool, n i
 // it reads until enough says the records read so far are enough.
 func ReadUntil(t testing.TB, brokers []string, topic string, committedOnly bool, enough func([]*kgo.Record) bool, timeout, settle time.Duration) []*kgo.Record {
 	t.Helper()
+	return ReadTopicsUntil(t, brokers, []string{topic}, committedOnly, enough, timeout, settle)
+}
+
+// ReadTopicsUntil is ReadUntil over several topics through one reader.
+func ReadTopicsUntil(t testing.TB, brokers []string, topics []string, committedOnly bool, enough func([]*kgo.Record) bool, timeout, settle time.Duration) []*kgo.Record {
+	t.Helper()
 	iso := kgo.ReadUncommitted()
 	if committedOnly {
 		iso = kgo.ReadCommitted()
 	}
-	cl := Client(t, brokers, kgo.ConsumeTopics(topic), kgo.FetchIsolationLevel(iso),
+	cl := Client(t, brokers, kgo.ConsumeTopics(topics...), kgo.FetchIsolationLevel(iso),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	var out []*kgo.Record
 	deadline := time.Now().Add(timeout)

@@ -116,18 +116,11 @@ func publishedGrants(t *testing.T, b streamstest.Backend, ns string, want int) [
 	// Both topics through one reader, until want grants arrived (30 s at
 	// most: a loaded machine is slow to the first fetch), then a second
 	// more, so that extra (duplicate) records are seen too.
-	cl := streamstest.Client(t, b.Brokers, kgo.ConsumeTopics(ns+schemas.TopicGrants, ns+schemas.TopicTokens),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
-	var out []*pb.RewardGrant
-	deadline, settled := time.Now().Add(30*time.Second), time.Time{}
-	for settled.IsZero() || time.Now().Before(settled) {
-		if settled.IsZero() && (len(out) >= want || time.Now().After(deadline)) {
-			settled = time.Now().Add(time.Second)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 250*time.Millisecond)
-		fs := cl.PollFetches(ctx)
-		cancel()
-		fs.EachRecord(func(r *kgo.Record) { out = append(out, publishedGrant(t, r)) })
+	recs := streamstest.ReadTopicsUntil(t, b.Brokers, []string{ns + schemas.TopicGrants, ns + schemas.TopicTokens}, true,
+		func(recs []*kgo.Record) bool { return len(recs) >= want }, 30*time.Second, time.Second)
+	out := make([]*pb.RewardGrant, len(recs))
+	for i, r := range recs {
+		out[i] = publishedGrant(t, r)
 	}
 	return out
 }
