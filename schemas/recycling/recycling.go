@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"time"
 
+	"surge/schemas"
 	pb "surge/schemas/surgev1"
 	"surge/streams"
 
@@ -93,4 +94,46 @@ func StepsByUin(recs []*kgo.Record) (map[uint64][]*pb.RecycleStep, int, error) {
 		}
 	}
 	return out, n, nil
+}
+
+// Batches gathers tickets' steps into records' batches: per partition of
+// uin.recycle-requests (the record is keyed by its first uin, and the
+// default partitioner puts it where all of them belong), up to max each.
+type Batches struct {
+	partitions, max int
+	pending         [][]*pb.RecycleStep
+}
+
+// NewBatches gathers for a topic of partitions partitions, max steps a
+// batch (MaxBatch when max <= 0).
+func NewBatches(partitions, max int) *Batches {
+	if max <= 0 {
+		max = MaxBatch
+	}
+	return &Batches{partitions: partitions, max: max, pending: make([][]*pb.RecycleStep, partitions)}
+}
+
+// Add adds a step; it returns its partition's batch when that is full (to
+// be sent), nil otherwise.
+func (b *Batches) Add(s *pb.RecycleStep) []*pb.RecycleStep {
+	p := streams.PartitionFor(schemas.UinKey(uint32(s.Uin)), b.partitions)
+	b.pending[p] = append(b.pending[p], s)
+	if len(b.pending[p]) < b.max {
+		return nil
+	}
+	full := b.pending[p]
+	b.pending[p] = nil
+	return full
+}
+
+// Rest returns the batches not full yet, and forgets them.
+func (b *Batches) Rest() [][]*pb.RecycleStep {
+	var rest [][]*pb.RecycleStep
+	for p, s := range b.pending {
+		if len(s) > 0 {
+			rest = append(rest, s)
+			b.pending[p] = nil
+		}
+	}
+	return rest
 }

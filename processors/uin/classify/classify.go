@@ -49,8 +49,8 @@ type Options struct {
 	MinAge      time.Duration // accounts younger are the registration checks' (default 90 days)
 	InactiveFor time.Duration // default 180 days
 	Limit       int           // most tickets requested in one run (0: no limit)
-	// Batch is the most tickets one record requests (default
-	// recycling.MaxBatch; 1: a record per uin). A record's tickets are of
+	// Batch is the most tickets one record requests (0: recycling.MaxBatch;
+	// 1: a record per uin). A record's tickets are of
 	// one partition of uin.recycle-requests.
 	Batch int
 	// Online is the final online check (nil: nobody is online).
@@ -148,9 +148,6 @@ func (o Options) withDefaults() Options {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	if o.Batch <= 0 {
-		o.Batch = recycling.MaxBatch
-	}
 	if o.Log == nil {
 		o.Log = slog.Default()
 	}
@@ -178,7 +175,7 @@ func Run(ctx context.Context, st clickhouse.Store, cl *kgo.Client, o Options) (R
 	var (
 		mu         sync.Mutex
 		produceErr error
-		pending    = make([][]*pb.RecycleStep, partitions) // grants waiting for a full batch, per partition
+		batches    = recycling.NewBatches(partitions, o.Batch)
 	)
 	// send produces one partition's grants as one record, keyed by the
 	// first uin: the partitioner puts it where all of them belong.
@@ -211,24 +208,19 @@ func Run(ctx context.Context, st clickhouse.Store, cl *kgo.Client, o Options) (R
 				continue
 			}
 		}
-		p := streams.PartitionFor(schemas.UinKey(c.Uin), partitions)
-		pending[p] = append(pending[p], recycling.Grant(c.Uin, c.Category, c.Username, "stock group "+c.Group, c.LastLogin, now))
-		if len(pending[p]) >= o.Batch {
-			if err := send(pending[p]); err != nil {
+		if full := batches.Add(recycling.Grant(c.Uin, c.Category, c.Username, "stock group "+c.Group, c.LastLogin, now)); full != nil {
+			if err := send(full); err != nil {
 				return rep, err
 			}
-			pending[p] = nil
 		}
 		rep.Requested++
 		if o.Progress != nil && (i+1)%10000 == 0 {
 			o.Progress(i+1, len(cands))
 		}
 	}
-	for _, grants := range pending {
-		if len(grants) > 0 {
-			if err := send(grants); err != nil {
-				return rep, err
-			}
+	for _, grants := range batches.Rest() {
+		if err := send(grants); err != nil {
+			return rep, err
 		}
 	}
 	if err := cl.Flush(ctx); err != nil {

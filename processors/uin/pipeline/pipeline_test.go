@@ -110,16 +110,13 @@ func entries(r *kgo.Record) int {
 // a record per partition of uin.recycle-requests, keyed by its first uin.
 func batchedGrants(t *testing.T, topic string, partitions int, from, to uint64, category string, lastLogin int64) []*kgo.Record {
 	t.Helper()
-	byPart := make([][]*pb.RecycleStep, partitions)
+	batches := recycling.NewBatches(partitions, int(to-from+2)) // never full: a record per partition
 	for u := from; u <= to; u++ {
-		p := streams.PartitionFor(schemas.UinKey(uint32(u)), partitions)
-		byPart[p] = append(byPart[p], recycling.Grant(uint32(u), category, "", "stock group test", lastLogin, time.Now()))
+		batches.Add(recycling.Grant(uint32(u), category, "", "stock group test", lastLogin, time.Now()))
 	}
 	var recs []*kgo.Record
-	for _, g := range byPart {
-		if len(g) > 0 {
-			recs = append(recs, rec(t, topic, g[0].Uin, recycling.Batch(g)))
-		}
+	for _, g := range batches.Rest() {
+		recs = append(recs, rec(t, topic, g[0].Uin, recycling.Batch(g)))
 	}
 	return recs
 }
