@@ -15,6 +15,9 @@ out=bench/wallet.txt
 scripts/kafka.sh start >/dev/null
 scripts/redis.sh start >/dev/null
 redis="127.0.0.1:${REDIS_PORT:-16379}"
+# The other processes sharing the two cores, whose CPU the bench reports.
+redis_pid="$(redis-cli -p "${REDIS_PORT:-16379}" info server | tr -d '\r' | sed -n 's/^process_id://p')"
+broker_pid="$(cat "${KAFKA_HOME:-$root/.cache/kafka}/kafka.pid")"
 {
   echo "# reward wallet: intake, booking, balance reads; the HTTP API with authentication on and off"
   echo "# made by: scripts/bench-wallet.sh (GRANTS=$grants HTTP=$http) on $(date -u +%F), $(nproc) cores, $(go version | cut -d' ' -f3)"
@@ -25,8 +28,8 @@ redis="127.0.0.1:${REDIS_PORT:-16379}"
   echo "\$ go test -run xxx -bench BenchmarkRebuild -benchtime 3x ./processors/wallet/ledger/   # the store rebuilt from wallet.ledger on start"
   go test -run xxx -bench BenchmarkRebuild -benchtime 3x ./processors/wallet/ledger/ | grep -E '^Benchmark'
   echo
-  echo "\$ go run ./bench/wallet -grants $grants -backlog 1000000 -http $http -redis $redis"
-  go run ./bench/wallet -grants "$grants" -backlog 1000000 -http "$http" -redis "$redis" 2>&1 | grep -v ' INFO '
+  echo "\$ go run ./bench/wallet -grants $grants -backlog 1000000 -http $http -redis $redis -watch redis=<pid>"
+  go run ./bench/wallet -grants "$grants" -backlog 1000000 -http "$http" -redis "$redis" -watch "redis=$redis_pid" 2>&1 | grep -v ' INFO '
   echo
   # A broker just started runs interpreted until its JIT has compiled the
   # hot paths: warm it with discarded runs, as a broker in service is warm.
@@ -37,8 +40,8 @@ redis="127.0.0.1:${REDIS_PORT:-16379}"
   for _ in 1 2 3; do
     bin/bench-wallet -grants 300000 -backlog 10000 -reads 1000 -redis "$redis" -brokers "127.0.0.1:${KAFKA_PORT:-19092}" >/dev/null 2>&1
   done
-  echo "\$ go run ./bench/wallet -grants $grants -backlog 1000000 -http $http -redis $redis -brokers 127.0.0.1:${KAFKA_PORT:-19092}"
-  go run ./bench/wallet -grants "$grants" -backlog 1000000 -http "$http" -redis "$redis" -brokers "127.0.0.1:${KAFKA_PORT:-19092}" 2>&1 | grep -v ' INFO '
+  echo "\$ go run ./bench/wallet -grants $grants -backlog 1000000 -http $http -redis $redis -brokers 127.0.0.1:${KAFKA_PORT:-19092} -watch broker=<pid>,redis=<pid>"
+  go run ./bench/wallet -grants "$grants" -backlog 1000000 -http "$http" -redis "$redis" -brokers "127.0.0.1:${KAFKA_PORT:-19092}" -watch "broker=$broker_pid,redis=$redis_pid" 2>&1 | grep -v ' INFO '
   echo
   echo "# what bounds each figure: bench/wallet-notes.md"
 } | tee "$out"

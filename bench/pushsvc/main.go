@@ -20,7 +20,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -29,6 +28,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/protobuf/proto"
 
+	"surge/bench/internal/proccpu"
 	"surge/processors/push/directory"
 	"surge/processors/push/numpkg"
 	push "surge/processors/push/pipeline"
@@ -70,14 +70,8 @@ func (p *proc) kill() {
 
 // cpu is the process's user+system CPU time so far.
 func (p *proc) cpu() time.Duration {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.cmd.Process.Pid))
-	if err != nil {
-		return 0
-	}
-	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
-	ut, _ := strconv.ParseInt(f[11], 10, 64)
-	st, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(ut+st) * time.Second / 100 // clock ticks (USER_HZ 100)
+	c, _ := proccpu.Of(p.cmd.Process.Pid)
+	return c
 }
 
 func main() {

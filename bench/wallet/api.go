@@ -18,6 +18,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/protobuf/proto"
 
+	"surge/bench/internal/proccpu"
 	"surge/processors/wallet/api"
 	"surge/processors/wallet/auth"
 	"surge/processors/wallet/config"
@@ -41,6 +42,7 @@ type httpBench struct {
 	log     *slog.Logger
 	workers int
 	users   int
+	watch   []proccpu.Watched
 
 	app     auth.Key
 	userSet *auth.Users
@@ -231,6 +233,7 @@ func (h *httpBench) post(on bool, what, contentType string, size, n, callers int
 	h.workers = callers
 	defer func() { h.workers = w }()
 	cpu0 := cpuTime()
+	others := proccpu.Start(h.watch)
 	lat, el := h.parallel(len(bodies), func(r int) {
 		req, _ := http.NewRequestWithContext(context.Background(), "POST", h.url[i]+path, bytes.NewReader(bodies[r]))
 		if contentType != "" {
@@ -244,4 +247,7 @@ func (h *httpBench) post(on bool, what, contentType string, size, n, callers int
 	cpu := cpuTime() - cpu0
 	fmt.Printf("HTTP grants, %s, %4d per request (%s), %d callers: %d grants in %v = %.0f grants/s, request p50 %v, p99 %v; process CPU %.2f cores (server and callers)\n",
 		label(on), size, what, callers, n, el.Round(time.Millisecond), float64(n)/el.Seconds(), pct(lat, 50), pct(lat, 99), cpu.Seconds()/el.Seconds())
+	if r := others.Report(n, "grant"); r != "" {
+		fmt.Printf("  this process %.2fµs/grant; other processes meanwhile: %s\n", float64(cpu.Microseconds())/float64(n), r)
+	}
 }

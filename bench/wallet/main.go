@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"os"
 	"runtime"
+	"runtime/debug"
 	"runtime/pprof"
 	"runtime/trace"
 	"sort"
@@ -27,6 +28,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/protobuf/proto"
 
+	"surge/bench/internal/proccpu"
 	"surge/processors/wallet/config"
 	"surge/processors/wallet/order"
 	"surge/processors/wallet/stack"
@@ -59,8 +61,15 @@ func main() {
 	httpJSON := flag.Bool("http-json", true, "run the JSON grant runs (false: the protobuf batches alone)")
 	cpuprofile := flag.String("cpuprofile", "", "CPU profile of the intake phase (and of booking, with .booking added; of the HTTP grant runs, with .http added)")
 	traceOut := flag.String("trace", "", "execution trace of the booking phase (go tool trace)")
+	gcPercent := flag.Int("gc-percent", stack.GCPercent, "Go GC target, as `surge wallet` sets it (wallet.gc_percent); GOGC in the environment wins, as there")
+	watchFlag := flag.String("watch", "", "other processes whose CPU to report beside this one's, name=pid,... (scripts/bench-wallet.sh: the broker and redis-server)")
 	flag.Parse()
 
+	if os.Getenv("GOGC") == "" {
+		debug.SetGCPercent(*gcPercent)
+	}
+	watch, err := proccpu.Parse(*watchFlag)
+	must(err)
 	brokers, backend, stopKafka, err := embedded.KafkaOr(*brokersFlag)
 	must(err)
 	defer stopKafka()
@@ -117,6 +126,7 @@ func main() {
 	var next, amount atomic.Int64
 	var wg sync.WaitGroup
 	cpu0 := cpuTime()
+	others := proccpu.Start(watch)
 	start := time.Now()
 	for range *workers {
 		wg.Add(1)
@@ -143,7 +153,11 @@ func main() {
 	}
 	fmt.Printf("intake: %d grants in %v = %.0f grants/s with %d callers, batches of up to %d; process CPU %.2f cores = %.0f grants/s per core of this process\n",
 		*grants, el.Round(time.Millisecond), float64(*grants)/el.Seconds(), *workers, *batch, cpu.Seconds()/el.Seconds(), float64(*grants)/cpu.Seconds())
-	fmt.Println("  (redis-server and, on the real broker, the JVM take the other share of the machine)")
+	if r := others.Report(*grants, "grant"); r != "" {
+		fmt.Printf("  other processes meanwhile: %s\n", r)
+	} else {
+		fmt.Println("  (redis-server and, on the real broker, the JVM take the other share of the machine)")
+	}
 	fmt.Printf("  %s\n", produced.String())
 
 	// 2. Booking: the ledger drains the tokens at full speed (no limit).
@@ -259,7 +273,7 @@ func main() {
 
 	// 4. Through the HTTP API as deployed, authentication on and off.
 	if *httpGrants > 0 {
-		h := httpBench{ns: ns, in: in, batcher: batcher, led: led, cl: cl, rdb: rdb, src: src, log: log, workers: *httpWorkers, users: *users}
+		h := httpBench{ns: ns, in: in, batcher: batcher, led: led, cl: cl, rdb: rdb, src: src, log: log, workers: *httpWorkers, users: *users, watch: watch}
 		h.start()
 		for _, readers := range []int{2, 8} {
 			for _, on := range []bool{false, true} {

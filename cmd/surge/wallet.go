@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"time"
@@ -62,6 +63,9 @@ func cmdWallet(ctx context.Context, args []string) error {
 		return err
 	}
 	log := newLogger(v)
+	if pct, ok := walletGCPercent(v, os.Getenv); ok {
+		debug.SetGCPercent(pct)
+	}
 	apps, users, err := walletAuth(v, log)
 	if err != nil {
 		return err
@@ -153,6 +157,16 @@ func cmdWallet(ctx context.Context, args []string) error {
 		err = nil
 	}
 	return errors.Join(err, <-ledDone)
+}
+
+// walletGCPercent is the GC target to set for the wallet process:
+// wallet.gc_percent, unless GOGC is in the environment (the Go runtime has
+// applied it already, and an operator who set it means it).
+func walletGCPercent(v *viper.Viper, getenv func(string) string) (int, bool) {
+	if getenv("GOGC") != "" {
+		return 0, false
+	}
+	return v.GetInt("wallet.gc_percent"), true
 }
 
 // defaultAdvertise is the URL other instances reach this one's API at when
