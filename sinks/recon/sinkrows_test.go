@@ -12,7 +12,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"google.golang.org/protobuf/proto"
 
 	"surge/processors/wallet/config"
 	"surge/processors/wallet/grant"
@@ -93,8 +92,11 @@ func TestReconcilesRowsTheSinksWrote(t *testing.T) {
 		tok := &pb.Token{AppId: "app", ActId: fg.ActId, ActivityId: faulty, SceneId: "rain", Amount: fg.Amount,
 			OutTradeNo: fg.OrderNo, OpenTime: now.UnixMilli(), RainId: fg.RainId, Status: pb.TokenStatus_PROCESSING}
 		forger.Sign(tok)
-		gb, _ := proto.Marshal(fg)
-		streamstest.ProduceSync(t, cl, streams.NewEncodedRecord(ns+schemas.TopicTokens, []byte(fg.ActId), tok, token.WithGrant(token.Marshal(tok), gb)))
+		v, _, err := token.MarshalWithGrant(tok, fg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		streamstest.ProduceSync(t, cl, streams.NewEncodedRecord(ns+schemas.TopicTokens, []byte(fg.ActId), tok, v))
 
 		sctx, stopSinks := context.WithCancel(ctx)
 		sinksDone := make(chan struct{})

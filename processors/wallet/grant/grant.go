@@ -21,7 +21,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"google.golang.org/protobuf/proto"
 
 	"surge/processors/wallet/config"
 	"surge/processors/wallet/internal/guard"
@@ -703,11 +702,14 @@ func (in *Intake) encode(p *pending) error {
 	var err error
 	if p.tok == nil {
 		p.rec, err = streams.NewRecord(p.l.ns+schemas.TopicGrants, []byte(p.g.ActId), p.g)
-	} else if g, e := proto.Marshal(p.g); e != nil {
-		err = fmt.Errorf("grant: encode: %w", e)
 	} else {
-		p.tokBytes = token.Marshal(p.tok)
-		p.tokRec = streams.NewEncodedRecord(p.l.ns+schemas.TopicTokens, []byte(p.g.ActId), p.tok, token.WithGrant(p.tokBytes, g))
+		var v []byte
+		var n int
+		if v, n, err = token.MarshalWithGrant(p.tok, p.g); err == nil {
+			// The Redis hash keeps the token alone: the record's first n bytes.
+			p.tokBytes = v[:n:n]
+			p.tokRec = streams.NewEncodedRecord(p.l.ns+schemas.TopicTokens, []byte(p.g.ActId), p.tok, v)
+		}
 	}
 	return err
 }
@@ -758,8 +760,8 @@ func (in *Intake) claimTokens(ctx context.Context, ps []*pending, now time.Time)
 			// attempt may have died between its claim and its produce.
 			// The retry publishes the token held in Redis again; the
 			// ledger books an order number once.
-			if g, err := proto.Marshal(p.g); err == nil {
-				again = append(again, streams.NewEncodedRecord(p.tokRec.Topic, p.tokRec.Key, tok, token.WithGrant(token.Marshal(tok), g)))
+			if v, _, err := token.MarshalWithGrant(tok, p.g); err == nil {
+				again = append(again, streams.NewEncodedRecord(p.tokRec.Topic, p.tokRec.Key, tok, v))
 				againFor = append(againFor, p)
 			}
 		}

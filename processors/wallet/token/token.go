@@ -26,6 +26,7 @@ import (
 	"sync"
 
 	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 
 	pb "surge/schemas/surgev1"
 	"surge/schemas/wire"
@@ -96,23 +97,36 @@ func appendSigned(b []byte, t *pb.Token) []byte { return appendFields(b, t, fals
 // again, with status SUCCESS, for the users' Redis hashes, and
 // proto.Marshal was half of that work (TestMarshalIsTheProtobufEncoding
 // keeps the two equal). The grant is left out: Redis keeps the token
-// alone; a record on wallet.tokens adds it (WithGrant).
+// alone; a record on wallet.tokens adds it (MarshalWithGrant).
 func Marshal(t *pb.Token) []byte {
-	n := 48 + len(t.AppId) + len(t.ActId) + len(t.ActivityId) + len(t.SceneId) + len(t.OutTradeNo) + len(t.RainId) +
+	return appendFields(make([]byte, 0, marshalledSize(t)), t, true)
+}
+
+// marshalledSize is room enough for Marshal(t).
+func marshalledSize(t *pb.Token) int {
+	return 48 + len(t.AppId) + len(t.ActId) + len(t.ActivityId) + len(t.SceneId) + len(t.OutTradeNo) + len(t.RainId) +
 		len(t.KeyId) + len(t.Signature) + len(t.BatchProof)
-	return appendFields(make([]byte, 0, n), t, true)
 }
 
 // grantField is the number of Token.grant in wallet.proto.
 const grantField = 14
 
-// WithGrant is the value of a cash grant's record on wallet.tokens: the
-// encoded token (Marshal) followed by its encoded grant as field 14, which
-// is the protobuf encoding of the token with its grant set.
-func WithGrant(token, grant []byte) []byte {
-	b := make([]byte, 0, len(token)+len(grant)+6)
-	b = protowire.AppendTag(append(b, token...), grantField, protowire.BytesType)
-	return protowire.AppendBytes(b, grant) // even empty: a message field is present once written
+// MarshalWithGrant is the value of a cash grant's record on wallet.tokens:
+// the token (Marshal) followed by its grant g as field 14, which is the
+// protobuf encoding of the token with its grant set. Its first n bytes
+// are Marshal(t), what the user's Redis hash keeps: intake encodes each
+// token once, into one buffer, for both.
+func MarshalWithGrant(t *pb.Token, g *pb.RewardGrant) (value []byte, n int, err error) {
+	gsize := proto.Size(g)
+	b := make([]byte, 0, marshalledSize(t)+1+protowire.SizeVarint(uint64(gsize))+gsize)
+	b = appendFields(b, t, true)
+	n = len(b)
+	// Even an empty grant is written: a message field is present once set.
+	b = protowire.AppendVarint(protowire.AppendTag(b, grantField, protowire.BytesType), uint64(gsize))
+	if b, err = (proto.MarshalOptions{UseCachedSize: true}).MarshalAppend(b, g); err != nil {
+		return nil, 0, fmt.Errorf("token: encode its grant: %w", err)
+	}
+	return b, n, nil
 }
 
 // appendFields writes the signed fields, or with all every field. Field
@@ -197,13 +211,17 @@ func (k *Keyring) SignBatch(toks []*pb.Token) {
 		}
 		root := levels[len(levels)-1][0]
 		sig := ed25519.Sign(signer, rootMessage(root))
+		// One allocation for the group's proofs: the tokens of a batch are
+		// encoded and dropped together.
+		size := (len(levels) - 1) * hashSize
+		proofs := make([]byte, 0, len(group)*size)
 		for i, t := range group {
-			proof := make([]byte, 0, (len(levels)-1)*hashSize)
+			start := len(proofs)
 			for d, at := 0, i; d < len(levels)-1; d, at = d+1, at/2 {
 				sib := levels[d][at^1]
-				proof = append(proof, sib[:]...)
+				proofs = append(proofs, sib[:]...)
 			}
-			t.Signature, t.BatchIndex, t.BatchProof = sig, uint32(i), proof
+			t.Signature, t.BatchIndex, t.BatchProof = sig, uint32(i), proofs[start:len(proofs):len(proofs)]
 		}
 	}
 }
