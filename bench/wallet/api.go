@@ -16,7 +16,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"google.golang.org/protobuf/proto"
 
 	"surge/bench/internal/proccpu"
 	"surge/processors/wallet/api"
@@ -24,7 +23,6 @@ import (
 	"surge/processors/wallet/config"
 	"surge/processors/wallet/grant"
 	"surge/processors/wallet/ledger"
-	pb "surge/schemas/surgev1"
 	"surge/streams"
 )
 
@@ -192,31 +190,49 @@ func (h *httpBench) reads(on bool, readers, n, backlogUsers int) {
 }
 
 // grantsProto posts n grants in batches of size as protobuf (GrantBatch,
-// answered with GrantResults), signed when on.
+// answered with GrantResults), signed when on. Its callers run in another
+// process (callers.go): the figures are the wallet process's own.
 func (h *httpBench) grantsProto(on bool, size, n, callers int) {
 	h.run++
-	reqs := (n + size - 1) / size
-	bodies := make([][]byte, reqs) // made before the clock starts
-	for r := range bodies {
-		var b pb.GrantBatch
-		for k := r * size; k < min(n, (r+1)*size); k++ {
-			act := fmt.Sprintf("h%d", k%h.users)
-			rain := fmt.Sprintf("hp%d-%d", h.run, k)
-			b.Grants = append(b.Grants, &pb.RewardGrant{OrderNo: act + "_rain_" + rain + "_1_1", ActId: act, ActivityId: "spring",
-				SceneId: "rain", RainId: rain, AwardType: pb.AwardType_CASH, Stage: 1, Amount: int64(1 + k%100), AppId: "bench"})
-		}
-		body, err := proto.Marshal(&b)
-		must(err)
-		bodies[r] = body
+	i := 0
+	job := callerJob{Path: "/v1/grants/batch", Run: h.run, Size: size, N: n, Callers: callers, Users: h.users}
+	if on {
+		i, job.Key = 1, &h.app
 	}
-	h.post(on, "/v1/grants/batch, protobuf", "application/x-protobuf", size, n, callers, bodies, func(_ int, body []byte) {
-		var res pb.GrantResults
-		must(proto.Unmarshal(body, &res))
-		for _, g := range res.Results {
-			if g.Code != 200 {
-				must(fmt.Errorf("batch not all granted: %v", g))
-			}
+	job.URL = h.url[i]
+	res := runCallers(job, func() (time.Duration, *proccpu.Span) { return cpuTime(), proccpu.Start(h.watch) }, func(cpu0 time.Duration, others *proccpu.Span, res callerResult) {
+		cpu := cpuTime() - cpu0
+		el := res.Elapsed
+		fmt.Printf("HTTP grants, %s, %4d per request (/v1/grants/batch, protobuf), %d callers in another process: %d grants in %v = %.0f grants/s, request p50 %v, p99 %v; wallet process CPU %.2f cores = %.2fµs/grant\n",
+			label(on), size, callers, n, el.Round(time.Millisecond), float64(n)/el.Seconds(), res.P50, res.P99,
+			cpu.Seconds()/el.Seconds(), float64(cpu.Microseconds())/float64(n))
+		used := fmt.Sprintf("callers %.2f cores %.2fµs/grant", res.CPU.Seconds()/el.Seconds(), float64(res.CPU.Microseconds())/float64(n))
+		if r := others.Report(n, "grant"); r != "" {
+			used += ", " + r
 		}
+		fmt.Printf("  other processes meanwhile: %s\n", used)
+	})
+	if res.Err != "" {
+		must(fmt.Errorf("callers: %s", res.Err))
+	}
+}
+
+// send posts the bodies from callers at once to url+path, signed with key
+// when not nil, checks each answer, and returns the requests' latencies
+// (sorted) and the wall time. contentType is set when not "".
+func (h *httpBench) send(url, path, contentType string, key *auth.Key, callers int, bodies [][]byte, check func(r int, body []byte)) ([]time.Duration, time.Duration) {
+	w := h.workers
+	h.workers = callers
+	defer func() { h.workers = w }()
+	return h.parallel(len(bodies), func(r int) {
+		req, _ := http.NewRequestWithContext(context.Background(), "POST", url+path, bytes.NewReader(bodies[r]))
+		if contentType != "" {
+			req.Header.Set("Content-Type", contentType)
+		}
+		if key != nil {
+			auth.Sign(req, bodies[r], *key, time.Now())
+		}
+		check(r, h.do(req))
 	})
 }
 
@@ -229,21 +245,13 @@ func (h *httpBench) post(on bool, what, contentType string, size, n, callers int
 		i = 1
 	}
 	path, _, _ := strings.Cut(what, ",")
-	w := h.workers
-	h.workers = callers
-	defer func() { h.workers = w }()
+	var key *auth.Key
+	if on {
+		key = &h.app
+	}
 	cpu0 := cpuTime()
 	others := proccpu.Start(h.watch)
-	lat, el := h.parallel(len(bodies), func(r int) {
-		req, _ := http.NewRequestWithContext(context.Background(), "POST", h.url[i]+path, bytes.NewReader(bodies[r]))
-		if contentType != "" {
-			req.Header.Set("Content-Type", contentType)
-		}
-		if on {
-			auth.Sign(req, bodies[r], h.app, time.Now())
-		}
-		check(r, h.do(req))
-	})
+	lat, el := h.send(h.url[i], path, contentType, key, callers, bodies, check)
 	cpu := cpuTime() - cpu0
 	fmt.Printf("HTTP grants, %s, %4d per request (%s), %d callers: %d grants in %v = %.0f grants/s, request p50 %v, p99 %v; process CPU %.2f cores (server and callers)\n",
 		label(on), size, what, callers, n, el.Round(time.Millisecond), float64(n)/el.Seconds(), pct(lat, 50), pct(lat, 99), cpu.Seconds()/el.Seconds())

@@ -1,6 +1,8 @@
 // Command wallet measures the reward wallet: grant intake (validate,
 // idempotency check, sign, produce), booking into the ledger, and balance
-// reads while a backlog of unbooked tokens waits.
+// reads while a backlog of unbooked tokens waits; then the HTTP API with
+// authentication on and off. The protobuf batch runs' callers are another
+// process (callers.go), so the wallet process's CPU per grant is its own.
 //
 //	go run ./bench/wallet -redis 127.0.0.1:16379                          # kfake
 //	go run ./bench/wallet -redis 127.0.0.1:16379 -brokers 127.0.0.1:19092 # real broker
@@ -63,7 +65,12 @@ func main() {
 	traceOut := flag.String("trace", "", "execution trace of the booking phase (go tool trace)")
 	gcPercent := flag.Int("gc-percent", stack.GCPercent, "Go GC target, as `surge wallet` sets it (wallet.gc_percent); GOGC in the environment wins, as there")
 	watchFlag := flag.String("watch", "", "other processes whose CPU to report beside this one's, name=pid,... (scripts/bench-wallet.sh: the broker and redis-server)")
+	callers := flag.Bool("callers", false, "internal: be the callers' process of a protobuf batch run (callers.go)")
 	flag.Parse()
+	if *callers {
+		callersMain()
+		return
+	}
 
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(*gcPercent)
