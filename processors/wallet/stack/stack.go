@@ -42,6 +42,18 @@ const TotalKey = "wallet:total:partitions"
 // bounds the heap where memory is tight.
 const GCPercent = 400
 
+// BatchSize and Batchers are the grant batching `surge wallet` runs with
+// (wallet.batch_size, wallet.batchers): four batches of up to 1024 in
+// flight. Against eight of 512, the broker's CPU per grant fell by about a
+// sixth (fewer produce requests and larger partition batches) and grants
+// through the API rose in each of five alternating runs
+// (bench/wallet-notes.md); two of 2048 left the machine idle between
+// batches.
+const (
+	BatchSize = 1024
+	Batchers  = 4
+)
+
 // Topics are the wallet's topics behind namespace ns.
 func Topics(ns string) []schemas.Topic {
 	return schemas.Namespaced(ns, schemas.TopicGrants, schemas.TopicTokens, schemas.TopicLedger,

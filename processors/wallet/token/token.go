@@ -162,7 +162,7 @@ func (k *Keyring) Sign(t *pb.Token) {
 
 // BatchSize is the most tokens one batch signature covers: a tree of 256
 // leaves, so a token carries 8 sibling hashes (256 bytes). An intake batch
-// (wallet.batch_size, 512 by default) is one or two signatures, and the
+// (wallet.batch_size, 1024 by default) is up to four signatures, and the
 // ledger pays one Ed25519 check per signature. At 64 the checks
 // were 11% of booking's CPU; the two extra hashes per token cost about a
 // tenth of what that saved (bench/wallet-notes.md).
