@@ -1,7 +1,8 @@
 // Package wire appends protobuf fields by hand, the way proto3 encodes
 // them: zero values are omitted, and the caller writes fields in field
 // number order so the bytes are proto.Marshal's deterministic encoding.
-// The wallet's hot encoders use it (token.Marshal, the ledger's entry),
+// The wallet's hot encoders use it (token.Marshal, the grant inside a
+// token's record, the ledger's entry),
 // each held to proto.Marshal by a test over EachFieldAlone.
 package wire
 
@@ -65,6 +66,8 @@ func EachFieldAlone(m proto.Message) ([]FieldAlone, error) {
 			c.Set(f, protoreflect.ValueOfUint32(1))
 		case protoreflect.EnumKind:
 			c.Set(f, protoreflect.ValueOfEnum(1))
+		case protoreflect.BoolKind:
+			c.Set(f, protoreflect.ValueOfBool(true))
 		case protoreflect.MessageKind: // present and empty
 			c.Set(f, protoreflect.ValueOfMessage(c.NewField(f).Message()))
 		default:

@@ -703,13 +703,10 @@ func (in *Intake) encode(p *pending) error {
 	if p.tok == nil {
 		p.rec, err = streams.NewRecord(p.l.ns+schemas.TopicGrants, []byte(p.g.ActId), p.g)
 	} else {
-		var v []byte
-		var n int
-		if v, n, err = token.MarshalWithGrant(p.tok, p.g); err == nil {
-			// The Redis hash keeps the token alone: the record's first n bytes.
-			p.tokBytes = v[:n:n]
-			p.tokRec = streams.NewEncodedRecord(p.l.ns+schemas.TopicTokens, []byte(p.g.ActId), p.tok, v)
-		}
+		v, n := token.MarshalWithGrant(p.tok, p.g)
+		// The Redis hash keeps the token alone: the record's first n bytes.
+		p.tokBytes = v[:n:n]
+		p.tokRec = streams.NewEncodedRecord(p.l.ns+schemas.TopicTokens, []byte(p.g.ActId), p.tok, v)
 	}
 	return err
 }
@@ -760,10 +757,9 @@ func (in *Intake) claimTokens(ctx context.Context, ps []*pending, now time.Time)
 			// attempt may have died between its claim and its produce.
 			// The retry publishes the token held in Redis again; the
 			// ledger books an order number once.
-			if v, _, err := token.MarshalWithGrant(tok, p.g); err == nil {
-				again = append(again, streams.NewEncodedRecord(p.tokRec.Topic, p.tokRec.Key, tok, v))
-				againFor = append(againFor, p)
-			}
+			v, _ := token.MarshalWithGrant(tok, p.g)
+			again = append(again, streams.NewEncodedRecord(p.tokRec.Topic, p.tokRec.Key, tok, v))
+			againFor = append(againFor, p)
 		}
 	}
 	if len(again) > 0 {
