@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -192,7 +193,8 @@ func (h *httpBench) reads(on bool, readers, n, backlogUsers int) {
 // grantsProto posts n grants in batches of size as protobuf (GrantBatch,
 // answered with GrantResults), signed when on. Its callers run in another
 // process (callers.go): the figures are the wallet process's own.
-func (h *httpBench) grantsProto(on bool, size, n, callers int) {
+// It returns the rate and the wallet process's CPU per grant.
+func (h *httpBench) grantsProto(on bool, size, n, callers int) (perSec float64, walletCPU time.Duration) {
 	h.run++
 	i := 0
 	job := callerJob{Path: "/v1/grants/batch", Run: h.run, Size: size, N: n, Callers: callers, Users: h.users}
@@ -203,6 +205,7 @@ func (h *httpBench) grantsProto(on bool, size, n, callers int) {
 	res := runCallers(job, func() (time.Duration, *proccpu.Span) { return cpuTime(), proccpu.Start(h.watch) }, func(cpu0 time.Duration, others *proccpu.Span, res callerResult) {
 		cpu := cpuTime() - cpu0
 		el := res.Elapsed
+		perSec, walletCPU = float64(n)/el.Seconds(), cpu/time.Duration(n)
 		fmt.Printf("HTTP grants, %s, %4d per request (/v1/grants/batch, protobuf), %d callers in another process: %d grants in %v = %.0f grants/s, request p50 %v, p99 %v; wallet process CPU %.2f cores = %.2fµs/grant\n",
 			label(on), size, callers, n, el.Round(time.Millisecond), float64(n)/el.Seconds(), res.P50, res.P99,
 			cpu.Seconds()/el.Seconds(), float64(cpu.Microseconds())/float64(n))
@@ -215,6 +218,14 @@ func (h *httpBench) grantsProto(on bool, size, n, callers int) {
 	if res.Err != "" {
 		must(fmt.Errorf("callers: %s", res.Err))
 	}
+	return perSec, walletCPU
+}
+
+// median of a few measurements.
+func median[T float64 | time.Duration](xs []T) T {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return s[len(s)/2]
 }
 
 // send posts the bodies from callers at once to url+path, signed with key

@@ -58,7 +58,8 @@ func main() {
 	httpGrants := flag.Int("http", 100_000, "grants per run through the HTTP API, auth on and off (0 skips the API runs)")
 	httpWorkers := flag.Int("http-workers", 256, "concurrent HTTP callers")
 	httpBatch := flag.Int("http-batch", 100, "grants per POST /v1/grants/batch request")
-	protoCallers := flag.Int("proto-callers", 40, "concurrent callers of the protobuf batch runs")
+	protoCallers := flag.Int("proto-callers", 80, "concurrent callers of the protobuf batch runs: enough to keep the two cores busy (40 left a tenth of them idle, at half the latency)")
+	protoRepeat := flag.Int("proto-repeat", 3, "protobuf batch runs with auth off and on, in turn (their medians are printed)")
 	httpSingle := flag.Bool("http-single", true, "also run one grant per request (POST /v1/grants)")
 	httpJSON := flag.Bool("http-json", true, "run the JSON grant runs (false: the protobuf batches alone)")
 	cpuprofile := flag.String("cpuprofile", "", "CPU profile of the intake phase (and of booking, with .booking added; of the HTTP grant runs, with .http added)")
@@ -306,9 +307,21 @@ func main() {
 				h.grants(on, size, *httpGrants)
 			}
 		}
-		for _, on := range []bool{false, true} {
-			h.grantsProto(on, *httpBatch, *httpGrants, *protoCallers)
+		// The protobuf runs are the headline: repeated, off and on in
+		// turn, and summed up by their medians (a run moves by 10% from one
+		// to the next on this machine).
+		var rates [2][]float64
+		var cpus [2][]time.Duration
+		for range *protoRepeat {
+			for i, on := range []bool{false, true} {
+				r, c := h.grantsProto(on, *httpBatch, *httpGrants, *protoCallers)
+				rates[i], cpus[i] = append(rates[i], r), append(cpus[i], c)
+			}
 		}
+		fmt.Printf("protobuf batches, median of %d runs each: auth off %.0f grants/s (wallet process %.2fµs/grant), auth on %.0f grants/s (%.2fµs/grant)\n",
+			*protoRepeat, median(rates[0]), us(median(cpus[0])), median(rates[1]), us(median(cpus[1])))
+		fmt.Printf("  derived: at %.2fµs of CPU a grant, the wallet process on 2 cores of its own (broker, Redis and callers elsewhere) would accept about %.0f grants/s with auth on\n",
+			us(median(cpus[1])), 2e6/us(median(cpus[1])))
 		if *cpuprofile != "" {
 			pprof.StopCPUProfile()
 		}
@@ -358,3 +371,6 @@ func must(err error) {
 }
 
 func must2(s string, err error) string { must(err); return s }
+
+// us is d in microseconds.
+func us(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
