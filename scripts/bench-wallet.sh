@@ -43,5 +43,16 @@ broker_pid="$(cat "${KAFKA_HOME:-$root/.cache/kafka}/kafka.pid")"
   echo "\$ go run ./bench/wallet -grants $grants -backlog 1000000 -http $http -redis $redis -brokers 127.0.0.1:${KAFKA_PORT:-19092} -watch broker=<pid>,redis=<pid>"
   go run ./bench/wallet -grants "$grants" -backlog 1000000 -http "$http" -redis "$redis" -brokers "127.0.0.1:${KAFKA_PORT:-19092}" -watch "broker=$broker_pid,redis=$redis_pid" 2>&1 | grep -v ' INFO '
   echo
+  # The wallet process on a core of its own, as deployed (the broker and
+  # Redis are other machines): the broker, redis-server and the callers
+  # pinned to the other core. A short run: the protobuf batches alone.
+  echo "# the wallet process alone on core 0 (taskset -c 0); the broker, redis-server and the callers on core 1"
+  trap 'taskset -a -p -c 0-$(( $(nproc) - 1 )) "$broker_pid" >/dev/null 2>&1; taskset -a -p -c 0-$(( $(nproc) - 1 )) "$redis_pid" >/dev/null 2>&1' EXIT
+  taskset -a -p -c 1 "$broker_pid" >/dev/null
+  taskset -a -p -c 1 "$redis_pid" >/dev/null
+  echo "\$ taskset -c 0 bin/bench-wallet -callers-cpus 1 -grants 10000 -backlog 1000 -reads 100 -http $http -http-json=false -redis $redis -brokers 127.0.0.1:${KAFKA_PORT:-19092} -watch broker=<pid>,redis=<pid>"
+  taskset -c 0 bin/bench-wallet -callers-cpus 1 -grants 10000 -backlog 1000 -reads 100 -http "$http" -http-json=false -redis "$redis" \
+    -brokers "127.0.0.1:${KAFKA_PORT:-19092}" -watch "broker=$broker_pid,redis=$redis_pid" 2>&1 | grep -v ' INFO ' | grep -E '^(backend|HTTP grants|  other|protobuf|  derived)'
+  echo
   echo "# what bounds each figure: bench/wallet-notes.md"
 } | tee "$out"

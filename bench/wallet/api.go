@@ -42,6 +42,9 @@ type httpBench struct {
 	workers int
 	users   int
 	watch   []proccpu.Watched
+	// callerCPUs pins the callers' process (taskset -c), for runs with
+	// the wallet process on cores of its own.
+	callerCPUs string
 
 	app     auth.Key
 	userSet *auth.Users
@@ -197,7 +200,7 @@ func (h *httpBench) reads(on bool, readers, n, backlogUsers int) {
 func (h *httpBench) grantsProto(on bool, size, n, callers int) (perSec float64, walletCPU time.Duration) {
 	h.run++
 	i := 0
-	job := callerJob{Path: "/v1/grants/batch", Run: h.run, Size: size, N: n, Callers: callers, Users: h.users}
+	job := callerJob{Path: "/v1/grants/batch", Run: h.run, Size: size, N: n, Callers: callers, Users: h.users, CPUs: h.callerCPUs}
 	if on {
 		i, job.Key = 1, &h.app
 	}

@@ -30,6 +30,7 @@ type callerJob struct {
 	URL, Path                    string
 	Run, Size, N, Callers, Users int
 	Key                          *auth.Key // nil: requests unsigned
+	CPUs                         string    // taskset -c list the callers' process runs on; "": any
 }
 
 // callerResult is what the callers measured.
@@ -63,6 +64,9 @@ func protoBodies(run, size, n, users int) [][]byte {
 // with what start returned.
 func runCallers[T, U any](job callerJob, start func() (T, U), done func(T, U, callerResult)) callerResult {
 	cmd := exec.Command(os.Args[0], "-callers")
+	if job.CPUs != "" { // the callers on other cores than the wallet's
+		cmd = exec.Command("taskset", "-c", job.CPUs, os.Args[0], "-callers")
+	}
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
 	must(err)

@@ -59,6 +59,7 @@ func main() {
 	httpWorkers := flag.Int("http-workers", 256, "concurrent HTTP callers")
 	httpBatch := flag.Int("http-batch", 100, "grants per POST /v1/grants/batch request")
 	protoCallers := flag.Int("proto-callers", 80, "concurrent callers of the protobuf batch runs: enough to keep the two cores busy (40 left a tenth of them idle, at half the latency)")
+	callerCPUs := flag.String("callers-cpus", "", "run the protobuf runs' callers on these cores (taskset -c list; scripts/bench-wallet.sh gives the wallet process a core of its own)")
 	protoRepeat := flag.Int("proto-repeat", 3, "protobuf batch runs with auth off and on, in turn (their medians are printed)")
 	httpSingle := flag.Bool("http-single", true, "also run one grant per request (POST /v1/grants)")
 	httpJSON := flag.Bool("http-json", true, "run the JSON grant runs (false: the protobuf batches alone)")
@@ -281,7 +282,7 @@ func main() {
 
 	// 4. Through the HTTP API as deployed, authentication on and off.
 	if *httpGrants > 0 {
-		h := httpBench{ns: ns, in: in, batcher: batcher, led: led, cl: cl, rdb: rdb, src: src, log: log, workers: *httpWorkers, users: *users, watch: watch}
+		h := httpBench{ns: ns, in: in, batcher: batcher, led: led, cl: cl, rdb: rdb, src: src, log: log, workers: *httpWorkers, users: *users, watch: watch, callerCPUs: *callerCPUs}
 		h.start()
 		for _, readers := range []int{2, 8} {
 			for _, on := range []bool{false, true} {
