@@ -11,6 +11,7 @@ import (
 	"os"
 	"runtime/debug"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -63,7 +64,11 @@ func cmdWallet(ctx context.Context, args []string) error {
 		return err
 	}
 	log := newLogger(v)
-	if pct, ok := walletGCPercent(v, os.Getenv); ok {
+	pct, ok, err := walletGCPercent(v, os.Getenv)
+	if err != nil {
+		return err
+	}
+	if ok {
 		debug.SetGCPercent(pct)
 	}
 	apps, users, err := walletAuth(v, log)
@@ -162,11 +167,21 @@ func cmdWallet(ctx context.Context, args []string) error {
 // walletGCPercent is the GC target to set for the wallet process:
 // wallet.gc_percent, unless GOGC is in the environment (the Go runtime has
 // applied it already, and an operator who set it means it).
-func walletGCPercent(v *viper.Viper, getenv func(string) string) (int, bool) {
+// It must be positive, or -1 (the collector off: only with GOMEMLIMIT,
+// which then alone starts a collection).
+func walletGCPercent(v *viper.Viper, getenv func(string) string) (int, bool, error) {
 	if getenv("GOGC") != "" {
-		return 0, false
+		return 0, false, nil
 	}
-	return v.GetInt("wallet.gc_percent"), true
+	raw := v.GetString("wallet.gc_percent")
+	pct, err := strconv.Atoi(strings.TrimSpace(raw))
+	switch {
+	case err != nil || pct == 0 || pct < -1:
+		return 0, false, fmt.Errorf("wallet.gc_percent %q: want a positive percentage (Go's GOGC; 100 is Go's default), or -1 with GOMEMLIMIT set", raw)
+	case pct == -1 && getenv("GOMEMLIMIT") == "":
+		return 0, false, errors.New("wallet.gc_percent -1 turns the collector off: set GOMEMLIMIT too, or the heap grows without bound")
+	}
+	return pct, true, nil
 }
 
 // defaultAdvertise is the URL other instances reach this one's API at when

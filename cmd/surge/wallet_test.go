@@ -30,15 +30,15 @@ func TestWalletGCPercent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if pct, ok := walletGCPercent(v, noEnv); !ok || pct != stack.GCPercent {
-		t.Errorf("default: %d, %v; want %d, true", pct, ok, stack.GCPercent)
+	if pct, ok, err := walletGCPercent(v, noEnv); !ok || err != nil || pct != stack.GCPercent {
+		t.Errorf("default: %d, %v, %v; want %d, true", pct, ok, err, stack.GCPercent)
 	}
 	v, _, err = loadConfig("wallet", []string{"--wallet.gc_percent=150"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if pct, ok := walletGCPercent(v, noEnv); !ok || pct != 150 {
-		t.Errorf("flag: %d, %v; want 150, true", pct, ok)
+	if pct, ok, err := walletGCPercent(v, noEnv); !ok || err != nil || pct != 150 {
+		t.Errorf("flag: %d, %v, %v; want 150, true", pct, ok, err)
 	}
 	gogc := func(k string) string {
 		if k == "GOGC" {
@@ -46,7 +46,31 @@ func TestWalletGCPercent(t *testing.T) {
 		}
 		return ""
 	}
-	if _, ok := walletGCPercent(v, gogc); ok {
-		t.Error("GOGC in the environment was overridden")
+	if _, ok, err := walletGCPercent(v, gogc); ok || err != nil {
+		t.Errorf("GOGC in the environment was overridden (%v)", err)
+	}
+	// Nonsense is refused with a reason, and the collector is not turned
+	// off without a memory limit.
+	for _, bad := range []string{"0", "-5", "lots", "-1"} {
+		v, _, err := loadConfig("wallet", []string{"--wallet.gc_percent=" + bad}, nil)
+		if err != nil {
+			continue // refused by the flag parser already
+		}
+		if _, ok, err := walletGCPercent(v, noEnv); ok || err == nil {
+			t.Errorf("wallet.gc_percent=%s accepted", bad)
+		}
+	}
+	v, _, err = loadConfig("wallet", []string{"--wallet.gc_percent=-1"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	limit := func(k string) string {
+		if k == "GOMEMLIMIT" {
+			return "1GiB"
+		}
+		return ""
+	}
+	if pct, ok, err := walletGCPercent(v, limit); !ok || err != nil || pct != -1 {
+		t.Errorf("-1 with GOMEMLIMIT: %d, %v, %v", pct, ok, err)
 	}
 }
