@@ -52,6 +52,11 @@ func cmdRun(ctx context.Context, args []string) error {
 		return err
 	}
 	name := fs.Arg(0)
+	release, err := claimInstanceID(v, name, log)
+	if err != nil {
+		return err
+	}
+	defer release()
 	opts, err := runnerOptions(v, log)
 	if err != nil {
 		return err

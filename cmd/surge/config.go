@@ -28,7 +28,7 @@ var options = []struct {
 	{"kafka.embedded_dir", "", "`embedded`: keep kfake's data here across restarts; empty keeps it in memory"},
 	{"kafka.replication", 1, "replication factor for topics created by `topics create` and `embedded`"},
 	{"processor.guarantee", "", "override a processor's delivery guarantee: exactly-once or at-least-once"},
-	{"processor.instance_id", "", "stable id of this instance (transactional id); default the host name"},
+	{"processor.instance_id", "", "stable id of this instance (transactional id); default the host name, with -2, -3... for further instances of the same service on this host (a lock file per slot in the temporary directory; a restart takes its slot back)"},
 	{"processor.max_batch", 10000, "records per batch / transaction"},
 	{"processor.max_record_bytes", 1 << 20, "larger inputs are dead-lettered"},
 	{"processor.max_attempts", 5, "transient failures per record before it is dead-lettered"},

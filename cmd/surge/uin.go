@@ -189,6 +189,11 @@ func runUin(ctx context.Context, v *viper.Viper, log *slog.Logger, bs []string, 
 }
 
 func uinRun(ctx context.Context, v *viper.Viper, log *slog.Logger) error {
+	release, err := claimInstanceID(v, "uin-run", log)
+	if err != nil {
+		return err
+	}
+	defer release()
 	o, err := uinOptions(v, log)
 	if err != nil {
 		return err

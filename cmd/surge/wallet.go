@@ -80,6 +80,12 @@ func cmdWallet(ctx context.Context, args []string) error {
 		return err
 	}
 	defer stop()
+	configuredID := v.GetString("processor.instance_id") != ""
+	release, err := claimInstanceID(v, "wallet", log)
+	if err != nil {
+		return err
+	}
+	defer release()
 	src := config.Static(demoTree())
 	if f := v.GetString("wallet.config"); f != "" {
 		if src, err = config.Load(f, log); err != nil {
@@ -136,7 +142,7 @@ func cmdWallet(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	if v.GetString("processor.instance_id") != "" && !v.GetBool("processor.static_membership") {
+	if configuredID && !v.GetBool("processor.static_membership") {
 		// A wallet instance restarts in place (kill -9, upgrade): as a
 		// static member it takes its partitions back at once and serves
 		// reads within seconds, instead of after the old session's timeout
