@@ -18,6 +18,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -271,6 +272,11 @@ func (in *Intake) validate(ctx context.Context, tree *config.Tree, g *pb.RewardG
 	if err := order.Check(g); err != nil {
 		return bad("invalid", fmt.Errorf("%w: %v", ErrInvalid, err))
 	}
+	if field, ok := validText(g); !ok {
+		// Protobuf strings are UTF-8, and the record is encoded by hand
+		// (token.MarshalWithGrant): a consumer would refuse it later.
+		return bad("invalid", fmt.Errorf("%w: %s is not valid UTF-8", ErrInvalid, field))
+	}
 	if g.Amount <= 0 {
 		return bad("invalid", fmt.Errorf("%w: amount %d must be positive", ErrInvalid, g.Amount))
 	}
@@ -291,6 +297,18 @@ func (in *Intake) validate(ctx context.Context, tree *config.Tree, g *pb.RewardG
 	}
 	g.ParentActivityId, g.ActivityId, g.TemplateId = parent, phase.ID, scene.Template
 	return &pending{g: g, l: l, phase: phase, scene: scene}, nil
+}
+
+// validText reports whether the grant's text fields are UTF-8, and if not
+// which one is not.
+func validText(g *pb.RewardGrant) (string, bool) {
+	for _, f := range [...]struct{ name, v string }{{"order_no", g.OrderNo}, {"act_id", g.ActId}, {"activity_id", g.ActivityId},
+		{"scene_id", g.SceneId}, {"rain_id", g.RainId}, {"app_id", g.AppId}, {"template_id", g.TemplateId}, {"parent_activity_id", g.ParentActivityId}} {
+		if !utf8.ValidString(f.v) {
+			return f.name, false
+		}
+	}
+	return "", true
 }
 
 // claim is the idempotency check of grants without a cached token: SETNX

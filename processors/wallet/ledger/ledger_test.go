@@ -366,6 +366,7 @@ func TestIntakeRefusals(t *testing.T) {
 			"earned too long ago":  {longAgo, grant.ErrInvalid, "before the server's time"},
 			"earned in the future": {ahead, grant.ErrInvalid, "after the server's time"},
 			"wrong award":          {wrongType, grant.ErrInvalid, "grants coupon"},
+			"not UTF-8":            {func() *pb.RewardGrant { g := cash("u1", "r9", 1); g.AppId = "app\xff"; return g }(), grant.ErrInvalid, "app_id is not valid UTF-8"},
 		}
 		for name, c := range cases {
 			_, err := w.intake.Grant(ctx, c.g)
