@@ -37,6 +37,14 @@ func claimInstanceID(v *viper.Viper, component string, log *slog.Logger) (releas
 		host = "local"
 	}
 	id, f, err := claimSlot(os.TempDir(), component, host)
+	if errors.Is(err, errNoSlotFile) {
+		// A read-only temporary directory (a locked-down container, where
+		// the host name is the container's own): the id is the host name,
+		// as it was before slots.
+		log.Warn("instance id: no slot lock possible, using the host name; set processor.instance_id when several instances share a host", "err", err)
+		v.Set("processor.instance_id", host)
+		return func() {}, nil
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -47,6 +55,9 @@ func claimInstanceID(v *viper.Viper, component string, log *slog.Logger) (releas
 
 var unsafeInFileName = regexp.MustCompile(`[^A-Za-z0-9_.-]`)
 
+// errNoSlotFile: the slot's lock file cannot be opened or locked at all.
+var errNoSlotFile = errors.New("slot lock file unusable")
+
 // claimSlot locks the lowest free slot of component in dir and returns
 // the id it stands for and the open lock file (closing it frees the slot).
 func claimSlot(dir, component, host string) (string, *os.File, error) {
@@ -55,14 +66,14 @@ func claimSlot(dir, component, host string) (string, *os.File, error) {
 		path := filepath.Join(dir, fmt.Sprintf("surge-instance-%s-%d.lock", name, slot))
 		f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o666)
 		if err != nil {
-			return "", nil, fmt.Errorf("instance id: %w (set processor.instance_id)", err)
+			return "", nil, fmt.Errorf("%w: %v", errNoSlotFile, err)
 		}
 		if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 			_ = f.Close()
 			if errors.Is(err, syscall.EWOULDBLOCK) {
 				continue // another instance on this host holds it
 			}
-			return "", nil, fmt.Errorf("instance id: lock %s: %w (set processor.instance_id)", path, err)
+			return "", nil, fmt.Errorf("%w: lock %s: %v", errNoSlotFile, path, err)
 		}
 		if slot == 1 {
 			return host, f, nil

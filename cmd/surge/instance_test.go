@@ -2,8 +2,11 @@ package main
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	push "surge/processors/push/pipeline"
 	"surge/schemas"
@@ -49,6 +52,28 @@ func TestInstanceSlots(t *testing.T) {
 	fa2.Close()
 	fb.Close()
 	ft.Close()
+}
+
+// Where no lock file can be made (a read-only temporary directory), the
+// id is the host name, as before slots, and the service still starts.
+func TestInstanceIDWithoutSlotFiles(t *testing.T) {
+	_, _, err := claimSlot(filepath.Join(t.TempDir(), "missing"), "push-ctr", "h1")
+	if !errors.Is(err, errNoSlotFile) {
+		t.Fatalf("claimSlot in a missing directory: %v, want errNoSlotFile", err)
+	}
+	t.Setenv("TMPDIR", filepath.Join(t.TempDir(), "missing"))
+	v, _, err := loadConfig("run", nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	release, err := claimInstanceID(v, "push-ctr", slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatalf("a service without slot files did not start: %v", err)
+	}
+	defer release()
+	if host, _ := os.Hostname(); v.GetString("processor.instance_id") != host {
+		t.Fatalf("instance id %q, want the host name %q", v.GetString("processor.instance_id"), host)
+	}
 }
 
 // A configured id is kept, and claims no slot.
