@@ -22,12 +22,13 @@ const maxSlots = 64
 // with the same id fence each other's transactions at every commit: two
 // `surge run push-offline` on one machine, both defaulting to the host
 // name, made no progress together. Each process takes the lowest free
-// slot, a file lock in the temporary directory that the kernel releases
-// when the process dies: slot 1 is the host name as before, slot N the
-// host name and "-N". A restart on the same host (kill -9 included) takes
-// the same slot back, so the id stays stable and the restarted instance
-// fences its predecessor's open transaction at once. release frees the
-// slot; a configured id claims nothing.
+// slot of its service and namespace, a file lock in the temporary
+// directory that the kernel releases when the process dies: slot 1 is the
+// host name as before, slot N the host name and "-N". A restart on the
+// same host (kill -9 included) takes the same slot back, so the id stays
+// stable and the restarted instance fences its predecessor's open
+// transaction at once. release frees the slot; a configured id claims
+// nothing.
 func claimInstanceID(v *viper.Viper, component string, log *slog.Logger) (release func(), err error) {
 	if v.GetString("processor.instance_id") != "" {
 		return func() {}, nil
@@ -36,7 +37,15 @@ func claimInstanceID(v *viper.Viper, component string, log *slog.Logger) (releas
 	if host == "" {
 		host = "local"
 	}
-	id, f, err := claimSlot(os.TempDir(), component, host)
+	// Slots per service and namespace: instances in other namespaces are
+	// in other groups, with other transactional ids.
+	key := component
+	for _, ns := range []string{"push.namespace", "uin.namespace", "wallet.namespace"} {
+		if s := v.GetString(ns); s != "" {
+			key += "@" + s
+		}
+	}
+	id, f, err := claimSlot(os.TempDir(), key, host)
 	if errors.Is(err, errNoSlotFile) {
 		// A read-only temporary directory (a locked-down container, where
 		// the host name is the container's own): the id is the host name,
