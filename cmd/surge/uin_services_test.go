@@ -280,10 +280,15 @@ func TestUinServicesSurviveKill9(t *testing.T) {
 				}
 			}
 		}
-		// An active account may see a ticket refused (the tracker can read
-		// its usage before its registration: two topics), never a ban.
+		// An active account may see a ticket refused, or granted and
+		// stopped by its login before anything is done to it (the tracker
+		// and the controller read its usage on another topic than its
+		// registration and the request: under load, later), never a ban.
 		for u := uint64(40_001); u <= 40_000+active; u++ {
-			if k := stepKinds(steps[u]); len(k) > 1 || len(k) == 1 && k[0] != pb.RecycleStepKind_STOPPED {
+			k := stepKinds(steps[u])
+			harmless := len(k) == 0 || slices.Equal(k, []pb.RecycleStepKind{pb.RecycleStepKind_STOPPED}) ||
+				slices.Equal(k, []pb.RecycleStepKind{pb.RecycleStepKind_TICKET_GRANTED, pb.RecycleStepKind_STOPPED})
+			if !harmless {
 				t.Errorf("active uin %d touched: %v", u, k)
 			}
 		}
