@@ -67,6 +67,11 @@ func Batch(entries []*pb.RecycleStep) *pb.RecycleStep {
 	return &pb.RecycleStep{Batch: entries}
 }
 
+// Key is the key of the record that carries entries: its first uin's.
+// The entries are of one partition, and the default partitioner puts the
+// record in it; the controller refuses a record on another.
+func Key(entries []*pb.RecycleStep) []byte { return schemas.UinKey(uint32(entries[0].Uin)) }
+
 // Decode reads a record of uin.recycle-steps or uin.recycle-requests: the
 // tickets' steps it carries (its batch, or itself).
 func Decode(r *kgo.Record) ([]*pb.RecycleStep, error) {

@@ -177,10 +177,9 @@ func Run(ctx context.Context, st clickhouse.Store, cl *kgo.Client, o Options) (R
 		produceErr error
 		batches    = recycling.NewBatches(partitions, o.Batch)
 	)
-	// send produces one partition's grants as one record, keyed by the
-	// first uin: the partitioner puts it where all of them belong.
+	// send produces one partition's grants as one record.
 	send := func(grants []*pb.RecycleStep) error {
-		rec, err := streams.NewRecord(topic, schemas.UinKey(uint32(grants[0].Uin)), recycling.Batch(grants))
+		rec, err := streams.NewRecord(topic, recycling.Key(grants), recycling.Batch(grants))
 		if err != nil {
 			return err
 		}

@@ -388,12 +388,12 @@ func (c *Controller) checkPartition(partition int32, req *pb.RecycleStep) error 
 func (s *step) flush() error {
 	c := s.c
 	if len(s.applied) > 0 {
-		if err := s.out.EmitMsg(c.topic(schemas.TopicRecycleSteps), firstUin(s.applied), recycling.Batch(s.applied)); err != nil {
+		if err := s.out.EmitMsg(c.topic(schemas.TopicRecycleSteps), recycling.Key(s.applied), recycling.Batch(s.applied)); err != nil {
 			return err
 		}
 	}
 	if len(s.requests) > 0 {
-		if err := s.out.EmitMsg(c.topic(schemas.TopicRecycleReqs), firstUin(s.requests), recycling.Batch(s.requests)); err != nil {
+		if err := s.out.EmitMsg(c.topic(schemas.TopicRecycleReqs), recycling.Key(s.requests), recycling.Batch(s.requests)); err != nil {
 			return err
 		}
 	}
@@ -402,7 +402,7 @@ func (s *step) flush() error {
 		if len(t.reqs) > 1 { // not the first ticket's own timer: stopping that ticket must not cancel it
 			id = "recycle/batch/" + t.reqs[0].TicketId + "/" + t.what
 		}
-		rec, err := timer.Schedule(id, t.at, c.topic(schemas.TopicRecycleReqs), firstUin(t.reqs), recycling.Batch(t.reqs))
+		rec, err := timer.Schedule(id, t.at, c.topic(schemas.TopicRecycleReqs), recycling.Key(t.reqs), recycling.Batch(t.reqs))
 		if err != nil {
 			return err
 		}
@@ -412,8 +412,6 @@ func (s *step) flush() error {
 	s.applied, s.requests, s.timed = nil, nil, nil
 	return nil
 }
-
-func firstUin(entries []*pb.RecycleStep) []byte { return schemas.UinKey(uint32(entries[0].Uin)) }
 
 // usage keeps the login index and stops or monitors banned accounts.
 func (s *step) usage(u *pb.UsageEvent) error {
