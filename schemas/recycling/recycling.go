@@ -8,11 +8,11 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kgo"
+
 	"surge/schemas"
 	pb "surge/schemas/surgev1"
 	"surge/streams"
-
-	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // Categories of recyclable uins (seed 003: gaps need no queue; they were

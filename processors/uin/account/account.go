@@ -196,8 +196,8 @@ func (s *Store) deleteOnce(ctx context.Context, ds []Deletion) error {
 			names, uins = append(names, s.unameKey(d.Username)), append(uins, strconv.FormatUint(uint64(d.Uin), 10))
 		}
 	}
-	for lo := 0; lo < len(names); lo += 500 {
-		hi := min(lo+500, len(names))
+	for lo := 0; lo < len(names); lo += unmapChunk {
+		hi := min(lo+unmapChunk, len(names))
 		unmap.EvalSha(ctx, pipe, names[lo:hi], uins[lo:hi]...)
 	}
 	_, err := pipe.Exec(ctx)
@@ -206,6 +206,9 @@ func (s *Store) deleteOnce(ctx context.Context, ds []Deletion) error {
 	}
 	return err
 }
+
+// unmapChunk is the most usernames one unmap call drops.
+const unmapChunk = 500
 
 // unmap drops each username's mapping (KEYS) only if it still points at
 // its uin (ARGV).

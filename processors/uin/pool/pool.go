@@ -15,11 +15,12 @@ import (
 	"math/rand/v2"
 	"strconv"
 	"strings"
-	"surge/processors/uin/internal/luascript"
 	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"surge/processors/uin/internal/luascript"
 )
 
 // Why an insertion is refused.
