@@ -167,28 +167,17 @@ func (c *Central) InsertIfFree(ctx context.Context, uins []uint32) ([]uint32, er
 // uin.
 func (c *Central) putBits(ctx context.Context, uins []uint32, bit int, keys ...string) error {
 	pipe := c.rdb.Pipeline()
-	if c.noBitfield.Load() {
-		for _, key := range keys {
+	for _, key := range keys {
+		if c.noBitfield.Load() {
 			for _, u := range uins {
 				pipe.SetBit(ctx, key, int64(u), bit)
 			}
-		}
-		_, err := pipe.Exec(ctx)
-		return err
-	}
-	for _, key := range keys {
-		for lo := 0; lo < len(uins); lo += 1000 {
-			hi := min(lo+1000, len(uins))
-			args := make([]any, 0, 4*(hi-lo))
-			for _, u := range uins[lo:hi] {
-				args = append(args, "SET", "u1", u, bit)
-			}
-			pipe.BitField(ctx, key, args...)
+		} else {
+			bitfields(ctx, pipe, key, uins, func(args []any, u uint32) []any { return append(args, "SET", "u1", u, bit) })
 		}
 	}
 	_, err := pipe.Exec(ctx)
-	if err != nil && strings.Contains(err.Error(), "unknown command") {
-		c.noBitfield.Store(true) // a Redis without BITFIELD (miniredis)
+	if c.lacksBitfield(err) {
 		return c.putBits(ctx, uins, bit, keys...)
 	}
 	return err
@@ -215,18 +204,9 @@ func (c *Central) getBits(ctx context.Context, key string, uins []uint32) ([]boo
 		}
 		return out, nil
 	}
-	var cmds []*redis.IntSliceCmd
-	for lo := 0; lo < len(uins); lo += 1000 {
-		hi := min(lo+1000, len(uins))
-		args := make([]any, 0, 3*(hi-lo))
-		for _, u := range uins[lo:hi] {
-			args = append(args, "GET", "u1", u)
-		}
-		cmds = append(cmds, pipe.BitField(ctx, key, args...))
-	}
+	cmds := bitfields(ctx, pipe, key, uins, func(args []any, u uint32) []any { return append(args, "GET", "u1", u) })
 	_, err := pipe.Exec(ctx)
-	if err != nil && strings.Contains(err.Error(), "unknown command") {
-		c.noBitfield.Store(true)
+	if c.lacksBitfield(err) {
 		return c.getBits(ctx, key, uins)
 	}
 	if err != nil {
@@ -240,6 +220,35 @@ func (c *Central) getBits(ctx context.Context, key string, uins []uint32) ([]boo
 		}
 	}
 	return out, nil
+}
+
+// bitfieldChunk is the most uins one BITFIELD command names.
+const bitfieldChunk = 1000
+
+// bitfields queues on pipe a BITFIELD command on key per bitfieldChunk
+// uins, op appending each uin's operation to the command's arguments.
+func bitfields(ctx context.Context, pipe redis.Pipeliner, key string, uins []uint32, op func(args []any, u uint32) []any) []*redis.IntSliceCmd {
+	var cmds []*redis.IntSliceCmd
+	for lo := 0; lo < len(uins); lo += bitfieldChunk {
+		chunk := uins[lo:min(lo+bitfieldChunk, len(uins))]
+		args := make([]any, 0, 4*len(chunk))
+		for _, u := range chunk {
+			args = op(args, u)
+		}
+		cmds = append(cmds, pipe.BitField(ctx, key, args...))
+	}
+	return cmds
+}
+
+// lacksBitfield reports whether err says the server has no BITFIELD (a
+// miniredis), and if so remembers it: the callers go on with one
+// SETBIT/GETBIT per uin.
+func (c *Central) lacksBitfield(err error) bool {
+	if err == nil || c.noBitfield.Load() || !strings.Contains(err.Error(), "unknown command") {
+		return false
+	}
+	c.noBitfield.Store(true)
+	return true
 }
 
 // Size is the number of uins in the central pool.
