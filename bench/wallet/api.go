@@ -156,7 +156,7 @@ func (h *httpBench) grants(on bool, size, n int) {
 	if size > 1 {
 		callers = max(1, 4*h.workers/size)
 	}
-	h.post(on, path, "", size, n, callers, bodies, func(r int, body []byte) {
+	h.post(on, path, size, n, callers, bodies, func(r int, body []byte) {
 		if size > 1 && bytes.Count(body, []byte(`"code":200`)) != bytes.Count(bodies[r], []byte(`"orderNo"`)) {
 			must(fmt.Errorf("batch not all granted: %.300s", body))
 		}
@@ -166,10 +166,7 @@ func (h *httpBench) grants(on bool, size, n int) {
 // reads gets n balances through GET /v1/users/{act}/balance, each with a
 // fresh user token when on (the token's check is part of the read).
 func (h *httpBench) reads(on bool, readers, n, backlogUsers int) {
-	i := 0
-	if on {
-		i = 1
-	}
+	url, _ := h.target(on)
 	w := h.workers
 	h.workers = readers
 	defer func() { h.workers = w }()
@@ -183,7 +180,7 @@ func (h *httpBench) reads(on bool, readers, n, backlogUsers int) {
 	}
 	lat, el := h.parallel(n, func(k int) {
 		u := k % backlogUsers
-		req, _ := http.NewRequest("GET", fmt.Sprintf("%s/v1/users/b%d/balance", h.url[i], u), nil)
+		req, _ := http.NewRequest("GET", fmt.Sprintf("%s/v1/users/b%d/balance", url, u), nil)
 		if on {
 			req.Header.Set("Authorization", "Bearer "+toks[u])
 		}
@@ -199,29 +196,37 @@ func (h *httpBench) reads(on bool, readers, n, backlogUsers int) {
 // It returns the rate and the wallet process's CPU per grant.
 func (h *httpBench) grantsProto(on bool, size, n, callers int) (perSec float64, walletCPU time.Duration) {
 	h.run++
-	i := 0
-	job := callerJob{Path: "/v1/grants/batch", Run: h.run, Size: size, N: n, Callers: callers, Users: h.users, CPUs: h.callerCPUs}
-	if on {
-		i, job.Key = 1, &h.app
-	}
-	job.URL = h.url[i]
-	res := runCallers(job, func() (time.Duration, *proccpu.Span) { return cpuTime(), proccpu.Start(h.watch) }, func(cpu0 time.Duration, others *proccpu.Span, res callerResult) {
-		cpu := cpuTime() - cpu0
-		el := res.Elapsed
-		perSec, walletCPU = float64(n)/el.Seconds(), cpu/time.Duration(n)
-		fmt.Printf("HTTP grants, %s, %4d per request (/v1/grants/batch, protobuf), %d callers in another process: %d grants in %v = %.0f grants/s, request p50 %v, p99 %v; wallet process CPU %.2f cores = %.2fµs/grant\n",
-			label(on), size, callers, n, el.Round(time.Millisecond), float64(n)/el.Seconds(), res.P50, res.P99,
-			cpu.Seconds()/el.Seconds(), float64(cpu.Microseconds())/float64(n))
-		used := fmt.Sprintf("callers %.2f cores %.2fµs/grant", res.CPU.Seconds()/el.Seconds(), float64(res.CPU.Microseconds())/float64(n))
-		if r := others.Report(n, "grant"); r != "" {
-			used += ", " + r
-		}
-		fmt.Printf("  other processes meanwhile: %s\n", used)
+	url, key := h.target(on)
+	job := callerJob{URL: url, Key: key, Path: "/v1/grants/batch", Run: h.run, Size: size, N: n, Callers: callers, Users: h.users, CPUs: h.callerCPUs}
+	var cpu0, cpu time.Duration
+	var others *proccpu.Span
+	var othersUsed string
+	res := runCallers(job, func() { cpu0, others = cpuTime(), proccpu.Start(h.watch) }, func() {
+		cpu, othersUsed = cpuTime()-cpu0, others.Report(n, "grant")
 	})
 	if res.Err != "" {
 		must(fmt.Errorf("callers: %s", res.Err))
 	}
+	el := res.Elapsed
+	perSec, walletCPU = float64(n)/el.Seconds(), cpu/time.Duration(n)
+	fmt.Printf("HTTP grants, %s, %4d per request (/v1/grants/batch, protobuf), %d callers in another process: %d grants in %v = %.0f grants/s, request p50 %v, p99 %v; wallet process CPU %.2f cores = %.2fµs/grant\n",
+		label(on), size, callers, n, el.Round(time.Millisecond), perSec, res.P50, res.P99,
+		cpu.Seconds()/el.Seconds(), float64(cpu.Microseconds())/float64(n))
+	used := fmt.Sprintf("callers %.2f cores %.2fµs/grant", res.CPU.Seconds()/el.Seconds(), float64(res.CPU.Microseconds())/float64(n))
+	if othersUsed != "" {
+		used += ", " + othersUsed
+	}
+	fmt.Printf("  other processes meanwhile: %s\n", used)
 	return perSec, walletCPU
+}
+
+// target is the server for runs with authentication on or off, and the
+// key to sign with (nil: off).
+func (h *httpBench) target(on bool) (url string, key *auth.Key) {
+	if on {
+		return h.url[1], &h.app
+	}
+	return h.url[0], nil
 }
 
 // median of a few measurements.
@@ -251,24 +256,16 @@ func (h *httpBench) send(url, path, contentType string, key *auth.Key, callers i
 }
 
 // post sends the bodies (n grants, size each) from callers at once to
-// the API signed when on, checks each answer, and prints the rate. what
-// names the endpoint (its path first); contentType is set when not "".
-func (h *httpBench) post(on bool, what, contentType string, size, n, callers int, bodies [][]byte, check func(r int, body []byte)) {
-	i := 0
-	if on {
-		i = 1
-	}
-	path, _, _ := strings.Cut(what, ",")
-	var key *auth.Key
-	if on {
-		key = &h.app
-	}
+// path on the API, signed when on, checks each answer, and prints the
+// rate.
+func (h *httpBench) post(on bool, path string, size, n, callers int, bodies [][]byte, check func(r int, body []byte)) {
+	url, key := h.target(on)
 	cpu0 := cpuTime()
 	others := proccpu.Start(h.watch)
-	lat, el := h.send(h.url[i], path, contentType, key, callers, bodies, check)
+	lat, el := h.send(url, path, "", key, callers, bodies, check)
 	cpu := cpuTime() - cpu0
 	fmt.Printf("HTTP grants, %s, %4d per request (%s), %d callers: %d grants in %v = %.0f grants/s, request p50 %v, p99 %v; process CPU %.2f cores (server and callers)\n",
-		label(on), size, what, callers, n, el.Round(time.Millisecond), float64(n)/el.Seconds(), pct(lat, 50), pct(lat, 99), cpu.Seconds()/el.Seconds())
+		label(on), size, path, callers, n, el.Round(time.Millisecond), float64(n)/el.Seconds(), pct(lat, 50), pct(lat, 99), cpu.Seconds()/el.Seconds())
 	if r := others.Report(n, "grant"); r != "" {
 		fmt.Printf("  this process %.2fµs/grant; other processes meanwhile: %s\n", float64(cpu.Microseconds())/float64(n), r)
 	}

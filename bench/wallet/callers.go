@@ -13,7 +13,6 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
-	"surge/bench/internal/proccpu"
 	"surge/processors/wallet/auth"
 	pb "surge/schemas/surgev1"
 )
@@ -59,10 +58,10 @@ func protoBodies(run, size, n, users int) [][]byte {
 	return bodies
 }
 
-// runCallers starts the callers' process for job. When it is ready, start
-// is called (the parent's clocks begin), and when it has answered, done
-// with what start returned.
-func runCallers[T, U any](job callerJob, start func() (T, U), done func(T, U, callerResult)) callerResult {
+// runCallers runs job in a callers' process. ready is called once the
+// process has made its requests and is about to send them, answered as
+// soon as its result arrives: the parent measures between the two.
+func runCallers(job callerJob, ready, answered func()) callerResult {
 	cmd := exec.Command(os.Args[0], "-callers")
 	if job.CPUs != "" { // the callers on other cores than the wallet's
 		cmd = exec.Command("taskset", "-c", job.CPUs, os.Args[0], "-callers")
@@ -79,15 +78,15 @@ func runCallers[T, U any](job callerJob, start func() (T, U), done func(T, U, ca
 	if !out.Scan() || out.Text() != "ready" {
 		return callerResult{Err: fmt.Sprintf("the callers' process did not get ready (%q)", out.Text())}
 	}
-	t, u := start()
+	ready()
 	_, err = io.WriteString(stdin, "go\n")
 	must(err)
 	var res callerResult
 	if !out.Scan() {
 		return callerResult{Err: "the callers' process ended without an answer"}
 	}
+	answered()
 	must(json.Unmarshal(out.Bytes(), &res))
-	done(t, u, res)
 	_ = stdin.Close()
 	return res
 }
@@ -107,8 +106,7 @@ func callersMain() {
 	if _, err := in.ReadString('\n'); err != nil {
 		must(err)
 	}
-	self := os.Getpid()
-	cpu0, _ := proccpu.Of(self)
+	cpu0 := cpuTime()
 	var res callerResult
 	var mu sync.Mutex // the callers' goroutines report failures
 	failed := func(msg string) { mu.Lock(); res.Err = msg; mu.Unlock() }
@@ -124,7 +122,6 @@ func callersMain() {
 			}
 		}
 	})
-	cpu1, _ := proccpu.Of(self)
-	res.Elapsed, res.P50, res.P99, res.CPU = el, pct(lat, 50), pct(lat, 99), cpu1-cpu0
+	res.Elapsed, res.P50, res.P99, res.CPU = el, pct(lat, 50), pct(lat, 99), cpuTime()-cpu0
 	must(json.NewEncoder(os.Stdout).Encode(res))
 }

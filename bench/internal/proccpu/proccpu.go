@@ -73,8 +73,8 @@ func Start(ws []Watched) *Span {
 	return s
 }
 
-// Used is each watched process's CPU time since Start, and the wall time.
-func (s *Span) Used() ([]time.Duration, time.Duration) {
+// used is each watched process's CPU time since Start, and the wall time.
+func (s *Span) used() ([]time.Duration, time.Duration) {
 	used := make([]time.Duration, len(s.ws))
 	for i, w := range s.ws {
 		c, err := Of(w.PID)
@@ -92,7 +92,7 @@ func (s *Span) Report(n int, unit string) string {
 	if len(s.ws) == 0 {
 		return ""
 	}
-	used, wall := s.Used()
+	used, wall := s.used()
 	var parts []string
 	for i, w := range s.ws {
 		parts = append(parts, fmt.Sprintf("%s %.2f cores %.2fµs/%s", w.Name, used[i].Seconds()/wall.Seconds(),
