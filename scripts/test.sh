@@ -13,6 +13,8 @@ CHDB_LIB_PATH="$(scripts/chdb.sh)"
 SURGE_TEST_CHROME="$(scripts/chromium.sh)"
 export CHDB_LIB_PATH SURGE_TEST_CHROME
 export SURGE_TEST_KAFKA="127.0.0.1:${KAFKA_PORT:-19092}" SURGE_TEST_REDIS="127.0.0.1:${REDIS_PORT:-16379}"
+export SURGE_TEST_KAFKA_SECURE="${KAFKA_HOME:-$root/.cache/kafka}/secure/client.env"
+export SURGE_TEST_REDIS_SECURE="$root/.cache/redis/secure/client.env" SURGE_TEST_REDIS_CLUSTER="$root/.cache/redis/cluster/client.env"
 export SURGE_TEST_REQUIRE_REAL=1
 unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './.git/*'))
 if [ -n "$unformatted" ]; then echo "test.sh: not gofmt-ed: $unformatted" >&2; exit 1; fi

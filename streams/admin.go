@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -14,21 +15,61 @@ import (
 	"surge/schemas"
 )
 
+// Replication is how many copies of each partition a created topic keeps,
+// and how many must have a record before it counts as written (acks=all
+// waits for min.insync.replicas): a broker may then die without losing an
+// acknowledged record.
+type Replication struct {
+	// Factor is the replication factor; 0 takes it from the cluster: its
+	// broker count, 3 at most.
+	Factor int16
+	// MinInsync is the topic's min.insync.replicas; 0 is Factor-1, at
+	// least 1 (with 3 copies, one broker may be down and writes go on).
+	MinInsync int
+}
+
+// OneCopy is one copy of each partition: the embedded broker and tests.
+var OneCopy = Replication{Factor: 1, MinInsync: 1}
+
+// Resolve fills what r leaves to the cluster from its broker count.
+func (r Replication) Resolve(ctx context.Context, cl *kgo.Client) (Replication, error) {
+	if r.Factor <= 0 {
+		brokers, err := kadm.NewClient(cl).ListBrokers(ctx)
+		if err != nil {
+			return r, fmt.Errorf("count brokers for the replication factor: %w", err)
+		}
+		r.Factor = int16(min(max(len(brokers), 1), 3))
+	}
+	if r.MinInsync <= 0 {
+		r.MinInsync = max(int(r.Factor)-1, 1)
+	}
+	if r.MinInsync > int(r.Factor) {
+		return r, fmt.Errorf("min.insync.replicas %d exceeds the replication factor %d: no write could ever succeed", r.MinInsync, r.Factor)
+	}
+	return r, nil
+}
+
 // EnsureTopics creates the topics that do not exist yet, with their
-// partitions and retention from the registry; existing topics are left as
-// they are. Every topic goes in one CreateTopics request: a KRaft
-// controller takes a few hundred milliseconds per request, and a stack
-// has a dozen topics.
-func EnsureTopics(ctx context.Context, cl *kgo.Client, replication int16, topics ...schemas.Topic) error {
+// partitions and retention from the registry and the replication rep
+// (resolved against the cluster); existing topics are left as they are.
+// Every topic goes in one CreateTopics request: a KRaft controller takes a
+// few hundred milliseconds per request, and a stack has a dozen topics.
+func EnsureTopics(ctx context.Context, cl *kgo.Client, rep Replication, topics ...schemas.Topic) error {
 	if len(topics) == 0 {
 		return nil
+	}
+	rep, err := rep.Resolve(ctx, cl)
+	if err != nil {
+		return err
 	}
 	req := kmsg.NewPtrCreateTopicsRequest()
 	req.TimeoutMillis = 30_000
 	for _, t := range topics {
 		rt := kmsg.NewCreateTopicsRequestTopic()
-		rt.Topic, rt.NumPartitions, rt.ReplicationFactor = t.Name, t.Partitions, replication
-		for k, v := range t.BrokerConfigs() {
+		rt.Topic, rt.NumPartitions, rt.ReplicationFactor = t.Name, t.Partitions, rep.Factor
+		configs := t.BrokerConfigs()
+		configs["min.insync.replicas"] = strconv.Itoa(rep.MinInsync)
+		for k, v := range configs {
 			c := kmsg.NewCreateTopicsRequestTopicConfig()
 			c.Name, c.Value = k, kmsg.StringPtr(v)
 			rt.Configs = append(rt.Configs, c)
@@ -80,8 +121,8 @@ func waitTopics(ctx context.Context, adm *kadm.Client, topics []schemas.Topic) e
 }
 
 // PartitionCount is the number of partitions topic has.
-func PartitionCount(ctx context.Context, brokers []string, topic string) (int, error) {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+func PartitionCount(ctx context.Context, cluster Cluster, topic string) (int, error) {
+	cl, err := cluster.NewClient()
 	if err != nil {
 		return 0, err
 	}
@@ -111,8 +152,8 @@ func PartitionCountVia(ctx context.Context, cl *kgo.Client, topic string) (int, 
 // topics, the end offsets they had when it was called: everything
 // published before now has been processed. It is how a publisher knows a
 // processor saw its records without reading the processor's memory.
-func WaitConsumed(ctx context.Context, brokers []string, group string, topics ...string) error {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+func WaitConsumed(ctx context.Context, cluster Cluster, group string, topics ...string) error {
+	cl, err := cluster.NewClient()
 	if err != nil {
 		return err
 	}
@@ -138,7 +179,7 @@ func WaitConsumed(ctx context.Context, brokers []string, group string, topics ..
 					behind[o.Topic][o.Partition] = kgo.NewOffset().At(max(c.At, 0))
 				}
 			})
-			if len(behind) == 0 || onlyMarkersLeft(ctx, brokers, behind, ends) {
+			if len(behind) == 0 || onlyMarkersLeft(ctx, cluster, behind, ends) {
 				return nil
 			}
 		}
@@ -154,8 +195,8 @@ func WaitConsumed(ctx context.Context, brokers []string, group string, topics ..
 // the ends, no record is left: what is left are transaction markers (a
 // transactional producer's commit takes an offset after its last record)
 // or aborted records.
-func onlyMarkersLeft(ctx context.Context, brokers []string, from map[string]map[int32]kgo.Offset, ends kadm.ListedOffsets) bool {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumePartitions(from),
+func onlyMarkersLeft(ctx context.Context, cluster Cluster, from map[string]map[int32]kgo.Offset, ends kadm.ListedOffsets) bool {
+	cl, err := cluster.NewClient(kgo.ConsumePartitions(from),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()))
 	if err != nil {
 		return false
@@ -189,8 +230,8 @@ func onlyMarkersLeft(ctx context.Context, brokers []string, from map[string]map[
 // CoPartitioned checks that topics a and b exist with the same number of
 // partitions (records keyed alike land on the same partition number of
 // both) and returns it.
-func CoPartitioned(ctx context.Context, brokers []string, a, b string) (int, error) {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+func CoPartitioned(ctx context.Context, cluster Cluster, a, b string) (int, error) {
+	cl, err := cluster.NewClient()
 	if err != nil {
 		return 0, err
 	}

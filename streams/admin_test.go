@@ -17,11 +17,11 @@ import (
 // as it was.
 func TestEnsureTopicsCreatesEachWithItsOwnConfig(t *testing.T) {
 	streamstest.Each(t, func(t *testing.T, b streamstest.Backend) {
-		cl := streamstest.Client(t, b.Brokers)
+		cl := streamstest.Client(t, b.Kafka)
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		existing := schemas.Topic{Name: streamstest.Unique("existing"), Partitions: 2, Retention: time.Hour}
-		if err := streams.EnsureTopics(ctx, cl, 1, existing); err != nil {
+		if err := streams.EnsureTopics(ctx, cl, streams.OneCopy, existing); err != nil {
 			t.Fatal(err)
 		}
 		compacted := schemas.Topic{Name: streamstest.Unique("compacted"), Partitions: 3, Compacted: true}
@@ -29,7 +29,7 @@ func TestEnsureTopicsCreatesEachWithItsOwnConfig(t *testing.T) {
 		grown := existing
 		grown.Partitions = 4 // asked again with more: left as it is
 		for range 2 {        // the second call finds all three
-			if err := streams.EnsureTopics(ctx, cl, 1, compacted, grown, kept); err != nil {
+			if err := streams.EnsureTopics(ctx, cl, streams.OneCopy, compacted, grown, kept); err != nil {
 				t.Fatal(err)
 			}
 		}

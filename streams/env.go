@@ -13,13 +13,16 @@ import (
 // way, New(Config), and fills what was left out in one place: its Config's
 // EnsureDefaults, which starts with Env.EnsureDefaults.
 type Env struct {
-	Brokers []string
+	Kafka Cluster
 	// Namespace prefixes every topic and consumer group, so several
 	// deployments (or tests) can share one cluster.
 	Namespace string
-	Log       *slog.Logger
-	Metrics   *metrics.Registry
-	Now       func() time.Time
+	// Replication of the topics a processor creates as it runs (an
+	// executor's unit queue); zero takes it from the cluster.
+	Replication Replication
+	Log         *slog.Logger
+	Metrics     *metrics.Registry
+	Now         func() time.Time
 }
 
 // EnsureDefaults fills the logger, registry and clock left out.

@@ -43,7 +43,7 @@ func ParseGuarantee(s string) (Guarantee, error) {
 
 type config struct {
 	name           string
-	brokers        []string
+	cluster        Cluster
 	group          string
 	inputs         []string
 	guarantee      Guarantee
@@ -99,8 +99,8 @@ func defaults(name string) config {
 // Option configures a Runner.
 type Option func(*config)
 
-// Brokers sets the seed brokers.
-func Brokers(addrs ...string) Option { return func(c *config) { c.brokers = addrs } }
+// Kafka sets the cluster the runner connects to.
+func Kafka(c Cluster) Option { return func(cfg *config) { cfg.cluster = c } }
 
 // Inputs sets the topics consumed.
 func Inputs(topics ...string) Option { return func(c *config) { c.inputs = topics } }

@@ -18,8 +18,8 @@ import (
 func TestPartitionForMatchesProducer(t *testing.T) {
 	streamstest.Each(t, func(t *testing.T, b streamstest.Backend) {
 		topic := streamstest.Unique("part")
-		streamstest.CreateTopics(t, b.Brokers, 12, topic)
-		cl := streamstest.Client(t, b.Brokers)
+		streamstest.CreateTopics(t, b.Kafka, 12, topic)
+		cl := streamstest.Client(t, b.Kafka)
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		var recs []*kgo.Record

@@ -32,16 +32,16 @@ type ReplayFrom struct {
 // began, calling fn for each record in partition order. It refuses a start
 // that lies before what the broker still retains, rather than silently
 // replaying less than was asked.
-func Replay(ctx context.Context, brokers []string, topic string, from ReplayFrom, fn func(*kgo.Record) error) error {
-	_, err := ReplayTo(ctx, brokers, topic, from, fn)
+func Replay(ctx context.Context, cluster Cluster, topic string, from ReplayFrom, fn func(*kgo.Record) error) error {
+	_, err := ReplayTo(ctx, cluster, topic, from, fn)
 	return err
 }
 
 // ReplayTo is Replay that also returns where it stopped: the next offset
 // of every partition (the end offsets seen when it began), the position a
 // checkpoint of what fn built is taken at.
-func ReplayTo(ctx context.Context, brokers []string, topic string, from ReplayFrom, fn func(*kgo.Record) error) (map[int32]int64, error) {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+func ReplayTo(ctx context.Context, cluster Cluster, topic string, from ReplayFrom, fn func(*kgo.Record) error) (map[int32]int64, error) {
+	cl, err := cluster.NewClient()
 	if err != nil {
 		return nil, err
 	}
@@ -105,7 +105,7 @@ func ReplayTo(ctx context.Context, brokers []string, topic string, from ReplayFr
 	if len(remaining) == 0 {
 		return next, nil
 	}
-	return next, readRangesOf(ctx, brokers, offsets, map[string]map[int32]int64{topic: remaining}, from.Transactional, fn)
+	return next, readRangesOf(ctx, cluster, offsets, map[string]map[int32]int64{topic: remaining}, from.Transactional, fn)
 }
 
 // OffsetsReadable reports whether a checkpoint's positions can still be
@@ -144,6 +144,6 @@ func OffsetsReadable(ctx context.Context, cl *kgo.Client, topic string, next map
 }
 
 // ReadToEnd replays a whole topic from its earliest retained record.
-func ReadToEnd(ctx context.Context, brokers []string, topic string, fn func(*kgo.Record) error) error {
-	return Replay(ctx, brokers, topic, ReplayFrom{}, fn)
+func ReadToEnd(ctx context.Context, cluster Cluster, topic string, fn func(*kgo.Record) error) error {
+	return Replay(ctx, cluster, topic, ReplayFrom{}, fn)
 }

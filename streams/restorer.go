@@ -23,7 +23,7 @@ import (
 // handler calls Ensure before it touches a partition's state, so the
 // rebuild runs on the processing goroutine, never concurrently with it.
 type Restorer struct {
-	brokers []string
+	cluster Cluster
 	topics  []string
 	clear   func(partitions map[int32]bool) error
 	apply   func(r *kgo.Record) error
@@ -47,8 +47,8 @@ type Restorer struct {
 // NewRestorer rebuilds with clear (drop a partition's state) then apply
 // (each changelog record of it, in order), reading topics up to their last
 // stable offsets.
-func NewRestorer(brokers []string, clear func(map[int32]bool) error, apply func(*kgo.Record) error, topics ...string) *Restorer {
-	return &Restorer{brokers: brokers, topics: topics, clear: clear, apply: apply, stale: map[int32]bool{}, owned: map[int32]bool{}, gen: map[int32]uint64{}}
+func NewRestorer(cluster Cluster, clear func(map[int32]bool) error, apply func(*kgo.Record) error, topics ...string) *Restorer {
+	return &Restorer{cluster: cluster, topics: topics, clear: clear, apply: apply, stale: map[int32]bool{}, owned: map[int32]bool{}, gen: map[int32]uint64{}}
 }
 
 // InputsOf marks changelog topics that are also inputs of the processor's
@@ -68,7 +68,7 @@ func (r *Restorer) InputsOf(group string, topics ...string) *Restorer {
 // changelogs still end there when it is assigned needs no rebuild: nothing
 // was written to it since, by this instance or another.
 func (r *Restorer) Baseline(ctx context.Context) error {
-	offs, err := endOffsets(ctx, r.brokers, r.topics)
+	offs, err := endOffsets(ctx, r.cluster, r.topics)
 	if err != nil {
 		return err
 	}
@@ -87,7 +87,7 @@ func (r *Restorer) unchanged(ctx context.Context, ps []int32) (map[int32]bool, e
 	if base == nil {
 		return nil, nil
 	}
-	cur, err := endOffsets(ctx, r.brokers, r.topics)
+	cur, err := endOffsets(ctx, r.cluster, r.topics)
 	if err != nil {
 		return nil, err
 	}
@@ -104,8 +104,8 @@ func (r *Restorer) unchanged(ctx context.Context, ps []int32) (map[int32]bool, e
 }
 
 // endOffsets is EndOffsets of each topic.
-func endOffsets(ctx context.Context, brokers, topics []string) (map[string]map[int32]int64, error) {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+func endOffsets(ctx context.Context, cluster Cluster, topics []string) (map[string]map[int32]int64, error) {
+	cl, err := cluster.NewClient()
 	if err != nil {
 		return nil, err
 	}
@@ -256,11 +256,11 @@ func (r *Restorer) Rebuild(ctx context.Context, partitions ...int32) error {
 	var upTo map[string]map[int32]int64
 	if r.group != "" {
 		var err error
-		if upTo, err = committedOffsets(ctx, r.brokers, r.group, r.inputs); err != nil {
+		if upTo, err = committedOffsets(ctx, r.cluster, r.group, r.inputs); err != nil {
 			return err
 		}
 	}
-	if err := readPartitions(ctx, r.brokers, r.topics, partitions, upTo, r.apply); err != nil {
+	if err := readPartitions(ctx, r.cluster, r.topics, partitions, upTo, r.apply); err != nil {
 		return err
 	}
 	if r.AfterRebuild != nil {
@@ -270,8 +270,8 @@ func (r *Restorer) Rebuild(ctx context.Context, partitions ...int32) error {
 }
 
 // committedOffsets returns group's committed offsets on topics.
-func committedOffsets(ctx context.Context, brokers []string, group string, topics map[string]bool) (map[string]map[int32]int64, error) {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+func committedOffsets(ctx context.Context, cluster Cluster, group string, topics map[string]bool) (map[string]map[int32]int64, error) {
+	cl, err := cluster.NewClient()
 	if err != nil {
 		return nil, err
 	}
@@ -297,8 +297,8 @@ func committedOffsets(ctx context.Context, brokers []string, group string, topic
 
 // ReadPartitions reads the given partitions of topics from their start to
 // their last stable offset (read_committed), calling fn in partition order.
-func ReadPartitions(ctx context.Context, brokers []string, topics []string, partitions []int32, fn func(*kgo.Record) error) error {
-	return readPartitions(ctx, brokers, topics, partitions, nil, fn)
+func ReadPartitions(ctx context.Context, cluster Cluster, topics []string, partitions []int32, fn func(*kgo.Record) error) error {
+	return readPartitions(ctx, cluster, topics, partitions, nil, fn)
 }
 
 // settleWait bounds how long a rebuild waits for transactions open on its
@@ -354,8 +354,8 @@ func settledOffsets(ctx context.Context, adm *kadm.Client, topics []string, want
 
 // readPartitions is ReadPartitions with, for the topics in upTo, a lower
 // end per partition.
-func readPartitions(ctx context.Context, brokers []string, topics []string, partitions []int32, upTo map[string]map[int32]int64, fn func(*kgo.Record) error) error {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+func readPartitions(ctx context.Context, cluster Cluster, topics []string, partitions []int32, upTo map[string]map[int32]int64, fn func(*kgo.Record) error) error {
+	cl, err := cluster.NewClient()
 	if err != nil {
 		return err
 	}
@@ -387,7 +387,7 @@ func readPartitions(ctx context.Context, brokers []string, topics []string, part
 	if len(offsets) == 0 {
 		return nil
 	}
-	return readRanges(ctx, brokers, offsets, ends, fn)
+	return readRanges(ctx, cluster, offsets, ends, fn)
 }
 
 // readRanges reads each topic partition of from, from its offset up to
@@ -396,14 +396,14 @@ func readPartitions(ctx context.Context, brokers []string, topics []string, part
 // a partition ends at its last record before the end offset or, when only
 // transaction markers are left (they take offsets but are never
 // returned), once idle.
-func readRanges(ctx context.Context, brokers []string, from map[string]map[int32]kgo.Offset, ends map[string]map[int32]int64, fn func(*kgo.Record) error) error {
-	return readRangesOf(ctx, brokers, from, ends, false, fn)
+func readRanges(ctx context.Context, cluster Cluster, from map[string]map[int32]kgo.Offset, ends map[string]map[int32]int64, fn func(*kgo.Record) error) error {
+	return readRangesOf(ctx, cluster, from, ends, false, fn)
 }
 
 // readRangesOf is readRanges of topics that transactions alone write when
 // txn is set (CatchUp.Transactional).
-func readRangesOf(ctx context.Context, brokers []string, from map[string]map[int32]kgo.Offset, ends map[string]map[int32]int64, txn bool, fn func(*kgo.Record) error) error {
-	rc, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumePartitions(from),
+func readRangesOf(ctx context.Context, cluster Cluster, from map[string]map[int32]kgo.Offset, ends map[string]map[int32]int64, txn bool, fn func(*kgo.Record) error) error {
+	rc, err := cluster.NewClient(kgo.ConsumePartitions(from),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()))
 	if err != nil {
 		return err

@@ -30,7 +30,7 @@ func TestRestorerReassignedDuringRebuild(t *testing.T) {
 	c := changelogCluster(t, 2)
 	clears := 0
 	var r *Restorer
-	r = NewRestorer(c.ListenAddrs(), func(map[int32]bool) error {
+	r = NewRestorer(Seeds(c.ListenAddrs()...), func(map[int32]bool) error {
 		clears++
 		if clears == 1 {
 			r.assigned(map[string][]int32{topic: {0}}) // revoked and assigned back mid-rebuild
@@ -67,7 +67,7 @@ func TestRestorerSkipsUnchangedSinceBaseline(t *testing.T) {
 	produce(0)
 	produce(1)
 	var cleared []map[int32]bool
-	r := NewRestorer(c.ListenAddrs(), func(ps map[int32]bool) error {
+	r := NewRestorer(Seeds(c.ListenAddrs()...), func(ps map[int32]bool) error {
 		cleared = append(cleared, ps)
 		return nil
 	}, func(*kgo.Record) error { return nil }, topic)
@@ -97,7 +97,7 @@ func TestRestorerSkipsUnchangedSinceBaseline(t *testing.T) {
 func TestRestorerEnsureAllAndRevocation(t *testing.T) {
 	c := changelogCluster(t, 3)
 	var rebuilt []map[int32]bool
-	r := NewRestorer(c.ListenAddrs(), func(ps map[int32]bool) error {
+	r := NewRestorer(Seeds(c.ListenAddrs()...), func(ps map[int32]bool) error {
 		rebuilt = append(rebuilt, ps)
 		return nil
 	}, func(*kgo.Record) error { return nil }, topic)

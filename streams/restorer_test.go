@@ -23,10 +23,10 @@ func TestRebuildWaitsForOpenTransactions(t *testing.T) {
 	streamstest.Each(t, func(t *testing.T, b streamstest.Backend) {
 		ctx := context.Background()
 		topic := streamstest.Unique("changelog")
-		streamstest.CreateTopics(t, b.Brokers, 1, topic)
-		cl := streamstest.Client(t, b.Brokers)
+		streamstest.CreateTopics(t, b.Kafka, 1, topic)
+		cl := streamstest.Client(t, b.Kafka)
 		streamstest.ProduceSync(t, cl, &kgo.Record{Topic: topic, Value: []byte("committed")})
-		txn, err := kgo.NewClient(kgo.SeedBrokers(b.Brokers...), kgo.TransactionalID(streamstest.Unique("previous-owner")))
+		txn, err := b.Kafka.NewClient(kgo.TransactionalID(streamstest.Unique("previous-owner")))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -41,7 +41,7 @@ func TestRebuildWaitsForOpenTransactions(t *testing.T) {
 		}
 		var mu sync.Mutex
 		var got []string
-		r := streams.NewRestorer(b.Brokers, func(map[int32]bool) error { return nil }, func(rec *kgo.Record) error {
+		r := streams.NewRestorer(b.Kafka, func(map[int32]bool) error { return nil }, func(rec *kgo.Record) error {
 			mu.Lock()
 			got = append(got, string(rec.Value))
 			mu.Unlock()

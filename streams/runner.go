@@ -52,7 +52,7 @@ func New(name string, h Handler, opts ...Option) (*Runner, error) {
 		return nil, errors.New("streams: processor needs a name")
 	case h == nil:
 		return nil, errors.New("streams: processor needs a handler")
-	case len(cfg.brokers) == 0:
+	case len(cfg.cluster.Seeds) == 0:
 		return nil, errors.New("streams: no brokers configured")
 	case len(cfg.inputs) == 0:
 		return nil, errors.New("streams: no input topics")
@@ -112,9 +112,8 @@ func (r *Runner) Run(ctx context.Context) error {
 }
 
 func (r *Runner) clientOpts() []kgo.Opt {
-	opts := []kgo.Opt{
-		kgo.SeedBrokers(r.cfg.brokers...),
-		kgo.ClientID("surge-" + r.cfg.name + "-" + r.cfg.instanceID), // operators (and tests) tell the members apart
+	opts := r.cfg.cluster.Opts(
+		kgo.ClientID("surge-"+r.cfg.name+"-"+r.cfg.instanceID), // operators (and tests) tell the members apart
 		kgo.ConsumerGroup(r.cfg.group),
 		kgo.ConsumeTopics(r.cfg.inputs...),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
@@ -126,7 +125,7 @@ func (r *Runner) clientOpts() []kgo.Opt {
 			return min(r.cfg.backoffMin<<min(n, 10), r.cfg.backoffMax)
 		}),
 		kgo.WithLogger(kgoLogger{r.log}),
-	}
+	)
 	if r.cfg.static {
 		opts = append(opts, kgo.InstanceID(r.cfg.group+"-"+r.cfg.instanceID))
 	}
@@ -186,7 +185,7 @@ func (r *Runner) waitForBroker(ctx context.Context, cl *kgo.Client) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		r.log.Warn("no broker reachable; retrying", "brokers", r.cfg.brokers, "err", err, "retry_in", backoff)
+		r.log.Warn("no broker reachable; retrying", "kafka", r.cfg.cluster.String(), "err", err, "retry_in", backoff)
 		if !sleep(ctx, backoff) {
 			return ctx.Err()
 		}

@@ -103,8 +103,8 @@ func runInBackground(t *testing.T, r *streams.Runner) (stop func()) {
 func TestTransactionsCommitOrAbort(t *testing.T) {
 	streamstest.Each(t, func(t *testing.T, b streamstest.Backend) {
 		topic := streamstest.Unique("txn")
-		streamstest.CreateTopics(t, b.Brokers, 1, topic)
-		cl := streamstest.Client(t, b.Brokers, kgo.TransactionalID(streamstest.Unique("txn-id")))
+		streamstest.CreateTopics(t, b.Kafka, 1, topic)
+		cl := streamstest.Client(t, b.Kafka, kgo.TransactionalID(streamstest.Unique("txn-id")))
 		ctx := context.Background()
 
 		if err := cl.BeginTransaction(); err != nil {
@@ -132,7 +132,7 @@ func TestTransactionsCommitOrAbort(t *testing.T) {
 			t.Fatal(err)
 		}
 
-		committed := countUins(t, streamstest.ReadN(t, b.Brokers, topic, true, 5, 20*time.Second, time.Second))
+		committed := countUins(t, streamstest.ReadN(t, b.Kafka, topic, true, 5, 20*time.Second, time.Second))
 		if len(committed) != 5 {
 			t.Fatalf("read_committed sees %d records, want the 5 committed: %v", len(committed), committed)
 		}
@@ -141,7 +141,7 @@ func TestTransactionsCommitOrAbort(t *testing.T) {
 				t.Fatalf("aborted record %d visible to read_committed", u)
 			}
 		}
-		all := streamstest.ReadN(t, b.Brokers, topic, false, 15, 20*time.Second, time.Second)
+		all := streamstest.ReadN(t, b.Kafka, topic, false, 15, 20*time.Second, time.Second)
 		if len(all) != 15 {
 			t.Fatalf("read_uncommitted sees %d records, want 15 (aborted ones included)", len(all))
 		}
@@ -151,9 +151,9 @@ func TestTransactionsCommitOrAbort(t *testing.T) {
 func TestExactlyOnceSurvivesTransientFailures(t *testing.T) {
 	streamstest.Each(t, func(t *testing.T, b streamstest.Backend) {
 		in, out, dlq := streamstest.Unique("in"), streamstest.Unique("out"), streamstest.Unique("dlq")
-		streamstest.CreateTopics(t, b.Brokers, 3, in, out, dlq)
+		streamstest.CreateTopics(t, b.Kafka, 3, in, out, dlq)
 		const n = 3000
-		cl := streamstest.Client(t, b.Brokers)
+		cl := streamstest.Client(t, b.Kafka)
 		recs := make([]*kgo.Record, n)
 		for i := range recs {
 			recs[i] = loginRecord(t, in, uint64(i))
@@ -180,7 +180,7 @@ func TestExactlyOnceSurvivesTransientFailures(t *testing.T) {
 			return inner(ctx, r, o)
 		}
 		reg := metrics.NewRegistry()
-		r, err := streams.New(streamstest.Unique("eos"), h, streams.Brokers(b.Brokers...), streams.Inputs(in),
+		r, err := streams.New(streamstest.Unique("eos"), h, streams.Kafka(b.Kafka), streams.Inputs(in),
 			streams.WithGuarantee(streams.ExactlyOnce), streams.DeadLetterTopic(dlq), streams.MaxBatch(400),
 			streams.Backoff(10*time.Millisecond, 50*time.Millisecond), streams.Metrics(reg), streams.Logger(quiet),
 			streams.OnRetry(func() { staged, retries = 0, retries+1 }),
@@ -194,7 +194,7 @@ func TestExactlyOnceSurvivesTransientFailures(t *testing.T) {
 			t.Fatal(err)
 		}
 		stop := runInBackground(t, r)
-		got := streamstest.ReadN(t, b.Brokers, out, true, n, 60*time.Second, 2*time.Second)
+		got := streamstest.ReadN(t, b.Kafka, out, true, n, 60*time.Second, 2*time.Second)
 		stop()
 		assertExactlyOnce(t, countUins(t, got), n)
 		if committed.Load() != n || retries == 0 {
@@ -214,8 +214,8 @@ func TestBadInputGoesToDeadLetterAndProcessingContinues(t *testing.T) {
 		for _, g := range []streams.Guarantee{streams.ExactlyOnce, streams.AtLeastOnce} {
 			t.Run(g.String(), func(t *testing.T) {
 				in, out, dlq := streamstest.Unique("in"), streamstest.Unique("out"), streamstest.Unique("dlq")
-				streamstest.CreateTopics(t, b.Brokers, 1, in, out, dlq)
-				cl := streamstest.Client(t, b.Brokers)
+				streamstest.CreateTopics(t, b.Kafka, 1, in, out, dlq)
+				cl := streamstest.Client(t, b.Kafka)
 
 				good := func(u uint64) *kgo.Record { return loginRecord(t, in, u) }
 				malformed := good(1001)
@@ -236,14 +236,14 @@ func TestBadInputGoesToDeadLetterAndProcessingContinues(t *testing.T) {
 					}
 					return o.EmitMsg(out, r.Key, ev)
 				})
-				r, err := streams.New(streamstest.Unique("dlq"), h, streams.Brokers(b.Brokers...), streams.Inputs(in),
+				r, err := streams.New(streamstest.Unique("dlq"), h, streams.Kafka(b.Kafka), streams.Inputs(in),
 					streams.WithGuarantee(g), streams.DeadLetterTopic(dlq), streams.MaxRecordBytes(1024), streams.Logger(quiet))
 				if err != nil {
 					t.Fatal(err)
 				}
 				stop := runInBackground(t, r)
-				outs := streamstest.ReadN(t, b.Brokers, out, true, 3, 30*time.Second, time.Second)
-				dead := streamstest.ReadN(t, b.Brokers, dlq, true, 6, 30*time.Second, time.Second)
+				outs := streamstest.ReadN(t, b.Kafka, out, true, 3, 30*time.Second, time.Second)
+				dead := streamstest.ReadN(t, b.Kafka, dlq, true, 6, 30*time.Second, time.Second)
 				stop()
 
 				if got := countUins(t, outs); len(outs) != 3 || got[0] != 1 || got[1] != 1 || got[2] != 1 {
@@ -275,8 +275,8 @@ func TestBadInputGoesToDeadLetterAndProcessingContinues(t *testing.T) {
 func TestRebalanceBetweenTwoInstancesKeepsExactlyOnce(t *testing.T) {
 	streamstest.Each(t, func(t *testing.T, b streamstest.Backend) {
 		in, out := streamstest.Unique("in"), streamstest.Unique("out")
-		streamstest.CreateTopics(t, b.Brokers, 6, in, out)
-		cl := streamstest.Client(t, b.Brokers)
+		streamstest.CreateTopics(t, b.Kafka, 6, in, out)
+		cl := streamstest.Client(t, b.Kafka)
 		const n = 20000
 		name := streamstest.Unique("rebalance")
 		// Slow the handler so both instances are busy while the group changes.
@@ -287,7 +287,7 @@ func TestRebalanceBetweenTwoInstancesKeepsExactlyOnce(t *testing.T) {
 			return echo(out)(ctx, r, o)
 		}
 		mk := func(id string) *streams.Runner {
-			r, err := streams.New(name, slow, streams.Brokers(b.Brokers...), streams.Inputs(in),
+			r, err := streams.New(name, slow, streams.Kafka(b.Kafka), streams.Inputs(in),
 				streams.WithGuarantee(streams.ExactlyOnce), streams.InstanceID(id), streams.MaxBatch(500),
 				streams.Metrics(metrics.NewRegistry()), streams.Logger(quiet))
 			if err != nil {
@@ -314,7 +314,7 @@ func TestRebalanceBetweenTwoInstancesKeepsExactlyOnce(t *testing.T) {
 		time.Sleep(1500 * time.Millisecond)
 		stopA() // graceful leave: b takes everything
 		produced.Wait()
-		got := streamstest.ReadN(t, b.Brokers, out, true, n, 90*time.Second, 3*time.Second)
+		got := streamstest.ReadN(t, b.Kafka, out, true, n, 90*time.Second, 3*time.Second)
 		stopB()
 		assertExactlyOnce(t, countUins(t, got), n)
 	})
@@ -330,7 +330,7 @@ func TestBrokerDownAtStartIsWaitedFor(t *testing.T) {
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
 
 	var committed atomic.Int64
-	r, err := streams.New("late", echo("late-out"), streams.Brokers(addr), streams.Inputs("late-in"),
+	r, err := streams.New("late", echo("late-out"), streams.Kafka(streams.Seeds(addr)), streams.Inputs("late-in"),
 		streams.Backoff(20*time.Millisecond, 200*time.Millisecond), streams.Metrics(metrics.NewRegistry()),
 		streams.Logger(quiet), streams.OnCommit(func(in, _ int) { committed.Add(int64(in)) }))
 	if err != nil {
@@ -344,9 +344,9 @@ func TestBrokerDownAtStartIsWaitedFor(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer k.Close()
-	streamstest.CreateTopics(t, k.Brokers(), 1, "late-in", "late-out")
-	streamstest.ProduceSync(t, streamstest.Client(t, k.Brokers()), loginRecord(t, "late-in", 7))
-	got := streamstest.ReadN(t, k.Brokers(), "late-out", true, 1, 30*time.Second, 200*time.Millisecond)
+	streamstest.CreateTopics(t, streams.Seeds(k.Brokers()...), 1, "late-in", "late-out")
+	streamstest.ProduceSync(t, streamstest.Client(t, streams.Seeds(k.Brokers()...)), loginRecord(t, "late-in", 7))
+	got := streamstest.ReadN(t, streams.Seeds(k.Brokers()...), "late-out", true, 1, 30*time.Second, 200*time.Millisecond)
 	stop()
 	if len(got) != 1 || committed.Load() != 1 {
 		t.Fatalf("after the broker came up: %d outputs, %d committed inputs", len(got), committed.Load())
@@ -372,9 +372,9 @@ func TestCrashMidBatch(t *testing.T) {
 
 func crashTest(t *testing.T, b streamstest.Backend, g streams.Guarantee) {
 	in, out := streamstest.Unique("in"), streamstest.Unique("out")
-	streamstest.CreateTopics(t, b.Brokers, 3, in, out)
+	streamstest.CreateTopics(t, b.Kafka, 3, in, out)
 	const n = 30000
-	cl := streamstest.Client(t, b.Brokers)
+	cl := streamstest.Client(t, b.Kafka)
 	recs := make([]*kgo.Record, n)
 	for i := range recs {
 		recs[i] = loginRecord(t, in, uint64(i))
@@ -384,7 +384,7 @@ func crashTest(t *testing.T, b streamstest.Backend, g streams.Guarantee) {
 	name := streamstest.Unique("crash")
 	start := func() *exec.Cmd {
 		cmd := exec.Command(os.Args[0], "-test.run=^TestChildProcessor$", "-test.v")
-		cmd.Env = append(os.Environ(), "SURGE_CHILD=1", "SURGE_CHILD_BROKERS="+strings.Join(b.Brokers, ","),
+		cmd.Env = append(os.Environ(), "SURGE_CHILD=1", "SURGE_CHILD_BROKERS="+strings.Join(b.Kafka.Seeds, ","),
 			"SURGE_CHILD_IN="+in, "SURGE_CHILD_OUT="+out, "SURGE_CHILD_NAME="+name, "SURGE_CHILD_GUARANTEE="+g.String())
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
@@ -420,7 +420,7 @@ func crashTest(t *testing.T, b streamstest.Backend, g streams.Guarantee) {
 			t.Fatal(err)
 		}
 		_ = cmd.Wait()
-		done := len(streamstest.ReadN(t, b.Brokers, out, true, n, time.Second, 0))
+		done := len(streamstest.ReadN(t, b.Kafka, out, true, n, time.Second, 0))
 		if done >= n {
 			t.Fatalf("kill %d came after the work was finished; the test proves nothing", i+1)
 		}
@@ -428,7 +428,7 @@ func crashTest(t *testing.T, b streamstest.Backend, g streams.Guarantee) {
 	}
 	final := start()
 	defer func() { _ = final.Process.Kill(); _ = final.Wait() }()
-	got := streamstest.ReadN(t, b.Brokers, out, true, n, 120*time.Second, 3*time.Second)
+	got := streamstest.ReadN(t, b.Kafka, out, true, n, 120*time.Second, 3*time.Second)
 	seen := countUins(t, got)
 	if g == streams.ExactlyOnce {
 		assertExactlyOnce(t, seen, n)
@@ -464,7 +464,7 @@ func TestChildProcessor(t *testing.T) {
 		return echo(os.Getenv("SURGE_CHILD_OUT"))(ctx, r, o)
 	}
 	r, err := streams.New(os.Getenv("SURGE_CHILD_NAME"), slow,
-		streams.Brokers(strings.Split(os.Getenv("SURGE_CHILD_BROKERS"), ",")...),
+		streams.Kafka(streams.Seeds(strings.Split(os.Getenv("SURGE_CHILD_BROKERS"), ",")...)),
 		streams.Inputs(os.Getenv("SURGE_CHILD_IN")), streams.WithGuarantee(g),
 		streams.InstanceID("only"), streams.StaticMembership(), streams.MaxBatch(1000),
 		streams.TransactionTimeout(10*time.Second), streams.Logger(quiet))
@@ -489,10 +489,10 @@ func TestBrokerGoneMidRunLosesAndDuplicatesNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	brokers := k.Brokers()
-	streamstest.CreateTopics(t, brokers, 3, "bounce-in", "bounce-out")
+	kc := streams.Seeds(k.Brokers()...)
+	streamstest.CreateTopics(t, kc, 3, "bounce-in", "bounce-out")
 	const n = 20000
-	pcl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	pcl, err := kc.NewClient()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -512,7 +512,7 @@ func TestBrokerGoneMidRunLosesAndDuplicatesNothing(t *testing.T) {
 		}
 		return echo("bounce-out")(ctx, r, o)
 	}
-	r, err := streams.New("bounce", slow, streams.Brokers(brokers...), streams.Inputs("bounce-in"),
+	r, err := streams.New("bounce", slow, streams.Kafka(kc), streams.Inputs("bounce-in"),
 		streams.WithGuarantee(streams.ExactlyOnce), streams.InstanceID("b1"), streams.MaxBatch(500),
 		streams.Backoff(20*time.Millisecond, 300*time.Millisecond), streams.DeliveryTimeout(5*time.Second),
 		streams.Metrics(metrics.NewRegistry()), streams.Logger(quiet),
@@ -535,7 +535,7 @@ func TestBrokerGoneMidRunLosesAndDuplicatesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer k.Close()
-	got := streamstest.ReadN(t, k.Brokers(), "bounce-out", true, n, 90*time.Second, 2*time.Second)
+	got := streamstest.ReadN(t, streams.Seeds(k.Brokers()...), "bounce-out", true, n, 90*time.Second, 2*time.Second)
 	stop()
 	t.Logf("broker away after %d of %d committed", atCrash, n)
 	assertExactlyOnce(t, countUins(t, got), n)
@@ -547,10 +547,10 @@ func TestBrokerGoneMidRunLosesAndDuplicatesNothing(t *testing.T) {
 func TestOnIdleRunsWithoutTraffic(t *testing.T) {
 	streamstest.Each(t, func(t *testing.T, b streamstest.Backend) {
 		in := streamstest.Unique("idle-in")
-		streamstest.CreateTopics(t, b.Brokers, 1, in)
+		streamstest.CreateTopics(t, b.Kafka, 1, in)
 		var idle atomic.Int64
 		r, err := streams.New("idle", func(context.Context, *kgo.Record, *streams.Output) error { return nil },
-			streams.Brokers(b.Brokers...), streams.Inputs(in), streams.Group(streamstest.Unique("idle")),
+			streams.Kafka(b.Kafka), streams.Inputs(in), streams.Group(streamstest.Unique("idle")),
 			streams.WithGuarantee(streams.ExactlyOnce), streams.OnIdle(func(context.Context) { idle.Add(1) }))
 		if err != nil {
 			t.Fatal(err)
@@ -582,7 +582,7 @@ func TestOnIdleRunsWithoutTraffic(t *testing.T) {
 func TestBatchesWithoutOutputAreNotAborted(t *testing.T) {
 	streamstest.Each(t, func(t *testing.T, b streamstest.Backend) {
 		in, out, dlq := streamstest.Unique("in"), streamstest.Unique("out"), streamstest.Unique("dlq")
-		streamstest.CreateTopics(t, b.Brokers, 1, in, out, dlq)
+		streamstest.CreateTopics(t, b.Kafka, 1, in, out, dlq)
 		const n = 300
 		// Even uins are echoed, odd ones produce nothing: batches of one
 		// record, all waiting, alternate between the two kinds.
@@ -594,7 +594,7 @@ func TestBatchesWithoutOutputAreNotAborted(t *testing.T) {
 			return echoEven(ctx, r, o)
 		}
 		var aborted, committedIn atomic.Int64
-		r, err := streams.New(streamstest.Unique("eos"), h, streams.Brokers(b.Brokers...), streams.Inputs(in),
+		r, err := streams.New(streamstest.Unique("eos"), h, streams.Kafka(b.Kafka), streams.Inputs(in),
 			streams.WithGuarantee(streams.ExactlyOnce), streams.DeadLetterTopic(dlq), streams.MaxBatch(1),
 			streams.Metrics(metrics.NewRegistry()), streams.Logger(quiet),
 			streams.OnBatchEnd(func(ok bool) {
@@ -610,9 +610,9 @@ func TestBatchesWithoutOutputAreNotAborted(t *testing.T) {
 		for i := range recs {
 			recs[i] = loginRecord(t, in, uint64(i))
 		}
-		streamstest.ProduceSync(t, streamstest.Client(t, b.Brokers), recs...)
+		streamstest.ProduceSync(t, streamstest.Client(t, b.Kafka), recs...)
 		runInBackground(t, r)
-		got := streamstest.ReadN(t, b.Brokers, out, true, n/2, 60*time.Second, time.Second)
+		got := streamstest.ReadN(t, b.Kafka, out, true, n/2, 60*time.Second, time.Second)
 		deadline := time.Now().Add(30 * time.Second)
 		for committedIn.Load() < n && time.Now().Before(deadline) {
 			time.Sleep(20 * time.Millisecond)

@@ -21,10 +21,10 @@ func TestDeclaredSpecRefusesUndeclaredOutputs(t *testing.T) {
 	streamstest.Each(t, func(t *testing.T, b streamstest.Backend) {
 		ns := streamstest.Unique("spec") + "."
 		in, fam, stray, dlq := ns+"in", ns+"out.e1", ns+"stray", ns+"dlq"
-		streamstest.CreateTopics(t, b.Brokers, 1, in, fam, stray, dlq)
+		streamstest.CreateTopics(t, b.Kafka, 1, in, fam, stray, dlq)
 		spec := streams.Spec{Name: "echo", Group: "echo", Guarantee: streams.ExactlyOnce,
 			Inputs: []string{"in"}, Outputs: []string{"out.*"}}
-		cl := streamstest.Client(t, b.Brokers)
+		cl := streamstest.Client(t, b.Kafka)
 		streamstest.ProduceSync(t, cl, loginRecord(t, in, 1), loginRecord(t, in, 2))
 
 		// Uin 1 goes to the declared family, uin 2 to a stray topic.
@@ -35,7 +35,7 @@ func TestDeclaredSpecRefusesUndeclaredOutputs(t *testing.T) {
 			}
 			return echo(to)(ctx, r, o)
 		}
-		r, err := streams.New("echo", h, streams.Declare(spec, ns), streams.Brokers(b.Brokers...),
+		r, err := streams.New("echo", h, streams.Declare(spec, ns), streams.Kafka(b.Kafka),
 			streams.DeadLetterTopic(dlq), streams.Logger(quiet), streams.MaxBatch(1))
 		if err != nil {
 			t.Fatal(err)
@@ -47,15 +47,15 @@ func TestDeclaredSpecRefusesUndeclaredOutputs(t *testing.T) {
 		if !errors.As(err, &ue) || ue.Topic != stray {
 			t.Fatalf("Run = %v, want an UndeclaredError for %s", err, stray)
 		}
-		if got := streamstest.ReadN(t, b.Brokers, fam, true, 1, 10*time.Second, 300*time.Millisecond); len(got) != 1 {
+		if got := streamstest.ReadN(t, b.Kafka, fam, true, 1, 10*time.Second, 300*time.Millisecond); len(got) != 1 {
 			t.Fatalf("declared family output: %d records, want 1", len(got))
 		}
-		if got := streamstest.ReadN(t, b.Brokers, stray, true, 0, time.Second, time.Second); len(got) != 0 {
+		if got := streamstest.ReadN(t, b.Kafka, stray, true, 0, time.Second, time.Second); len(got) != 0 {
 			t.Fatalf("undeclared topic got %d committed records", len(got))
 		}
 
 		// An Inputs option outside the spec is refused at construction.
-		_, err = streams.New("echo", h, streams.Declare(spec, ns), streams.Brokers(b.Brokers...), streams.Inputs(stray))
+		_, err = streams.New("echo", h, streams.Declare(spec, ns), streams.Kafka(b.Kafka), streams.Inputs(stray))
 		if err == nil || !strings.Contains(err.Error(), "does not declare") {
 			t.Fatalf("undeclared input: %v", err)
 		}

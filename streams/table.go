@@ -48,12 +48,12 @@ func TableCheckpoint(period time.Duration, fn func(next map[int32]int64)) TableO
 
 // FollowTable starts following topic; apply runs on one goroutine, in
 // partition order. It runs until ctx ends.
-func FollowTable(ctx context.Context, brokers []string, topic string, apply func(*kgo.Record), opts ...TableOption) (*Table, error) {
+func FollowTable(ctx context.Context, cluster Cluster, topic string, apply func(*kgo.Record), opts ...TableOption) (*Table, error) {
 	var o tableOptions
 	for _, f := range opts {
 		f(&o)
 	}
-	probe, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	probe, err := cluster.NewClient()
 	if err != nil {
 		return nil, err
 	}
@@ -73,11 +73,11 @@ func FollowTable(ctx context.Context, brokers []string, topic string, apply func
 			delete(cu.ends, p) // nothing new since the checkpoint
 		}
 	}
-	copts := []kgo.Opt{kgo.SeedBrokers(brokers...), kgo.FetchIsolationLevel(kgo.ReadCommitted())}
+	copts := cluster.Opts(kgo.FetchIsolationLevel(kgo.ReadCommitted()))
 	if len(o.from) > 0 {
 		// Every partition explicitly: the checkpointed ones at their
 		// offsets, the rest (new or empty then) from the start.
-		all, err := partitionsOf(ctx, brokers, topic)
+		all, err := partitionsOf(ctx, cluster, topic)
 		if err != nil {
 			return nil, err
 		}
@@ -100,8 +100,8 @@ func FollowTable(ctx context.Context, brokers []string, topic string, apply func
 }
 
 // partitionsOf lists the partitions of topic.
-func partitionsOf(ctx context.Context, brokers []string, topic string) ([]int32, error) {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+func partitionsOf(ctx context.Context, cluster Cluster, topic string) ([]int32, error) {
+	cl, err := cluster.NewClient()
 	if err != nil {
 		return nil, err
 	}

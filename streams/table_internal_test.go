@@ -39,7 +39,7 @@ func TestTableCheckpointThenResume(t *testing.T) {
 	}
 	saved := make(chan map[int32]int64, 1)
 	tctx, stop := context.WithCancel(ctx)
-	tb, err := FollowTable(tctx, c.ListenAddrs(), topic, apply, TableCheckpoint(time.Millisecond, func(next map[int32]int64) {
+	tb, err := FollowTable(tctx, Seeds(c.ListenAddrs()...), topic, apply, TableCheckpoint(time.Millisecond, func(next map[int32]int64) {
 		select {
 		case saved <- next:
 		default:
@@ -62,7 +62,7 @@ func TestTableCheckpointThenResume(t *testing.T) {
 	}
 	stop()
 	produce(300, 400)
-	tb2, err := FollowTable(ctx, c.ListenAddrs(), topic, apply, TableFrom(next))
+	tb2, err := FollowTable(ctx, Seeds(c.ListenAddrs()...), topic, apply, TableFrom(next))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -29,6 +29,7 @@ import (
 	"surge/processors/uin/account"
 	"surge/processors/uin/allocation"
 	"surge/processors/uin/pool"
+	"surge/processors/uin/uinkeys"
 	"surge/streams"
 	"surge/streams/embedded"
 )
@@ -48,11 +49,11 @@ func main() {
 	ctx := context.Background()
 	rdb := redis.NewClient(&redis.Options{Addr: *redisAddr, PoolSize: 64})
 	defer rdb.Close()
-	brokers, _, stopKafka, err := embedded.KafkaOr("")
+	kc, _, stopKafka, err := embedded.KafkaOr("")
 	must(err)
 	defer stopKafka()
 	ns := fmt.Sprintf("abench%d.", time.Now().UnixNano())
-	central := pool.NewCentral(rdb, ns+"pool:", 1000)
+	central := pool.NewCentral(rdb, uinkeys.Pool(ns), 1000)
 	batch := make([]uint32, 0, 100_000)
 	for u := 1; u <= *seed; u++ {
 		if batch = append(batch, uint32(10_000_000+u)); len(batch) == cap(batch) || u == *seed {
@@ -63,10 +64,10 @@ func main() {
 	}
 	keys, secret := apikey.Generate("bench")
 	svc := allocation.New(allocation.Config{
-		Env:      streams.Env{Brokers: brokers, Namespace: ns, Log: slog.New(slog.NewTextHandler(io.Discard, nil))},
+		Env:      streams.Env{Kafka: kc, Namespace: ns, Log: slog.New(slog.NewTextHandler(io.Discard, nil))},
 		Instance: "bench", Addr: "127.0.0.1:0", Keys: keys,
 		Local:   []pool.AllocatorOption{pool.LowWater(*local), pool.Chunk(2 * *local)},
-		Central: central, Accounts: account.NewStore(rdb, ns)})
+		Central: central, Accounts: account.NewStore(rdb, uinkeys.Prefix(ns))})
 	sctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- svc.Run(sctx) }()

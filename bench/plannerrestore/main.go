@@ -42,7 +42,7 @@ func main() {
 	targets := flag.Int("targets", 2_000, "uins in each job's filtered package")
 	flag.Parse()
 
-	brokers, backend, stopKafka, err := embedded.KafkaOr(*brokersFlag)
+	kc, backend, stopKafka, err := embedded.KafkaOr(*brokersFlag)
 	must(err)
 	defer stopKafka()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -53,19 +53,19 @@ func main() {
 	ns := fmt.Sprintf("bench%d.", time.Now().UnixNano())
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 
-	admin, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ProducerBatchMaxBytes(numpkg.ChunkBytes+(64<<10)))
+	admin, err := kc.NewClient(kgo.ProducerBatchMaxBytes(numpkg.ChunkBytes + (64 << 10)))
 	must(err)
 	defer admin.Close()
 	// The history is written as the planner writes it: in transactions.
-	writer, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ProducerBatchMaxBytes(numpkg.ChunkBytes+(64<<10)),
+	writer, err := kc.NewClient(kgo.ProducerBatchMaxBytes(numpkg.ChunkBytes+(64<<10)),
 		kgo.TransactionalID(ns+"history"))
 	must(err)
 	defer writer.Close()
-	must(streams.EnsureTopics(ctx, admin, 1, schemas.Namespaced(ns, schemas.TopicJobs, schemas.TopicJobTransitions,
+	must(streams.EnsureTopics(ctx, admin, streams.OneCopy, schemas.Namespaced(ns, schemas.TopicJobs, schemas.TopicJobTransitions,
 		schemas.TopicPlannerCkpt, schemas.TopicExecutors, schemas.TopicReports, schemas.TopicPackages, schemas.TopicAccounts,
 		schemas.TopicFanDelta, schemas.TopicTags, schemas.TopicBlacklists, schemas.TopicJobClicks, schemas.TopicTimers,
 		schemas.TopicDeadLetter)...))
-	pkgs, err := numpkg.OpenTopicStore(ctx, brokers, ns+schemas.TopicPackages, filepath.Join(dir, "packages"), log)
+	pkgs, err := numpkg.OpenTopicStore(ctx, kc, ns+schemas.TopicPackages, filepath.Join(dir, "packages"), log)
 	must(err)
 
 	at := time.Now().Add(-time.Hour)
@@ -122,12 +122,12 @@ func main() {
 	// on push.executors gives it batches).
 	cfg := planner.DefaultConfig()
 	cfg.CheckpointEvery = 100 * time.Millisecond
-	cfg.Env, cfg.Packages = streams.Env{Brokers: brokers, Namespace: ns, Log: log}, pkgs
+	cfg.Env, cfg.Packages = streams.Env{Kafka: kc, Namespace: ns, Log: log}, pkgs
 	live := planner.New(cfg)
 	rctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- live.Run(rctx, streams.Logger(log), streams.InstanceID("bench")) }()
-	ckpt := waitCheckpoint(ctx, brokers, admin, ns)
+	ckpt := waitCheckpoint(ctx, kc, admin, ns)
 	stop()
 	<-done
 	fmt.Printf("checkpoint written: %d bytes\n", ckpt)
@@ -153,7 +153,7 @@ func main() {
 
 // waitCheckpoint feeds the planner heartbeats until it has written a
 // checkpoint, and returns the checkpoint's size.
-func waitCheckpoint(ctx context.Context, brokers []string, cl *kgo.Client, ns string) int {
+func waitCheckpoint(ctx context.Context, kc streams.Cluster, cl *kgo.Client, ns string) int {
 	deadline := time.Now().Add(5 * time.Minute)
 	for time.Now().Before(deadline) {
 		r, err := streams.NewRecord(ns+schemas.TopicExecutors, []byte("x"), &pb.ExecutorLoad{Executor: "x",
@@ -161,7 +161,7 @@ func waitCheckpoint(ctx context.Context, brokers []string, cl *kgo.Client, ns st
 		must(err)
 		must(cl.ProduceSync(ctx, r).FirstErr())
 		size := 0
-		_ = streams.ReadToEnd(ctx, brokers, ns+schemas.TopicPlannerCkpt, func(r *kgo.Record) error {
+		_ = streams.ReadToEnd(ctx, kc, ns+schemas.TopicPlannerCkpt, func(r *kgo.Record) error {
 			size += len(r.Value)
 			return nil
 		})

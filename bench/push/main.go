@@ -43,7 +43,7 @@ func main() {
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the timed part")
 	flag.Parse()
 
-	brokers, backend, stopKafka, err := embedded.KafkaOr(*brokersFlag)
+	kc, backend, stopKafka, err := embedded.KafkaOr(*brokersFlag)
 	must(err)
 	defer stopKafka()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -55,13 +55,13 @@ func main() {
 	cfg := planner.DefaultConfig()
 	cfg.UnitSize, cfg.MaxBacklog = *unit, *backlog
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	s := pipeline.New(brokers, pipeline.Options{Namespace: ns, Dir: dir, Executors: *executors, Planner: cfg, Log: log})
-	must(s.CreateTopics(ctx, 1))
+	s := pipeline.New(kc, pipeline.Options{Namespace: ns, Dir: dir, Executors: *executors, Planner: cfg, Log: log})
+	must(s.CreateTopics(ctx, streams.OneCopy))
 	must(s.Publish(ctx, directory.AccountRecord(ns, &pb.AccountInfo{AccountId: 1, Filters: proto.Uint32(uint32(filter.All &^ filter.Relation))})))
 
 	// Setup (not timed): every online user's presence, as the presence
 	// processor would have published it.
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ProducerLinger(5*time.Millisecond), kgo.MaxBufferedRecords(1<<20))
+	cl, err := kc.NewClient(kgo.ProducerLinger(5*time.Millisecond), kgo.MaxBufferedRecords(1<<20))
 	must(err)
 	defer cl.Close()
 	targets, online := roaring.New(), roaring.New()

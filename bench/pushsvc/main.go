@@ -79,7 +79,7 @@ func main() {
 	users := flag.Int("users", 10_000_000, "targets of each job (uins 1..users)")
 	onlineShare := flag.Float64("online", 0.8, "share of targets online")
 	flag.Parse()
-	brokers := strings.Split(*brokersFlag, ",")
+	kc := streams.Seeds(strings.Split(*brokersFlag, ",")...)
 	ctx := context.Background()
 	ns := fmt.Sprintf("psvc%d.", time.Now().UnixNano())
 	dir, err := os.MkdirTemp("", "pushsvc-")
@@ -90,11 +90,11 @@ func main() {
 	if err != nil {
 		must(fmt.Errorf("go build: %v\n%s", err, out))
 	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ProducerLinger(5*time.Millisecond),
+	cl, err := kc.NewClient(kgo.ProducerLinger(5*time.Millisecond),
 		kgo.MaxBufferedRecords(1<<20), kgo.ProducerBatchMaxBytes(1<<20))
 	must(err)
 	defer cl.Close()
-	must(streams.EnsureTopics(ctx, cl, 1, push.Topics(ns)...))
+	must(streams.EnsureTopics(ctx, cl, streams.OneCopy, push.Topics(ns)...))
 	fmt.Printf("broker %s; %d cores, %s; %d users, %.0f%% online; services as OS processes\n",
 		*brokersFlag, runtime.NumCPU(), runtime.Version(), *users, 100**onlineShare)
 
@@ -117,7 +117,7 @@ func main() {
 	}
 	must(cl.Flush(ctx))
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
-	must(streams.WaitConsumed(wctx, brokers, ns+"presence", ns+schemas.TopicLogin))
+	must(streams.WaitConsumed(wctx, kc, ns+"presence", ns+schemas.TopicLogin))
 	cancel()
 	fmt.Printf("setup: %d logins through push-presence in %s\n", online, time.Since(t0).Round(time.Millisecond))
 
@@ -131,7 +131,7 @@ func main() {
 	}()
 	must(cl.ProduceSync(ctx, directory.AccountRecord(ns, &pb.AccountInfo{AccountId: 1, Filters: proto.Uint32(0)})).FirstErr())
 	wctx, cancel = context.WithTimeout(ctx, 5*time.Minute)
-	must(streams.WaitConsumed(wctx, brokers, push.PlannerGroup(ns), ns+schemas.TopicAccounts))
+	must(streams.WaitConsumed(wctx, kc, push.PlannerGroup(ns), ns+schemas.TopicAccounts))
 	cancel()
 	for _, x := range execs {
 		waitLog(x, "online bitmap loaded")
@@ -150,7 +150,7 @@ func main() {
 	must(err)
 	job := func(id string, onFirst func()) (first, done time.Duration, cpu time.Duration) {
 		before := execs[0].cpu() + execs[1].cpu()
-		seen := reportsFrom(ctx, brokers, ns)
+		seen := reportsFrom(ctx, kc, ns)
 		start := time.Now()
 		rec, err := streams.NewRecord(ns+schemas.TopicJobs, []byte(id), &pb.SendJob{JobId: id, AccountId: 1,
 			Source: pb.TargetSource_PACKAGE, ContentId: id, ContentCrc: uint32(len(id)), InlinePackage: data})
@@ -161,14 +161,14 @@ func main() {
 		if onFirst != nil {
 			onFirst()
 		}
-		waitCompleted(ctx, brokers, ns, id)
+		waitCompleted(ctx, kc, ns, id)
 		done = time.Since(start)
 		return first, done, execs[0].cpu() + execs[1].cpu() - before
 	}
 	first, done, cpu := job("bench-1", nil)
 	fmt.Printf("job 1, %d users over 2 executor processes: first delivery %s, COMPLETED %s; executors' CPU %s (%.2f s per 10M users)\n",
 		*users, first.Round(time.Millisecond), done.Round(time.Millisecond), cpu.Round(time.Millisecond), cpu.Seconds()*1e7/float64(*users))
-	check(ctx, brokers, ns, "bench-1", online)
+	check(ctx, kc, ns, "bench-1", online)
 
 	var recovered time.Duration
 	first, done, _ = job("bench-22", func() {
@@ -183,12 +183,12 @@ func main() {
 	})
 	fmt.Printf("job 2, executor ea killed -9 at the first delivery and restarted: first delivery %s; ea serving again %s after the kill; COMPLETED %s after submission\n",
 		first.Round(time.Millisecond), recovered.Round(time.Millisecond), done.Round(time.Millisecond))
-	check(ctx, brokers, ns, "bench-22", online)
+	check(ctx, kc, ns, "bench-22", online)
 }
 
 // reportsFrom streams push.reports from now on.
-func reportsFrom(ctx context.Context, brokers []string, ns string) <-chan *pb.DeliveryReport {
-	c, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(ns+schemas.TopicReports),
+func reportsFrom(ctx context.Context, kc streams.Cluster, ns string) <-chan *pb.DeliveryReport {
+	c, err := kc.NewClient(kgo.ConsumeTopics(ns+schemas.TopicReports),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtEnd()), kgo.FetchIsolationLevel(kgo.ReadCommitted()))
 	must(err)
 	// Make sure the consumer has its end offsets before the caller acts.
@@ -222,8 +222,8 @@ func waitFirstDelivery(c <-chan *pb.DeliveryReport, id string) {
 	}
 }
 
-func waitCompleted(ctx context.Context, brokers []string, ns, id string) {
-	c, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(ns+schemas.TopicJobTransitions),
+func waitCompleted(ctx context.Context, kc streams.Cluster, ns, id string) {
+	c, err := kc.NewClient(kgo.ConsumeTopics(ns+schemas.TopicJobTransitions),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchIsolationLevel(kgo.ReadCommitted()))
 	must(err)
 	defer c.Close()
@@ -246,8 +246,8 @@ func waitCompleted(ctx context.Context, brokers []string, ns, id string) {
 	must(fmt.Errorf("job %s not COMPLETED in 10 minutes", id))
 }
 
-func check(ctx context.Context, brokers []string, ns, id string, online int) {
-	o, err := recovery.Read(ctx, brokers, ns, id)
+func check(ctx context.Context, kc streams.Cluster, ns, id string, online int) {
+	o, err := recovery.Read(ctx, kc, ns, id)
 	must(err)
 	fmt.Printf("  check: %d delivered online (want %d), %d delivered twice, %d reports\n",
 		o.Delivered.GetCardinality(), online, o.Duplicate, o.Reports)

@@ -44,7 +44,7 @@ func main() {
 	if *verbose {
 		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
-	brokers, backend, stopKafka, err := embedded.KafkaOr(*brokersFlag)
+	kc, backend, stopKafka, err := embedded.KafkaOr(*brokersFlag)
 	must(err)
 	defer stopKafka()
 	if *redisAddr == "" {
@@ -83,7 +83,7 @@ func main() {
 		defer pprof.StopCPUProfile()
 	}
 	last := time.Now()
-	res, err := synth.Run(context.Background(), brokers, rdb, st, synth.Options{Accounts: *n, Controllers: *controllers, Seed: *seed,
+	res, err := synth.Run(context.Background(), kc, rdb, st, synth.Options{Accounts: *n, Controllers: *controllers, Seed: *seed,
 		Dir: dir, Namespace: fmt.Sprintf("rbench%d.", time.Now().UnixNano()), Log: log, Recycling: recycling,
 		Progress: func(phase string, done, total int64) {
 			if time.Since(last) > 2*time.Second {

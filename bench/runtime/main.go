@@ -33,16 +33,16 @@ func main() {
 	partitions := flag.Int("partitions", 6, "partitions of input and output")
 	flag.Parse()
 
-	brokers, backend, stopKafka, err := embedded.KafkaOr(*brokersFlag)
+	kc, backend, stopKafka, err := embedded.KafkaOr(*brokersFlag)
 	must(err)
 	defer stopKafka()
 	ctx := context.Background()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ProducerLinger(2*time.Millisecond))
+	cl, err := kc.NewClient(kgo.ProducerLinger(2 * time.Millisecond))
 	must(err)
 	defer cl.Close()
 	suffix := fmt.Sprint(time.Now().UnixNano())
 	in := "bench-in-" + suffix
-	must(streams.EnsureTopics(ctx, cl, 1, schemas.Topic{Name: in, Partitions: int32(*partitions), Retention: time.Hour}))
+	must(streams.EnsureTopics(ctx, cl, streams.OneCopy, schemas.Topic{Name: in, Partitions: int32(*partitions), Retention: time.Hour}))
 	value := make([]byte, *size)
 	_, _ = rand.Read(value)
 	t0 := time.Now()
@@ -55,7 +55,7 @@ func main() {
 
 	newOut := func(name string) string {
 		t := "bench-out-" + name + "-" + suffix
-		must(streams.EnsureTopics(ctx, cl, 1, schemas.Topic{Name: t, Partitions: int32(*partitions), Retention: time.Hour}))
+		must(streams.EnsureTopics(ctx, cl, streams.OneCopy, schemas.Topic{Name: t, Partitions: int32(*partitions), Retention: time.Hour}))
 		return t
 	}
 	bytesPerRun := float64(*records * (*size))
@@ -68,7 +68,7 @@ func main() {
 		fmt.Println(line)
 	}
 
-	bare := runBare(brokers, in, newOut("bare"), *records)
+	bare := runBare(kc, in, newOut("bare"), *records)
 	report("bare franz-go (ceiling)", bare, 0)
 	copyRec := func(out string) streams.Handler {
 		return func(_ context.Context, r *kgo.Record, o *streams.Output) error {
@@ -76,16 +76,16 @@ func main() {
 			return nil
 		}
 	}
-	alo := runRuntime(brokers, in, *records, copyRec(newOut("alo")), streams.AtLeastOnce)
+	alo := runRuntime(kc, in, *records, copyRec(newOut("alo")), streams.AtLeastOnce)
 	report("streams runtime, at-least-once", alo, bare)
-	eos := runRuntime(brokers, in, *records, copyRec(newOut("eos")), streams.ExactlyOnce)
+	eos := runRuntime(kc, in, *records, copyRec(newOut("eos")), streams.ExactlyOnce)
 	report("streams runtime, exactly-once", eos, bare)
 }
 
 // runBare is the ceiling: poll, copy every record, flush, commit.
-func runBare(brokers []string, in, out string, n int) time.Duration {
+func runBare(kc streams.Cluster, in, out string, n int) time.Duration {
 	ctx := context.Background()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumerGroup("bare-"+out), kgo.ConsumeTopics(in),
+	cl, err := kc.NewClient(kgo.ConsumerGroup("bare-"+out), kgo.ConsumeTopics(in),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.DisableAutoCommit(), kgo.MaxBufferedRecords(20000))
 	must(err)
 	defer cl.Close()
@@ -103,10 +103,10 @@ func runBare(brokers []string, in, out string, n int) time.Duration {
 	return time.Since(start)
 }
 
-func runRuntime(brokers []string, in string, n int, h streams.Handler, g streams.Guarantee) time.Duration {
+func runRuntime(kc streams.Cluster, in string, n int, h streams.Handler, g streams.Guarantee) time.Duration {
 	var committed atomic.Int64
 	finished := make(chan struct{})
-	r, err := streams.New(fmt.Sprintf("bench-%s-%d", g, time.Now().UnixNano()), h, streams.Brokers(brokers...),
+	r, err := streams.New(fmt.Sprintf("bench-%s-%d", g, time.Now().UnixNano()), h, streams.Kafka(kc),
 		streams.Inputs(in), streams.WithGuarantee(g), streams.Metrics(metrics.NewRegistry()),
 		streams.Logger(slog.New(slog.NewTextHandler(io.Discard, nil))),
 		streams.OnCommit(func(i, _ int) {

@@ -31,17 +31,17 @@ func main() {
 	delay := flag.Duration("delay", 90*time.Second, "timers are due this long after arming (longer than the restore)")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of restore and fire here")
 	flag.Parse()
-	brokers, backend, stopKafka, err := embedded.KafkaOr(*brokersFlag)
+	kc, backend, stopKafka, err := embedded.KafkaOr(*brokersFlag)
 	must(err)
 	defer stopKafka()
 	ctx := context.Background()
 	ns := fmt.Sprintf("tbench%d.", time.Now().UnixNano())
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ProducerLinger(5*time.Millisecond), kgo.MaxBufferedRecords(1<<20))
+	cl, err := kc.NewClient(kgo.ProducerLinger(5*time.Millisecond), kgo.MaxBufferedRecords(1<<20))
 	must(err)
 	defer cl.Close()
 	tt, _ := schemas.TopicByName(schemas.TopicTimers)
 	tt.Name = ns + tt.Name
-	must(streams.EnsureTopics(ctx, cl, 1, tt, schemas.Topic{Name: ns + "fired", Partitions: 12, Retention: time.Hour}))
+	must(streams.EnsureTopics(ctx, cl, streams.OneCopy, tt, schemas.Topic{Name: ns + "fired", Partitions: 12, Retention: time.Hour}))
 	fmt.Printf("backend: %s; %d cores, %s\n", backend, runtime.NumCPU(), runtime.Version())
 
 	// Arm: all due -delay from now, so they are pending while the service restores.
@@ -59,7 +59,7 @@ func main() {
 	dir, err := os.MkdirTemp("", "tbench-")
 	must(err)
 	defer os.RemoveAll(dir)
-	s := timer.New(timer.Config{Env: streams.Env{Brokers: brokers, Log: slog.New(slog.NewTextHandler(io.Discard, nil))},
+	s := timer.New(timer.Config{Env: streams.Env{Kafka: kc, Log: slog.New(slog.NewTextHandler(io.Discard, nil))},
 		Topic: tt.Name, Dir: dir + "/db", TransactionalID: ns + "timer"})
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)

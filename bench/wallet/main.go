@@ -79,16 +79,16 @@ func main() {
 	}
 	watch, err := proccpu.Parse(*watchFlag)
 	must(err)
-	brokers, backend, stopKafka, err := embedded.KafkaOr(*brokersFlag)
+	kc, backend, stopKafka, err := embedded.KafkaOr(*brokersFlag)
 	must(err)
 	defer stopKafka()
 	ctx := context.Background()
 	ns := fmt.Sprintf("wbench%d.", time.Now().UnixNano())
 	var produced produceStats
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ProducerLinger(2*time.Millisecond), kgo.MaxBufferedRecords(1<<20), kgo.WithHooks(&produced))
+	cl, err := kc.NewClient(kgo.ProducerLinger(2*time.Millisecond), kgo.MaxBufferedRecords(1<<20), kgo.WithHooks(&produced))
 	must(err)
 	defer cl.Close()
-	must(streams.EnsureTopics(ctx, cl, 1, stack.Topics(ns)...))
+	must(streams.EnsureTopics(ctx, cl, streams.OneCopy, stack.Topics(ns)...))
 	topics := stack.TopicNames(ns)
 	// The run's topics go with it: a broker shared by many runs would
 	// otherwise keep 72 partitions of each.
@@ -109,7 +109,7 @@ func main() {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	// The instance `surge wallet` runs (without the live total, which the
 	// bench does not read), its parts driven one phase at a time.
-	w, err := stack.New(stack.Options{Brokers: brokers, Namespace: ns, Dir: must2(os.MkdirTemp("", "wbench-ledger-")), Source: src,
+	w, err := stack.New(stack.Options{Kafka: kc, Namespace: ns, Dir: must2(os.MkdirTemp("", "wbench-ledger-")), Source: src,
 		Keys: keys, Redis: rdb, Producer: cl, BatchSize: *batch, BatchLinger: time.Millisecond, Batchers: *batchers, NoTotal: true,
 		Log: log, Metrics: metrics.NewRegistry()})
 	must(err)

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -20,22 +21,16 @@ import (
 	"surge/schemas"
 	"surge/sinks/clickhouse"
 	"surge/streams"
+	"surge/streams/connect"
 )
 
-func needBrokers(bs []string) error {
-	if len(bs) == 0 {
-		return fmt.Errorf("no brokers: set --kafka.brokers, SURGE_KAFKA_BROKERS or kafka.brokers in the config file")
-	}
-	return nil
-}
-
-// newClient connects a plain client to the configured brokers.
-func newClient(v *viper.Viper) (*kgo.Client, error) {
-	bs := brokers(v)
-	if err := needBrokers(bs); err != nil {
+// newClient connects a plain client to the configured cluster.
+func newClient(ctx context.Context, v *viper.Viper) (*kgo.Client, error) {
+	kc, err := needKafka(ctx, v)
+	if err != nil {
 		return nil, err
 	}
-	return kgo.NewClient(kgo.SeedBrokers(bs...))
+	return kc.NewClient()
 }
 
 func cmdRun(ctx context.Context, args []string) error {
@@ -47,8 +42,8 @@ func cmdRun(ctx context.Context, args []string) error {
 		return fmt.Errorf("run takes one component name: %v", components)
 	}
 	log := newLogger(v)
-	bs := brokers(v)
-	if err := needBrokers(bs); err != nil {
+	bs, err := needKafka(ctx, v)
+	if err != nil {
 		return err
 	}
 	name := fs.Arg(0)
@@ -71,11 +66,17 @@ func cmdRun(ctx context.Context, args []string) error {
 	if name == "wallet-identities" {
 		return runWalletIdentities(ctx, v, log, bs, opts)
 	}
-	mirror, closeMirror, err := openMirror(ctx, v.GetString("redis.addr"), v.GetString("redis.prefix"), log)
+	var mirrorRedis redis.UniversalClient // no mirror without redis.addr
+	if v.GetString("redis.addr") != "" {
+		if mirrorRedis, err = redisAt(v, connect.List(v.GetString, "redis.addr")...); err != nil {
+			return err
+		}
+		defer mirrorRedis.Close()
+	}
+	mirror, err := openMirror(ctx, mirrorRedis, v.GetString("redis.prefix"), log)
 	if err != nil {
 		return err
 	}
-	defer closeMirror()
 	var st clickhouse.Store
 	if strings.HasPrefix(name, "sink-") {
 		if st, err = openStore(ctx, v, log); err != nil {
@@ -129,7 +130,7 @@ func cmdTopics(ctx context.Context, args []string) error {
 		}
 		return nil
 	}
-	cl, err := newClient(v)
+	cl, err := newClient(ctx, v)
 	if err != nil {
 		return err
 	}
@@ -148,7 +149,7 @@ func cmdTopics(ctx context.Context, args []string) error {
 			}
 		}
 	}
-	if err := streams.EnsureTopics(ctx, cl, int16(v.GetInt("kafka.replication")), topics...); err != nil {
+	if err := streams.EnsureTopics(ctx, cl, replication(v), topics...); err != nil {
 		return err
 	}
 	fmt.Printf("%d topics ensured\n", len(topics))
@@ -230,8 +231,8 @@ func cmdConsume(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	bs := brokers(v)
-	if err := needBrokers(bs); err != nil {
+	bs, err := needKafka(ctx, v)
+	if err != nil {
 		return err
 	}
 	enc := json.NewEncoder(os.Stdout)
@@ -264,8 +265,8 @@ func cmdReplay(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	bs := brokers(v)
-	if err := needBrokers(bs); err != nil {
+	bs, err := needKafka(ctx, v)
+	if err != nil {
 		return err
 	}
 	from := streams.ReplayFrom{Offset: offset}
@@ -276,7 +277,7 @@ func cmdReplay(ctx context.Context, args []string) error {
 	}
 	var cl *kgo.Client
 	if into != "" {
-		if cl, err = kgo.NewClient(kgo.SeedBrokers(bs...)); err != nil {
+		if cl, err = bs.NewClient(); err != nil {
 			return err
 		}
 		defer cl.Close()

@@ -1,17 +1,21 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"os"
 	"sort"
 	"strings"
-	"surge/processors/wallet/stack"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
 
+	"surge/processors/wallet/stack"
+	"surge/streams"
+	"surge/streams/connect"
 	"surge/streams/embedded"
 )
 
@@ -26,7 +30,19 @@ var options = []struct {
 }{
 	{"kafka.brokers", "", "comma-separated seed brokers; empty in `embedded` starts an in-process kfake broker"},
 	{"kafka.embedded_dir", "", "`embedded`: keep kfake's data here across restarts; empty keeps it in memory"},
-	{"kafka.replication", 1, "replication factor for topics created by `topics create` and `embedded`"},
+	{"kafka.replication", 0, "replication factor of the topics surge creates (`topics --create`, services at start); 0: the cluster's broker count, 3 at most"},
+	{"kafka.min_insync_replicas", 0, "min.insync.replicas of the topics surge creates (producers write with acks=all); 0: the replication factor less one, at least 1"},
+	{"kafka.connect_timeout", 10 * time.Second, "how long a command or service tries to reach the brokers at start before it stops with the reason (a refused password or untrusted certificate stops it at once)"},
+	{"kafka.tls.enabled", false, "connect to the brokers over TLS (implied by any other kafka.tls.* key)"},
+	{"kafka.tls.ca_file", "", "PEM file of the CAs that sign the brokers' certificates; empty: the system's roots"},
+	{"kafka.tls.cert_file", "", "PEM client certificate, for brokers that authenticate clients by TLS (with kafka.tls.key_file)"},
+	{"kafka.tls.key_file", "", "PEM private key of kafka.tls.cert_file"},
+	{"kafka.tls.server_name", "", "name the brokers' certificates must carry, when not the host dialled"},
+	{"kafka.tls.insecure_skip_verify", false, "do not verify the brokers' certificates (tests only: anyone on the path can read and change the traffic)"},
+	{"kafka.sasl.mechanism", "", "SASL mechanism: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512; empty: no SASL"},
+	{"kafka.sasl.username", "", "SASL user"},
+	{"kafka.sasl.password", "", "SASL password: from SURGE_KAFKA_SASL_PASSWORD or the config file, never a flag"},
+	{"kafka.sasl.password_file", "", "file holding the SASL password (a mounted secret), instead of kafka.sasl.password"},
 	{"processor.guarantee", "", "override a processor's delivery guarantee: exactly-once or at-least-once"},
 	{"processor.instance_id", "", "stable id of this instance (transactional id); default the host name, with -2, -3... for further instances of the same service on this host (a lock file per slot in the temporary directory; a restart takes its slot back)"},
 	{"processor.max_batch", 10000, "records per batch / transaction"},
@@ -35,11 +51,34 @@ var options = []struct {
 	{"processor.session_timeout", time.Duration(0), "consumer group session timeout: how soon a killed instance's partitions move to the others (0: the client default, 45s)"},
 	{"processor.static_membership", false, "join with processor.instance_id as a static member: a restarted instance takes its partitions back at once (restarts in place, not scaling)"},
 	{"processor.shutdown_timeout", 30 * time.Second, "how long shutdown may take to finish the batch in flight"},
-	{"redis.addr", "", "Redis for the shared online bitmap; empty: an in-process miniredis in `embedded`, no mirror in `run`"},
+	{"redis.addr", "", "Redis: the wallet's balances and claims, the uin pool and accounts, the online bitmap's mirror; comma-separated for cluster and sentinel modes; empty: an in-process miniredis in `embedded`, `wallet` and `uin demo`, no mirror in `run`"},
+	{"redis.mode", "single", "single (one server or a proxy), cluster (Redis Cluster; any nodes seed it) or sentinel (redis.addr lists the sentinels)"},
+	{"redis.sentinel_master", "", "sentinel mode: the name of the monitored master"},
+	{"redis.username", "", "Redis ACL user; empty: the default user"},
+	{"redis.password", "", "Redis password (ACL user's, or requirepass): from SURGE_REDIS_PASSWORD or the config file, never a flag"},
+	{"redis.password_file", "", "file holding the Redis password (a mounted secret), instead of redis.password"},
+	{"redis.tls.enabled", false, "connect to Redis over TLS (implied by any other redis.tls.* key)"},
+	{"redis.tls.ca_file", "", "PEM file of the CAs that sign Redis's certificate; empty: the system's roots"},
+	{"redis.tls.cert_file", "", "PEM client certificate, for a Redis with tls-auth-clients (with redis.tls.key_file)"},
+	{"redis.tls.key_file", "", "PEM private key of redis.tls.cert_file"},
+	{"redis.tls.server_name", "", "name Redis's certificate must carry, when not the host dialled"},
+	{"redis.tls.insecure_skip_verify", false, "do not verify Redis's certificate (tests only)"},
+	{"redis.connect_timeout", 10 * time.Second, "how long a command or service tries to reach Redis at start before it stops with the reason (a refused password stops it at once)"},
 	{"redis.prefix", "online:", "key prefix of the online bitmap shards (use shadow.online: for load tests)"},
 	{"sink.max_batch", 100000, "rows per sink insert: ClickHouse wants few large inserts (overrides processor.max_batch for sink-*)"},
 	{"sink.tasks", 2, "tasks per sink: members of its group in this process, each inserting its own batches at once (Kafka Connect's tasks.max)"},
-	{"clickhouse.dsn", "", "ClickHouse server DSN (clickhouse://host:9000/db, or http://host:8123/db); empty uses embedded chDB"},
+	{"clickhouse.dsn", "", "ClickHouse server DSN (clickhouse://host:9000/db, clickhouse://host:9440/db?secure=true, or http://host:8123/db); empty uses embedded chDB"},
+	{"clickhouse.username", "", "ClickHouse user (wins over the DSN's)"},
+	{"clickhouse.password", "", "ClickHouse password: from SURGE_CLICKHOUSE_PASSWORD or the config file, never a flag (wins over the DSN's)"},
+	{"clickhouse.password_file", "", "file holding the ClickHouse password (a mounted secret), instead of clickhouse.password"},
+	{"clickhouse.tls.enabled", false, "connect to ClickHouse over TLS (implied by any other clickhouse.tls.* key)"},
+	{"clickhouse.tls.ca_file", "", "PEM file of the CAs that sign ClickHouse's certificate; empty: the system's roots"},
+	{"clickhouse.tls.cert_file", "", "PEM client certificate (with clickhouse.tls.key_file)"},
+	{"clickhouse.tls.key_file", "", "PEM private key of clickhouse.tls.cert_file"},
+	{"clickhouse.tls.server_name", "", "name ClickHouse's certificate must carry, when not the host dialled"},
+	{"clickhouse.tls.insecure_skip_verify", false, "do not verify ClickHouse's certificate (tests only)"},
+	{"clickhouse.cluster", "", "ClickHouse cluster (remote_servers) to create the tables on: replicated local tables and Distributed ones over them, every DDL ON CLUSTER; empty: one server"},
+	{"clickhouse.replication_path", "/clickhouse/tables", "with clickhouse.cluster: the ZooKeeper/Keeper path under which the replicated tables live ({shard}/{database}/<table> follow)"},
 	{"clickhouse.chdb_dir", "", "chDB data directory in embedded mode; empty is a temporary one"},
 	{"clickhouse.chdb_connections", 0, "chDB queries and inserts that may run at once; 0 is the number of CPUs (at most 8)"},
 	{"metrics.addr", "127.0.0.1:9464", "address of the Prometheus /metrics endpoint; empty disables it"},
@@ -111,6 +150,20 @@ var options = []struct {
 	{"loadgen.timeout", 5 * time.Minute, "`loadgen`: give up waiting for jobs after this long"},
 }
 
+// secretKeys are never flags (a command line is visible to every user of
+// the machine) and never printed: they come from the environment, the
+// config file, or the file their _file twin names.
+var secretKeys = map[string]bool{
+	"kafka.sasl.password": true,
+	"redis.password":      true,
+	"clickhouse.password": true,
+}
+
+// replication is kafka.replication and kafka.min_insync_replicas.
+func replication(v *viper.Viper) streams.Replication {
+	return streams.Replication{Factor: int16(v.GetInt("kafka.replication")), MinInsync: v.GetInt("kafka.min_insync_replicas")}
+}
+
 // loadConfig parses flags for one command into a viper instance.
 // commandKeys are the configuration keys (by prefix) each command takes
 // as flags, beyond kafka.* and log.* which every command takes; a command
@@ -149,7 +202,7 @@ func loadConfig(name string, args []string, extra func(*pflag.FlagSet)) (*viper.
 	fs := pflag.NewFlagSet(name, pflag.ContinueOnError)
 	fs.String("config", "", "config file (YAML, TOML or JSON)")
 	for _, o := range options {
-		if !takesKey(name, o.key) {
+		if !takesKey(name, o.key) || secretKeys[o.key] {
 			continue
 		}
 		// pflag takes a back-quoted word of the help as the value's name.
@@ -196,14 +249,23 @@ func loadConfig(name string, args []string, extra func(*pflag.FlagSet)) (*viper.
 	return v, fs, nil
 }
 
-func brokers(v *viper.Viper) []string {
-	var out []string
-	for _, b := range strings.Split(v.GetString("kafka.brokers"), ",") {
-		if b = strings.TrimSpace(b); b != "" {
-			out = append(out, b)
-		}
+// kafkaCluster is the configured cluster (kafka.*); no seeds if none is.
+func kafkaCluster(v *viper.Viper) (streams.Cluster, error) {
+	return connect.Kafka(v.GetString)
+}
+
+// needKafka is the configured cluster, which must be set, checked once:
+// a wrong password or an untrusted certificate stops the command within
+// kafka.connect_timeout with the reason, instead of a silent retry loop.
+func needKafka(ctx context.Context, v *viper.Viper) (streams.Cluster, error) {
+	kc, err := kafkaCluster(v)
+	if err != nil {
+		return kc, err
 	}
-	return out
+	if len(kc.Seeds) == 0 {
+		return kc, fmt.Errorf("no brokers: set --kafka.brokers, SURGE_KAFKA_BROKERS or kafka.brokers in the config file")
+	}
+	return kc, kc.Check(ctx, v.GetDuration("kafka.connect_timeout"))
 }
 
 // printConfig shows the effective configuration, sorted.
@@ -214,49 +276,82 @@ func printConfig(v *viper.Viper) {
 	}
 	sort.Strings(keys)
 	for _, k := range keys {
-		fmt.Printf("%-28s = %v\n", k, v.Get(k))
+		val := v.Get(k)
+		if secretKeys[k] && v.GetString(k) != "" {
+			val = "(set, not shown)"
+		}
+		fmt.Printf("%-34s = %v\n", k, val)
 	}
 }
 
-// brokersOrEmbedded returns the configured brokers or, when none are,
-// starts kfake in process (its data in kafka.embedded_dir). The returned
-// stop closes what was started.
-func brokersOrEmbedded(v *viper.Viper, log *slog.Logger) ([]string, func(), error) {
-	if bs := brokers(v); len(bs) > 0 {
-		return bs, func() {}, nil
+// kafkaOrEmbedded returns the configured cluster (checked as needKafka
+// does) or, when none is, starts kfake in process (its data in
+// kafka.embedded_dir). The returned stop closes what was started.
+func kafkaOrEmbedded(ctx context.Context, v *viper.Viper, log *slog.Logger) (streams.Cluster, func(), error) {
+	kc, err := kafkaCluster(v)
+	if err != nil {
+		return kc, nil, err
+	}
+	if len(kc.Seeds) > 0 {
+		return kc, func() {}, kc.Check(ctx, v.GetDuration("kafka.connect_timeout"))
 	}
 	k, err := embedded.StartKafka(embedded.DataDir(v.GetString("kafka.embedded_dir")))
 	if err != nil {
-		return nil, nil, err
+		return kc, nil, err
 	}
 	log.Info("embedded kafka (kfake) started", "brokers", k.Brokers())
-	return k.Brokers(), k.Close, nil
+	return streams.Seeds(k.Brokers()...), k.Close, nil
 }
 
-// kafkaAndRedis is brokersOrEmbedded and redisOrEmbedded together, with one
+// kafkaAndRedis is kafkaOrEmbedded and redisOrEmbedded together, with one
 // stop for both.
-func kafkaAndRedis(v *viper.Viper, log *slog.Logger) ([]string, string, func(), error) {
-	bs, stopKafka, err := brokersOrEmbedded(v, log)
+func kafkaAndRedis(ctx context.Context, v *viper.Viper, log *slog.Logger) (streams.Cluster, redis.UniversalClient, func(), error) {
+	kc, stopKafka, err := kafkaOrEmbedded(ctx, v, log)
 	if err != nil {
-		return nil, "", nil, err
+		return kc, nil, nil, err
 	}
-	addr, stopRedis, err := redisOrEmbedded(v, log)
+	rdb, stopRedis, err := redisOrEmbedded(ctx, v, log)
 	if err != nil {
 		stopKafka()
-		return nil, "", nil, err
+		return kc, nil, nil, err
 	}
-	return bs, addr, func() { stopRedis(); stopKafka() }, nil
+	return kc, rdb, func() { stopRedis(); stopKafka() }, nil
 }
 
-// redisOrEmbedded returns redis.addr or, when empty, starts miniredis.
-func redisOrEmbedded(v *viper.Viper, log *slog.Logger) (string, func(), error) {
-	if addr := v.GetString("redis.addr"); addr != "" {
-		return addr, func() {}, nil
+// redisAt is a client of the Redis at addrs with the configured mode,
+// credentials and TLS (redis.*); nothing is sent yet.
+func redisAt(v *viper.Viper, addrs ...string) (redis.UniversalClient, error) {
+	o, err := connect.RedisOptions(v.GetString, addrs)
+	if err != nil {
+		return nil, err
+	}
+	return redis.NewUniversalClient(o), nil
+}
+
+// needRedis is a client of redis.addr, which what needs, checked once: a
+// refused password stops the command at once with the reason.
+func needRedis(ctx context.Context, v *viper.Viper, what string) (redis.UniversalClient, error) {
+	if v.GetString("redis.addr") == "" {
+		return nil, fmt.Errorf("%s needs Redis: set --redis.addr, SURGE_REDIS_ADDR or redis.addr in the config file", what)
+	}
+	return connect.Redis(ctx, v.GetString, v.GetDuration("redis.connect_timeout"))
+}
+
+// redisOrEmbedded is needRedis or, when redis.addr is empty, a client of
+// an in-process miniredis, stopped by the returned stop.
+func redisOrEmbedded(ctx context.Context, v *viper.Viper, log *slog.Logger) (redis.UniversalClient, func(), error) {
+	if v.GetString("redis.addr") != "" {
+		rdb, err := needRedis(ctx, v, "this command")
+		if err != nil {
+			return nil, nil, err
+		}
+		return rdb, func() { _ = rdb.Close() }, nil
 	}
 	r, err := embedded.StartRedis()
 	if err != nil {
-		return "", nil, err
+		return nil, nil, err
 	}
 	log.Info("embedded redis (miniredis) started", "addr", r.Addr())
-	return r.Addr(), r.Close, nil
+	rdb := redis.NewClient(&redis.Options{Addr: r.Addr(), PoolSize: 32})
+	return rdb, func() { _ = rdb.Close(); r.Close() }, nil
 }

@@ -29,11 +29,11 @@ func TestExecutorDrainsOnSIGTERM(t *testing.T) {
 		ns, dir := streamstest.Unique("drain")+".", t.TempDir()
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer cancel()
-		cl := streamstest.Client(t, b.Brokers, kgo.ProducerBatchMaxBytes(1<<20))
-		if err := streams.EnsureTopics(ctx, cl, 1, push.Topics(ns)...); err != nil {
+		cl := streamstest.Client(t, b.Kafka, kgo.ProducerBatchMaxBytes(1<<20))
+		if err := streams.EnsureTopics(ctx, cl, streams.OneCopy, push.Topics(ns)...); err != nil {
 			t.Fatal(err)
 		}
-		env := []string{"SURGE_KAFKA_BROKERS=" + strings.Join(b.Brokers, ","), "SURGE_PUSH_NAMESPACE=" + ns,
+		env := []string{"SURGE_KAFKA_BROKERS=" + strings.Join(b.Kafka.Seeds, ","), "SURGE_PUSH_NAMESPACE=" + ns,
 			"SURGE_PUSH_UNIT_SIZE=200", "SURGE_PUSH_MAX_BACKLOG=2", "SURGE_LOG_LEVEL=info"}
 		in := func(name string) string { return "--push.dir=" + dir + "/" + name }
 		const users = 40000
@@ -53,10 +53,10 @@ func TestExecutorDrainsOnSIGTERM(t *testing.T) {
 		runService(t, env, "planner", "push-planner", "--processor.instance_id=pl", in("pl"))
 		exA := runService(t, env, "executor-a", "push-executor", "--push.executor_name=ea", in("ea"))
 		runService(t, env, "executor-b", "push-executor", "--push.executor_name=eb", in("eb"))
-		if err := streams.WaitConsumed(ctx, b.Brokers, push.PlannerGroup(ns), directory.New(ns).Topics()...); err != nil {
+		if err := streams.WaitConsumed(ctx, b.Kafka, push.PlannerGroup(ns), directory.New(ns).Topics()...); err != nil {
 			t.Fatal(err)
 		}
-		if err := streams.WaitConsumed(ctx, b.Brokers, ns+"presence", ns+schemas.TopicLogin); err != nil {
+		if err := streams.WaitConsumed(ctx, b.Kafka, ns+"presence", ns+schemas.TopicLogin); err != nil {
 			t.Fatal(err)
 		}
 		// Both executors report before the job goes out: one that loads its
@@ -65,7 +65,7 @@ func TestExecutorDrainsOnSIGTERM(t *testing.T) {
 			seen := map[string]bool{}
 			rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			defer cancel()
-			_ = streams.ReadToEnd(rctx, b.Brokers, ns+schemas.TopicExecutors, func(r *kgo.Record) error {
+			_ = streams.ReadToEnd(rctx, b.Kafka, ns+schemas.TopicExecutors, func(r *kgo.Record) error {
 				var l pb.ExecutorLoad
 				if streams.Decode(r, &l) == nil {
 					seen[l.Executor] = true
@@ -78,7 +78,7 @@ func TestExecutorDrainsOnSIGTERM(t *testing.T) {
 		jr, _ := streams.NewRecord(ns+schemas.TopicJobs, []byte(job.JobId), job)
 		streamstest.ProduceSync(t, cl, jr)
 
-		waitFor(t, ctx, "first delivery by executor a", func() bool { return byExecutor(t, b.Brokers, ns, "j1")["ea"] > 0 })
+		waitFor(t, ctx, "first delivery by executor a", func() bool { return byExecutor(t, b.Kafka, ns, "j1")["ea"] > 0 })
 		if b.Real {
 			if out, errOut, err := command(t, env, "push", "drain", "--executor", "ea", "--reason", "upgrade"); err != nil {
 				t.Fatalf("surge push drain: %v\n%s%s", err, out, errOut)
@@ -102,15 +102,15 @@ func TestExecutorDrainsOnSIGTERM(t *testing.T) {
 		if !drained {
 			t.Fatal("executor a exited without draining")
 		}
-		atExit := byExecutor(t, b.Brokers, ns, "j1")["ea"]
+		atExit := byExecutor(t, b.Kafka, ns, "j1")["ea"]
 
-		waitFor(t, ctx, "job completed", func() bool { return stateOf(t, b.Brokers, ns, "j1") == pb.JobState_COMPLETED })
+		waitFor(t, ctx, "job completed", func() bool { return stateOf(t, b.Kafka, ns, "j1") == pb.JobState_COMPLETED })
 		time.Sleep(time.Second) // anything sent twice would have arrived by now
-		r := reportsOf(t, ns, b.Brokers, "j1")
+		r := reportsOf(t, ns, b.Kafka, "j1")
 		if r.twice != 0 || !r.reached.Equals(target) {
 			t.Fatalf("reached %d of %d targets, %d twice", r.reached.GetCardinality(), target.GetCardinality(), r.twice)
 		}
-		per := byExecutor(t, b.Brokers, ns, "j1")
+		per := byExecutor(t, b.Kafka, ns, "j1")
 		if per["ea"] != atExit || per["eb"] == 0 {
 			t.Fatalf("deliveries per executor %v; executor a had %d when it exited (it must take nothing after)", per, atExit)
 		}
@@ -118,12 +118,12 @@ func TestExecutorDrainsOnSIGTERM(t *testing.T) {
 }
 
 // byExecutor counts a job's delivery reports per executor.
-func byExecutor(t *testing.T, brokers []string, ns, jobID string) map[string]int {
+func byExecutor(t *testing.T, kc streams.Cluster, ns, jobID string) map[string]int {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	out := map[string]int{}
-	err := streams.ReadToEnd(ctx, brokers, ns+schemas.TopicReports, func(r *kgo.Record) error {
+	err := streams.ReadToEnd(ctx, kc, ns+schemas.TopicReports, func(r *kgo.Record) error {
 		var rep pb.DeliveryReport
 		if streams.Decode(r, &rep) == nil && rep.JobId == jobID && rep.Status == pb.DeliveryStatus_DELIVERED {
 			out[rep.Executor]++

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -26,17 +25,17 @@ func cmdEmbedded(ctx context.Context, args []string) error {
 		return err
 	}
 	log := newLogger(v)
-	bs, stopKafka, err := brokersOrEmbedded(v, log)
+	bs, stopKafka, err := kafkaOrEmbedded(ctx, v, log)
 	if err != nil {
 		return err
 	}
 	defer stopKafka()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(bs...), kgo.ProducerLinger(5*time.Millisecond))
+	cl, err := bs.NewClient(kgo.ProducerLinger(5 * time.Millisecond))
 	if err != nil {
 		return err
 	}
 	defer cl.Close()
-	if err := streams.EnsureTopics(ctx, cl, int16(v.GetInt("kafka.replication")), schemas.Topics...); err != nil {
+	if err := streams.EnsureTopics(ctx, cl, replication(v), schemas.Topics...); err != nil {
 		return err
 	}
 	store, err := openStore(ctx, v, log)
@@ -45,16 +44,15 @@ func cmdEmbedded(ctx context.Context, args []string) error {
 	}
 	defer store.Close()
 	serveMetrics(ctx, v, log)
-	redisAddr, stopRedis, err := redisOrEmbedded(v, log)
+	rdb, stopRedis, err := redisOrEmbedded(ctx, v, log)
 	if err != nil {
 		return err
 	}
 	defer stopRedis()
-	mirror, closeMirror, err := openMirror(ctx, redisAddr, v.GetString("redis.prefix"), log)
+	mirror, err := openMirror(ctx, rdb, v.GetString("redis.prefix"), log)
 	if err != nil {
 		return err
 	}
-	defer closeMirror()
 
 	var presenceIn, dlqIn atomic.Int64
 	base, err := runnerOptions(v, log)
@@ -78,7 +76,7 @@ func cmdEmbedded(ctx context.Context, args []string) error {
 
 	users := v.GetInt("demo.users")
 	if users <= 0 {
-		log.Info("serving; interrupt to stop", "brokers", strings.Join(bs, ","))
+		log.Info("serving; interrupt to stop", "brokers", bs.String())
 		<-ctx.Done()
 		stopPipeline()
 		return p.wait()

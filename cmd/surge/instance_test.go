@@ -8,13 +8,14 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"testing"
+	"time"
+
 	push "surge/processors/push/pipeline"
 	"surge/schemas"
 	pb "surge/schemas/surgev1"
 	"surge/streams"
 	"surge/streams/streamstest"
-	"testing"
-	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 )
@@ -101,12 +102,12 @@ func TestInstancesWithoutIDsShareTheWork(t *testing.T) {
 		ns, dir := streamstest.Unique("slots")+".", t.TempDir()
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
-		cl := streamstest.Client(t, b.Brokers)
-		if err := streams.EnsureTopics(ctx, cl, 1, push.Topics(ns)...); err != nil {
+		cl := streamstest.Client(t, b.Kafka)
+		if err := streams.EnsureTopics(ctx, cl, streams.OneCopy, push.Topics(ns)...); err != nil {
 			t.Fatal(err)
 		}
 		// TMPDIR of their own: the slots of this test, not of other runs.
-		env := []string{"SURGE_KAFKA_BROKERS=" + strings.Join(b.Brokers, ","), "SURGE_PUSH_NAMESPACE=" + ns,
+		env := []string{"SURGE_KAFKA_BROKERS=" + strings.Join(b.Kafka.Seeds, ","), "SURGE_PUSH_NAMESPACE=" + ns,
 			"SURGE_LOG_LEVEL=info", "TMPDIR=" + t.TempDir()}
 		a := runService(t, env, "presence-a", "push-presence", "--push.dir="+dir+"/a")
 		c := runService(t, env, "presence-b", "push-presence", "--push.dir="+dir+"/b")
@@ -119,7 +120,7 @@ func TestInstancesWithoutIDsShareTheWork(t *testing.T) {
 			streamstest.ProduceSync(t, cl, recs...)
 			time.Sleep(500 * time.Millisecond)
 		}
-		if err := streams.WaitConsumed(ctx, b.Brokers, ns+"presence", ns+schemas.TopicLogin); err != nil {
+		if err := streams.WaitConsumed(ctx, b.Kafka, ns+"presence", ns+schemas.TopicLogin); err != nil {
 			t.Fatal(err)
 		}
 		ids := map[string]bool{}

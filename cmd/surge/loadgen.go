@@ -27,20 +27,20 @@ func cmdLoadgen(ctx context.Context, args []string) error {
 		return err
 	}
 	log := newLogger(v)
-	deployed := len(brokers(v)) > 0
-	bs, stopKafka, err := brokersOrEmbedded(v, log)
+	deployed := v.GetString("kafka.brokers") != ""
+	bs, stopKafka, err := kafkaOrEmbedded(ctx, v, log)
 	if err != nil {
 		return err
 	}
 	defer stopKafka()
 	ns := v.GetString("push.namespace")
-	cl, err := kgo.NewClient(kgo.SeedBrokers(bs...), kgo.ProducerLinger(5*time.Millisecond), kgo.MaxBufferedRecords(1<<20),
+	cl, err := bs.NewClient(kgo.ProducerLinger(5*time.Millisecond), kgo.MaxBufferedRecords(1<<20),
 		kgo.ProducerBatchMaxBytes(1<<20))
 	if err != nil {
 		return err
 	}
 	defer cl.Close()
-	if err := streams.EnsureTopics(ctx, cl, int16(v.GetInt("kafka.replication")), push.Topics(ns)...); err != nil {
+	if err := streams.EnsureTopics(ctx, cl, replication(v), push.Topics(ns)...); err != nil {
 		return err
 	}
 	serveMetrics(ctx, v, log)

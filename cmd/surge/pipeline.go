@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/spf13/viper"
@@ -13,6 +14,7 @@ import (
 	"surge/processors/presence"
 	"surge/sinks/clickhouse"
 	"surge/streams"
+	"surge/streams/connect"
 )
 
 // pipeline is the set of processors and sinks that run together.
@@ -40,7 +42,7 @@ var defaultComponents = []string{"presence", "sink-dead-letters", "sink-presence
 // start runs the named components (all when names is empty) until ctx ends.
 // store may be nil when no sink is named.
 // Each sink runs sinkTasks tasks.
-func startPipeline(ctx context.Context, log *slog.Logger, brokers []string, store clickhouse.Store, mirror *presence.RedisMirror, names []string, sinkTasks int, opts map[string][]streams.Option) (*pipeline, error) {
+func startPipeline(ctx context.Context, log *slog.Logger, kc streams.Cluster, store clickhouse.Store, mirror *presence.RedisMirror, names []string, sinkTasks int, opts map[string][]streams.Option) (*pipeline, error) {
 	if len(names) == 0 {
 		names = defaultComponents
 	}
@@ -62,7 +64,7 @@ func startPipeline(ctx context.Context, log *slog.Logger, brokers []string, stor
 		o := opts[name]
 		switch name {
 		case "presence":
-			p.presence = presence.New(presence.Config{Env: streams.Env{Brokers: brokers, Log: log}})
+			p.presence = presence.New(presence.Config{Env: streams.Env{Kafka: kc, Log: log}})
 			if mirror != nil {
 				p.presence.WithMirror(ctx, mirror)
 			}
@@ -81,7 +83,7 @@ func startPipeline(ctx context.Context, log *slog.Logger, brokers []string, stor
 				return nil, fmt.Errorf("%s needs ClickHouse", name)
 			}
 			s.Bind(store)
-			run = func(ctx context.Context) error { return s.RunTasks(ctx, brokers, sinkTasks, o...) }
+			run = func(ctx context.Context) error { return s.RunTasks(ctx, kc, sinkTasks, o...) }
 		}
 		p.wg.Add(1)
 		go func() {
@@ -106,16 +108,21 @@ func (p *pipeline) wait() error {
 	return nil
 }
 
-// openMirror connects the online-bitmap mirror, or returns nil for no addr.
-func openMirror(ctx context.Context, addr, prefix string, log *slog.Logger) (*presence.RedisMirror, func(), error) {
-	if addr == "" {
-		return nil, func() {}, nil
+// openMirror connects the online-bitmap mirror to rdb, or returns nil
+// for no Redis. An unreachable Redis only delays the mirror, which catches
+// up when it answers.
+// A refused password is a mistake to stop on.
+func openMirror(ctx context.Context, rdb redis.UniversalClient, prefix string, log *slog.Logger) (*presence.RedisMirror, error) {
+	if rdb == nil {
+		return nil, nil
 	}
-	rdb := redis.NewClient(&redis.Options{Addr: addr})
-	if err := rdb.Ping(ctx).Err(); err != nil {
-		log.Warn("redis not reachable at start; the online mirror catches up when it is", "addr", addr, "err", err)
+	if err := connect.CheckRedis(ctx, rdb, 2*time.Second); err != nil {
+		if connect.IsAuthError(err) {
+			return nil, err
+		}
+		log.Warn("redis not reachable at start; the online mirror catches up when it is", "err", err)
 	}
-	return presence.NewRedisMirror(rdb, prefix, nil, log), func() { _ = rdb.Close() }, nil
+	return presence.NewRedisMirror(rdb, prefix, nil, log), nil
 }
 
 // openStore connects the ClickHouse server at clickhouse.dsn, or opens chDB.
@@ -126,7 +133,11 @@ func openStore(ctx context.Context, v *viper.Viper, log *slog.Logger) (clickhous
 		err error
 	)
 	if dsn != "" {
-		st, err = clickhouse.OpenServer(ctx, dsn)
+		var a clickhouse.ServerAuth
+		if a, err = clickhouseAuth(v); err != nil {
+			return nil, err
+		}
+		st, err = clickhouse.OpenServerWith(ctx, dsn, a)
 	} else {
 		var opts []clickhouse.ChDBOption
 		if n := v.GetInt("clickhouse.chdb_connections"); n > 0 {
@@ -137,11 +148,26 @@ func openStore(ctx context.Context, v *viper.Viper, log *slog.Logger) (clickhous
 	if err != nil {
 		return nil, err
 	}
-	applied, err := clickhouse.Migrate(ctx, st)
+	applied, err := clickhouse.MigrateCluster(ctx, st, clickhouse.Cluster{
+		Name: v.GetString("clickhouse.cluster"), ZooPath: v.GetString("clickhouse.replication_path")})
 	if err != nil {
 		_ = st.Close()
 		return nil, err
 	}
 	log.Info("clickhouse ready", "server", dsn != "", "migrations_applied", applied)
 	return st, nil
+}
+
+// clickhouseAuth is clickhouse.username, clickhouse.password (or _file)
+// and clickhouse.tls.*, which win over the DSN's own.
+func clickhouseAuth(v *viper.Viper) (clickhouse.ServerAuth, error) {
+	pass, err := connect.Secret(v.GetString, "clickhouse.password")
+	if err != nil {
+		return clickhouse.ServerAuth{}, err
+	}
+	tlsc, err := connect.TLS(v.GetString, "clickhouse")
+	if err != nil {
+		return clickhouse.ServerAuth{}, err
+	}
+	return clickhouse.ServerAuth{Username: v.GetString("clickhouse.username"), Password: pass, TLS: tlsc}, nil
 }

@@ -15,6 +15,7 @@ import (
 	push "surge/processors/push/pipeline"
 	"surge/processors/push/planner"
 	"surge/processors/supervise"
+	"surge/streams"
 	"surge/streams/metrics"
 )
 
@@ -33,7 +34,7 @@ var executorName = regexp.MustCompile(`^[A-Za-z0-9_-]{1,100}$`)
 
 // startPushStack starts the push components named (all when none) with
 // the push.* configuration; stop removes its temporary directory.
-func startPushStack(ctx context.Context, v *viper.Viper, log *slog.Logger, bs []string, components []string) (*push.Stack, func(), error) {
+func startPushStack(ctx context.Context, v *viper.Viper, log *slog.Logger, bs streams.Cluster, components []string) (*push.Stack, func(), error) {
 	dir, stop := v.GetString("push.dir"), func() {}
 	if dir == "" {
 		d, err := os.MkdirTemp("", "surge-push-")
@@ -50,7 +51,7 @@ func startPushStack(ctx context.Context, v *viper.Viper, log *slog.Logger, bs []
 		stop()
 		return nil, nil, err
 	}
-	o := push.Options{Namespace: v.GetString("push.namespace"), Dir: dir, Components: components,
+	o := push.Options{Namespace: v.GetString("push.namespace"), Replication: replication(v), Dir: dir, Components: components,
 		Executors: v.GetInt("push.executors"), ExecutorCapacity: uint64(v.GetInt64("push.executor_capacity")),
 		Planner: cfg, MirrorThreshold: uint64(v.GetInt("push.mirror_threshold")),
 		Log: log, Metrics: metrics.Default, StreamOpts: opts}
@@ -78,7 +79,7 @@ func startPushStack(ctx context.Context, v *viper.Viper, log *slog.Logger, bs []
 
 // runPush runs one push service until ctx ends or it fails (the process
 // then exits non-zero, for its supervisor to restart it).
-func runPush(ctx context.Context, v *viper.Viper, log *slog.Logger, bs []string, component string) error {
+func runPush(ctx context.Context, v *viper.Viper, log *slog.Logger, bs streams.Cluster, component string) error {
 	if component == push.Executor {
 		return runExecutor(ctx, v, log, bs)
 	}
@@ -98,7 +99,7 @@ func runPush(ctx context.Context, v *viper.Viper, log *slog.Logger, bs []string,
 // the units it was given, and exits 0, so nothing is lost or sent twice. A
 // second signal, or push.drain_timeout, stops it at once; what it held is
 // then resumed when it comes back under the same name.
-func runExecutor(signalled context.Context, v *viper.Viper, log *slog.Logger, bs []string) error {
+func runExecutor(signalled context.Context, v *viper.Viper, log *slog.Logger, bs streams.Cluster) error {
 	// The stack outlives the first signal: it is what the drain needs.
 	ctx, cancel := context.WithCancel(context.WithoutCancel(signalled))
 	defer cancel()

@@ -125,11 +125,11 @@ func TestPushServicesSurviveKill9(t *testing.T) {
 		ns, dir := streamstest.Unique("svc")+".", t.TempDir()
 		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 		defer cancel()
-		cl := streamstest.Client(t, b.Brokers, kgo.ProducerBatchMaxBytes(1<<20))
-		if err := streams.EnsureTopics(ctx, cl, 1, push.Topics(ns)...); err != nil {
+		cl := streamstest.Client(t, b.Kafka, kgo.ProducerBatchMaxBytes(1<<20))
+		if err := streams.EnsureTopics(ctx, cl, streams.OneCopy, push.Topics(ns)...); err != nil {
 			t.Fatal(err)
 		}
-		env := []string{"SURGE_KAFKA_BROKERS=" + strings.Join(b.Brokers, ","), "SURGE_PUSH_NAMESPACE=" + ns,
+		env := []string{"SURGE_KAFKA_BROKERS=" + strings.Join(b.Kafka.Seeds, ","), "SURGE_PUSH_NAMESPACE=" + ns,
 			"SURGE_PUSH_UNIT_SIZE=500", "SURGE_PUSH_MAX_BACKLOG=3", "SURGE_LOG_LEVEL=info"}
 		in := func(name string) string { return "--push.dir=" + filepath.Join(dir, name) }
 
@@ -177,10 +177,10 @@ func TestPushServicesSurviveKill9(t *testing.T) {
 		runService(t, env, "executor-b", "push-executor", "--push.executor_name=eb", in("eb"))
 		runService(t, env, "offline", "push-offline", "--processor.instance_id=off", in("off"))
 
-		if err := streams.WaitConsumed(ctx, b.Brokers, push.PlannerGroup(ns), directory.New(ns).Topics()...); err != nil {
+		if err := streams.WaitConsumed(ctx, b.Kafka, push.PlannerGroup(ns), directory.New(ns).Topics()...); err != nil {
 			t.Fatal(err)
 		}
-		if err := streams.WaitConsumed(ctx, b.Brokers, ns+"presence", ns+schemas.TopicLogin); err != nil {
+		if err := streams.WaitConsumed(ctx, b.Kafka, ns+"presence", ns+schemas.TopicLogin); err != nil {
 			t.Fatal(err)
 		}
 		// A package upload on push.packages, bigger than one chunk, names
@@ -205,15 +205,15 @@ func TestPushServicesSurviveKill9(t *testing.T) {
 		streamstest.ProduceSync(t, cl, jr)
 
 		// Kill -9 an executor and the active planner once sending began.
-		waitFor(t, ctx, "first delivery", func() bool { return reportsOf(t, ns, b.Brokers, "j1").reached.GetCardinality() > 0 })
+		waitFor(t, ctx, "first delivery", func() bool { return reportsOf(t, ns, b.Kafka, "j1").reached.GetCardinality() > 0 })
 		exA.kill()
-		active := activePlanner(t, ctx, b.Brokers, ns, planners)
+		active := activePlanner(t, ctx, b.Kafka, ns, planners)
 		active.kill()
 		time.Sleep(500 * time.Millisecond)
 		exA.start()
 		active.start()
 
-		waitFor(t, ctx, "job completed", func() bool { return stateOf(t, b.Brokers, ns, "j1") == pb.JobState_COMPLETED })
+		waitFor(t, ctx, "job completed", func() bool { return stateOf(t, b.Kafka, ns, "j1") == pb.JobState_COMPLETED })
 		// The offline third logs in: each gets the message once, on login.
 		offlineTargets := roaring.AndNot(target, online)
 		recs = recs[:0]
@@ -225,10 +225,10 @@ func TestPushServicesSurviveKill9(t *testing.T) {
 		}
 		streamstest.ProduceSync(t, cl, recs...)
 		waitFor(t, ctx, "deliveries on login", func() bool {
-			return reportsOf(t, ns, b.Brokers, "j1").reached.GetCardinality() >= target.GetCardinality()
+			return reportsOf(t, ns, b.Kafka, "j1").reached.GetCardinality() >= target.GetCardinality()
 		})
 		time.Sleep(time.Second) // anything sent twice would have arrived by now
-		r := reportsOf(t, ns, b.Brokers, "j1")
+		r := reportsOf(t, ns, b.Kafka, "j1")
 		if r.twice != 0 {
 			t.Fatalf("%d messages delivered twice", r.twice)
 		}
@@ -242,7 +242,7 @@ func TestPushServicesSurviveKill9(t *testing.T) {
 
 		// Every bad record is in the dead-letter topic, with a reason.
 		reasons := map[string]string{}
-		err = streams.ReadToEnd(ctx, b.Brokers, ns+schemas.TopicDeadLetter, func(r *kgo.Record) error {
+		err = streams.ReadToEnd(ctx, b.Kafka, ns+schemas.TopicDeadLetter, func(r *kgo.Record) error {
 			from, _ := streams.Header(r, streams.HeaderDLQTopic)
 			why, _ := streams.Header(r, streams.HeaderDLQReason)
 			if string(r.Key) == "garbage" || string(r.Key) == "1/x" {
@@ -269,12 +269,12 @@ type jobReports struct {
 	twice            uint64
 }
 
-func reportsOf(t *testing.T, ns string, brokers []string, jobID string) jobReports {
+func reportsOf(t *testing.T, ns string, kc streams.Cluster, jobID string) jobReports {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	out := jobReports{reached: roaring.New(), onLogin: roaring.New()}
-	err := streams.ReadToEnd(ctx, brokers, ns+schemas.TopicReports, func(r *kgo.Record) error {
+	err := streams.ReadToEnd(ctx, kc, ns+schemas.TopicReports, func(r *kgo.Record) error {
 		var rep pb.DeliveryReport
 		if streams.Decode(r, &rep) != nil || rep.JobId != jobID {
 			return nil
@@ -304,12 +304,12 @@ func reportsOf(t *testing.T, ns string, brokers []string, jobID string) jobRepor
 	return out
 }
 
-func stateOf(t *testing.T, brokers []string, ns, jobID string) pb.JobState {
+func stateOf(t *testing.T, kc streams.Cluster, ns, jobID string) pb.JobState {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var st pb.JobState
-	err := streams.ReadToEnd(ctx, brokers, ns+schemas.TopicJobTransitions, func(r *kgo.Record) error {
+	err := streams.ReadToEnd(ctx, kc, ns+schemas.TopicJobTransitions, func(r *kgo.Record) error {
 		var tr pb.JobTransition
 		if streams.Decode(r, &tr) == nil && tr.JobId == jobID {
 			st = tr.To
@@ -324,9 +324,9 @@ func stateOf(t *testing.T, brokers []string, ns, jobID string) pb.JobState {
 
 // activePlanner finds the planner that holds the group's partitions, by
 // the group's description (a member's client id ends in its instance id).
-func activePlanner(t *testing.T, ctx context.Context, brokers []string, ns string, planners map[string]*service) *service {
+func activePlanner(t *testing.T, ctx context.Context, kc streams.Cluster, ns string, planners map[string]*service) *service {
 	t.Helper()
-	cl := streamstest.Client(t, brokers)
+	cl := streamstest.Client(t, kc)
 	adm := kadm.NewClient(cl)
 	var active *service
 	waitFor(t, ctx, "an active planner", func() bool {

@@ -92,7 +92,7 @@ func requestedBy(command string) string {
 // produceOne publishes rec with a client of the configured brokers and
 // returns it as the broker took it (partition and offset).
 func produceOne(ctx context.Context, v *viper.Viper, rec *kgo.Record) (*kgo.Record, error) {
-	cl, err := newClient(v)
+	cl, err := newClient(ctx, v)
 	if err != nil {
 		return nil, err
 	}

@@ -10,7 +10,6 @@ import (
 
 	"github.com/spf13/pflag"
 	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	"surge/sinks/clickhouse"
 	"surge/sinks/recon"
@@ -45,8 +44,12 @@ func cmdRecon(ctx context.Context, args []string) error {
 	}
 	rc := recon.Config{Env: streams.Env{Log: log, Metrics: metrics.Default}, Store: st}
 	var admin *kadm.Client
-	if bs := brokers(v); len(bs) > 0 {
-		cl, err := kgo.NewClient(kgo.SeedBrokers(bs...))
+	if v.GetString("kafka.brokers") != "" {
+		bs, err := needKafka(ctx, v)
+		if err != nil {
+			return err
+		}
+		cl, err := bs.NewClient()
 		if err != nil {
 			return err
 		}

@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"surge/processors/uin/pool"
+	"surge/processors/uin/uinkeys"
 	"surge/schemas"
 	pb "surge/schemas/surgev1"
 	"surge/streams"
@@ -38,20 +39,20 @@ func command(t *testing.T, env []string, args ...string) (string, string, error)
 func TestReplayCommand(t *testing.T) {
 	streamstest.Each(t, func(t *testing.T, b streamstest.Backend) {
 		src, dst := streamstest.Unique("replay-src"), streamstest.Unique("replay-dst")
-		streamstest.CreateTopics(t, b.Brokers, 1, src, dst)
-		cl := streamstest.Client(t, b.Brokers)
+		streamstest.CreateTopics(t, b.Kafka, 1, src, dst)
+		cl := streamstest.Client(t, b.Kafka)
 		var recs []*kgo.Record
 		for i := range 10 {
 			recs = append(recs, &kgo.Record{Topic: src, Key: []byte(fmt.Sprintf("k%d", i)), Value: []byte(fmt.Sprintf("v%d", i)),
 				Headers: []kgo.RecordHeader{{Key: "h", Value: []byte(fmt.Sprint(i))}}})
 		}
 		streamstest.ProduceSync(t, cl, recs...)
-		env := []string{"SURGE_KAFKA_BROKERS=" + strings.Join(b.Brokers, ",")}
+		env := []string{"SURGE_KAFKA_BROKERS=" + strings.Join(b.Kafka.Seeds, ",")}
 
 		if _, stderr, err := command(t, env, "replay", "--topic", src, "--into", dst); err != nil {
 			t.Fatalf("replay into %s: %v\n%s", dst, err, stderr)
 		}
-		got := streamstest.ReadN(t, b.Brokers, dst, false, 10, 30*time.Second, time.Second)
+		got := streamstest.ReadN(t, b.Kafka, dst, false, 10, 30*time.Second, time.Second)
 		if len(got) != 10 {
 			t.Fatalf("%d records replayed, want 10", len(got))
 		}
@@ -99,7 +100,7 @@ func TestReplayCommand(t *testing.T) {
 func TestUinGapsCommand(t *testing.T) {
 	streamstest.EachStack(t, func(t *testing.T, b streamstest.Backend, rdb *redis.Client) {
 		ns := streamstest.Unique("gaps") + "."
-		streamstest.CreateTopics(t, b.Brokers, 3, ns+schemas.TopicRegistrations)
+		streamstest.CreateTopics(t, b.Kafka, 3, ns+schemas.TopicRegistrations)
 		var recs []*kgo.Record
 		for u := uint32(10); u <= 20; u++ {
 			if u == 13 || u == 17 {
@@ -111,20 +112,20 @@ func TestUinGapsCommand(t *testing.T) {
 			}
 			recs = append(recs, r)
 		}
-		streamstest.ProduceSync(t, streamstest.Client(t, b.Brokers), recs...)
-		env := []string{"SURGE_KAFKA_BROKERS=" + strings.Join(b.Brokers, ","), "SURGE_REDIS_ADDR=" + rdb.Options().Addr, "SURGE_UIN_NAMESPACE=" + ns}
+		streamstest.ProduceSync(t, streamstest.Client(t, b.Kafka), recs...)
+		env := []string{"SURGE_KAFKA_BROKERS=" + strings.Join(b.Kafka.Seeds, ","), "SURGE_REDIS_ADDR=" + rdb.Options().Addr, "SURGE_UIN_NAMESPACE=" + ns}
 
 		stdout, stderr, err := command(t, env, "uin", "gaps", "--ranges", "10-21")
 		if err != nil || !strings.Contains(stdout, "9 uins allocated; 2 gaps in the ranges") {
 			t.Fatalf("uin gaps: %v\n%s\n%s", err, stdout, stderr)
 		}
-		central := pool.NewCentral(rdb, ns+"pool:", 1000)
+		central := pool.NewCentral(rdb, uinkeys.Pool(ns), 1000)
 		ctx := context.Background()
 		if n, err := central.Size(ctx); err != nil || n != 2 {
 			t.Fatalf("pool holds %d uins after the gaps run (%v), want 13 and 17", n, err)
 		}
 		for _, u := range []uint32{13, 17} {
-			if in, _ := rdb.SIsMember(ctx, ns+"pool:bucket:"+fmt.Sprint(central.Bucket(u)), u).Result(); !in {
+			if in, _ := rdb.SIsMember(ctx, uinkeys.Pool(ns)+"bucket:"+fmt.Sprint(central.Bucket(u)), u).Result(); !in {
 				t.Errorf("gap %d not in its bucket", u)
 			}
 		}

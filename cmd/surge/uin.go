@@ -154,7 +154,7 @@ func apiKeys(v *viper.Viper, name string, log *slog.Logger) (*apikey.Keys, error
 }
 
 // runUin runs one uin service until ctx ends or it fails.
-func runUin(ctx context.Context, v *viper.Viper, log *slog.Logger, bs []string, component string) error {
+func runUin(ctx context.Context, v *viper.Viper, log *slog.Logger, bs streams.Cluster, component string) error {
 	o, err := uinOptions(v, log)
 	if err != nil {
 		return err
@@ -165,9 +165,12 @@ func runUin(ctx context.Context, v *viper.Viper, log *slog.Logger, bs []string, 
 			return err
 		}
 	}
-	addr := v.GetString("redis.addr")
-	if addr == "" && component != uinpipe.Timers {
-		return fmt.Errorf("%s needs Redis (the accounts and the pool live there): set --redis.addr", component)
+	var rdb redis.UniversalClient // the timers alone need none
+	if component != uinpipe.Timers || v.GetString("redis.addr") != "" {
+		if rdb, err = needRedis(ctx, v, component+" (the accounts and the pool live there)"); err != nil {
+			return err
+		}
+		defer rdb.Close()
 	}
 	dir, cleanup, err := tempDirIfEmpty(o.Dir, "surge-uin-")
 	if err != nil {
@@ -178,13 +181,11 @@ func runUin(ctx context.Context, v *viper.Viper, log *slog.Logger, bs []string, 
 	if o.StreamOpts, err = runnerOptions(v, log); err != nil {
 		return err
 	}
-	rdb := redis.NewClient(&redis.Options{Addr: addr})
-	defer rdb.Close()
 	s := uinpipe.New(bs, rdb, o)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	s.Start(ctx)
-	log.Info("uin service running", "service", component, "brokers", bs, "redis", addr)
+	log.Info("uin service running", "service", component, "kafka", bs.String(), "redis", v.GetString("redis.addr"))
 	return untilStopped(ctx, cancel, s.Group)
 }
 
@@ -198,7 +199,7 @@ func uinRun(ctx context.Context, v *viper.Viper, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	bs, addr, stop, err := kafkaAndRedis(v, log)
+	bs, rdb, stop, err := kafkaAndRedis(ctx, v, log)
 	if err != nil {
 		return err
 	}
@@ -214,21 +215,19 @@ func uinRun(ctx context.Context, v *viper.Viper, log *slog.Logger) error {
 	} else {
 		return err
 	}
-	rdb := redis.NewClient(&redis.Options{Addr: addr})
-	defer rdb.Close()
 	s := uinpipe.New(bs, rdb, o)
-	if err := s.CreateTopics(ctx, int16(v.GetInt("kafka.replication"))); err != nil {
+	if err := s.CreateTopics(ctx, replication(v)); err != nil {
 		return err
 	}
 	serveMetrics(ctx, v, log)
 	s.Start(ctx)
-	log.Info("uin recycling running", "brokers", bs, "redis", addr, "checkpoints", o.Tracker.Checkpoints, "controllers", o.Controllers)
+	log.Info("uin recycling running", "kafka", bs.String(), "redis", v.GetString("redis.addr"), "checkpoints", o.Tracker.Checkpoints, "controllers", o.Controllers)
 	<-ctx.Done()
 	return s.Wait()
 }
 
 func uinClassify(ctx context.Context, v *viper.Viper, log *slog.Logger) error {
-	cl, err := newClient(v)
+	cl, err := newClient(ctx, v)
 	if err != nil {
 		return err
 	}
@@ -240,8 +239,11 @@ func uinClassify(ctx context.Context, v *viper.Viper, log *slog.Logger) error {
 	defer st.Close()
 	o := classify.Options{Namespace: v.GetString("uin.namespace"), MinAge: v.GetDuration("uin.min_age"),
 		InactiveFor: v.GetDuration("uin.inactive_for"), Limit: v.GetInt("uin.limit"), Log: log}
-	if addr := v.GetString("redis.addr"); addr != "" {
-		rdb := redis.NewClient(&redis.Options{Addr: addr})
+	if v.GetString("redis.addr") != "" {
+		rdb, err := needRedis(ctx, v, "uin classify")
+		if err != nil {
+			return err
+		}
 		defer rdb.Close()
 		mirror := presence.NewRedisMirror(rdb, v.GetString("redis.prefix"), nil, log)
 		o.Online = mirror.IsOnline
@@ -257,13 +259,16 @@ func uinClassify(ctx context.Context, v *viper.Viper, log *slog.Logger) error {
 	return nil
 }
 
-func uinStores(v *viper.Viper) (*redis.Client, *uinpipe.Stack, error) {
-	addr := v.GetString("redis.addr")
-	if addr == "" {
-		return nil, nil, fmt.Errorf("no redis: set --redis.addr (the accounts and the pool live there)")
+func uinStores(ctx context.Context, v *viper.Viper) (redis.UniversalClient, *uinpipe.Stack, error) {
+	kc, err := needKafka(ctx, v)
+	if err != nil {
+		return nil, nil, err
 	}
-	rdb := redis.NewClient(&redis.Options{Addr: addr})
-	s := uinpipe.New(brokers(v), rdb, uinpipe.Options{Namespace: v.GetString("uin.namespace"), Buckets: v.GetInt("uin.buckets")})
+	rdb, err := needRedis(ctx, v, "this command (the accounts and the pool live there)")
+	if err != nil {
+		return nil, nil, err
+	}
+	s := uinpipe.New(kc, rdb, uinpipe.Options{Namespace: v.GetString("uin.namespace"), Buckets: v.GetInt("uin.buckets")})
 	return rdb, s, nil
 }
 
@@ -273,12 +278,12 @@ func uinRestore(ctx context.Context, v *viper.Viper, username string) error {
 	if username == "" {
 		return fmt.Errorf("restore needs --username")
 	}
-	bs := brokers(v)
-	if err := needBrokers(bs); err != nil {
+	bs, err := needKafka(ctx, v)
+	if err != nil {
 		return err
 	}
 	ns := v.GetString("uin.namespace")
-	cl, err := kgo.NewClient(kgo.SeedBrokers(bs...))
+	cl, err := bs.NewClient()
 	if err != nil {
 		return err
 	}
@@ -331,17 +336,14 @@ func uinGaps(ctx context.Context, v *viper.Viper, log *slog.Logger, spec string)
 	if err != nil {
 		return err
 	}
-	if err := needBrokers(brokers(v)); err != nil {
-		return err
-	}
-	rdb, s, err := uinStores(v)
+	rdb, s, err := uinStores(ctx, v)
 	if err != nil {
 		return err
 	}
 	defer rdb.Close()
 	allocated := roaring.New()
 	n := 0
-	err = streams.ReadToEnd(ctx, s.Brokers, s.Opts.Namespace+schemas.TopicRegistrations, func(r *kgo.Record) error {
+	err = streams.ReadToEnd(ctx, s.Kafka, s.Opts.Namespace+schemas.TopicRegistrations, func(r *kgo.Record) error {
 		var g pb.UinRegistration
 		if streams.Decode(r, &g) == nil && g.Uin > 0 && g.Uin <= 1<<32-1 {
 			allocated.Add(uint32(g.Uin))
@@ -389,13 +391,11 @@ func uinGaps(ctx context.Context, v *viper.Viper, log *slog.Logger, spec string)
 }
 
 func uinDemo(ctx context.Context, v *viper.Viper, log *slog.Logger) error {
-	bs, addr, stop, err := kafkaAndRedis(v, log)
+	bs, rdb, stop, err := kafkaAndRedis(ctx, v, log)
 	if err != nil {
 		return err
 	}
 	defer stop()
-	rdb := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 32})
-	defer rdb.Close()
 	st, err := openStore(ctx, v, log)
 	if err != nil {
 		return err

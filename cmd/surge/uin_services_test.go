@@ -22,6 +22,7 @@ import (
 
 	uinpipe "surge/processors/uin/pipeline"
 	"surge/processors/uin/pool"
+	"surge/processors/uin/uinkeys"
 	"surge/schemas"
 	"surge/schemas/recycling"
 	pb "surge/schemas/surgev1"
@@ -86,14 +87,14 @@ func TestUinServicesSurviveKill9(t *testing.T) {
 		ns := streamstest.Unique("uinsvc") + "."
 		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 		defer cancel()
-		cl := streamstest.Client(t, b.Brokers)
-		if err := streams.EnsureTopics(ctx, cl, 1, uinpipe.Topics(ns)...); err != nil {
+		cl := streamstest.Client(t, b.Kafka)
+		if err := streams.EnsureTopics(ctx, cl, streams.OneCopy, uinpipe.Topics(ns)...); err != nil {
 			t.Fatal(err)
 		}
 		secret := make([]byte, 32)
 		_, _ = rand.Read(secret)
 		key := hex.EncodeToString(secret)
-		env := []string{"SURGE_KAFKA_BROKERS=" + strings.Join(b.Brokers, ","), "SURGE_REDIS_ADDR=" + rdb.Options().Addr,
+		env := []string{"SURGE_KAFKA_BROKERS=" + strings.Join(b.Kafka.Seeds, ","), "SURGE_REDIS_ADDR=" + rdb.Options().Addr,
 			"SURGE_UIN_NAMESPACE=" + ns, "SURGE_UIN_CHECKPOINTS=1s,2s,3s,4s", "SURGE_UIN_BAN_ABANDONED=8s",
 			"SURGE_UIN_COOL_DOWN_ABANDONED=300ms", "SURGE_UIN_TICKET_TTL=1m", "SURGE_UIN_POOL_KEYS=test:" + key,
 			"SURGE_UIN_POOL_LEASE_TTL=2s", "SURGE_UIN_POOL_LOCAL=40", "SURGE_PROCESSOR_SESSION_TIMEOUT=6s",
@@ -110,7 +111,7 @@ func TestUinServicesSurviveKill9(t *testing.T) {
 		svc("timers", "uin-timers")
 
 		// The central pool starts with 3,000 uins from a fresh range.
-		central := pool.NewCentral(rdb, ns+"pool:", 1000)
+		central := pool.NewCentral(rdb, uinkeys.Pool(ns), 1000)
 		var seed []uint32
 		for u := uint32(2_000_000); u < 2_003_000; u++ {
 			seed = append(seed, u)
@@ -149,7 +150,7 @@ func TestUinServicesSurviveKill9(t *testing.T) {
 		var mu sync.Mutex
 		steps := map[uint64][]*pb.RecycleStep{}
 		var applied atomic.Int64
-		prog := streamstest.Client(t, b.Brokers, kgo.ConsumeTopics(ns+schemas.TopicRecycleSteps),
+		prog := streamstest.Client(t, b.Kafka, kgo.ConsumeTopics(ns+schemas.TopicRecycleSteps),
 			kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 		go func() {
 			for ctx.Err() == nil {
@@ -318,10 +319,10 @@ func TestUinServicesSurviveKill9(t *testing.T) {
 		lost := int64(len(seed)) + recycled - size - leased - int64(len(got))
 		t.Logf("allocated %d distinct uins; pool holds %d; leased %d; %d committed but unanswered at the kill", len(got), size, leased, lost)
 		if leased != 0 {
-			owners, _ := rdb.SMembers(ctx, ns+"pool:leases").Result()
+			owners, _ := rdb.SMembers(ctx, uinkeys.Pool(ns)+"leases").Result()
 			for _, o := range owners {
-				n, _ := rdb.SCard(ctx, ns+"pool:lease:"+o).Result()
-				alive, _ := rdb.Exists(ctx, ns+"pool:alive:"+o).Result()
+				n, _ := rdb.SCard(ctx, uinkeys.Pool(ns)+"lease:"+o).Result()
+				alive, _ := rdb.Exists(ctx, uinkeys.Pool(ns)+"alive:"+o).Result()
 				t.Logf("lease of %s: %d uins (alive %d)", o, n, alive)
 			}
 		}
@@ -330,7 +331,7 @@ func TestUinServicesSurviveKill9(t *testing.T) {
 		}
 
 		// The bad records were dead-lettered with a reason.
-		dl := streamstest.ReadN(t, b.Brokers, ns+schemas.TopicDeadLetter, false, 3, 30*time.Second, time.Second)
+		dl := streamstest.ReadN(t, b.Kafka, ns+schemas.TopicDeadLetter, false, 3, 30*time.Second, time.Second)
 		if len(dl) < 3 {
 			t.Errorf("%d dead letters, want the 3 bad records", len(dl))
 		}

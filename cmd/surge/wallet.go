@@ -75,7 +75,7 @@ func cmdWallet(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	bs, redisAddr, stop, err := kafkaAndRedis(v, log)
+	bs, rdb, stop, err := kafkaAndRedis(ctx, v, log)
 	if err != nil {
 		return err
 	}
@@ -109,16 +109,17 @@ func cmdWallet(ctx context.Context, args []string) error {
 		}
 		defer os.RemoveAll(dir)
 	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(bs...), kgo.ProducerLinger(time.Millisecond))
+	cl, err := bs.NewClient(kgo.ProducerLinger(time.Millisecond))
 	if err != nil {
 		return err
 	}
 	defer cl.Close()
-	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
-	defer rdb.Close()
 	var backup redis.UniversalClient // nil interface when there is none
 	if b := v.GetString("wallet.backup_redis"); b != "" {
-		bc := redis.NewClient(&redis.Options{Addr: b})
+		bc, err := redisAt(v, strings.Split(b, ",")...)
+		if err != nil {
+			return fmt.Errorf("wallet.backup_redis: %w", err)
+		}
 		defer bc.Close()
 		backup = bc
 	}
@@ -126,7 +127,7 @@ func cmdWallet(ctx context.Context, args []string) error {
 	if advertise == "" {
 		advertise = defaultAdvertise(v.GetString("wallet.http_addr"))
 	}
-	w, err := stack.New(stack.Options{Brokers: bs, Namespace: v.GetString("wallet.namespace"), Dir: dir, Source: src, Keys: keys,
+	w, err := stack.New(stack.Options{Kafka: bs, Namespace: v.GetString("wallet.namespace"), Dir: dir, Source: src, Keys: keys,
 		Redis: rdb, BackupRedis: backup, Producer: cl, Apps: apps, Users: users, Advertise: advertise,
 		InstanceID: v.GetString("processor.instance_id"), ExpectedKeys: v.GetInt("wallet.ledger_keys"),
 		BatchSize: v.GetInt("wallet.batch_size"), BatchLinger: v.GetDuration("wallet.batch_linger"), Batchers: v.GetInt("wallet.batchers"),
@@ -135,7 +136,7 @@ func cmdWallet(ctx context.Context, args []string) error {
 		return err
 	}
 	defer w.Close()
-	if err := w.EnsureTopics(ctx, int16(v.GetInt("kafka.replication"))); err != nil {
+	if err := w.EnsureTopics(ctx, replication(v)); err != nil {
 		return err
 	}
 	opts, err := runnerOptions(v, log)
@@ -308,14 +309,13 @@ func cmdWalletSign(args []string) error {
 // runWalletIdentities runs wallet-identities alone, for a deployment that
 // scales it apart from the API (`surge wallet` runs it too, in the same
 // consumer group: the two share its partitions).
-func runWalletIdentities(ctx context.Context, v *viper.Viper, log *slog.Logger, bs []string, opts []streams.Option) error {
-	addr := v.GetString("redis.addr")
-	if addr == "" {
-		return errors.New("wallet-identities needs Redis (the actIDs are kept there): set --redis.addr")
+func runWalletIdentities(ctx context.Context, v *viper.Viper, log *slog.Logger, bs streams.Cluster, opts []streams.Option) error {
+	rdb, err := needRedis(ctx, v, "wallet-identities (the actIDs are kept there)")
+	if err != nil {
+		return err
 	}
-	rdb := redis.NewClient(&redis.Options{Addr: addr})
 	defer rdb.Close()
-	p := identity.New(identity.Config{Env: streams.Env{Brokers: bs, Namespace: v.GetString("wallet.namespace"), Log: log,
+	p := identity.New(identity.Config{Env: streams.Env{Kafka: bs, Namespace: v.GetString("wallet.namespace"), Log: log,
 		Metrics: metrics.Default}, Redis: rdb})
 	return p.Run(ctx, opts...)
 }

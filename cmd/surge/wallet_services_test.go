@@ -76,7 +76,7 @@ func TestWalletSurvivesKill9(t *testing.T) {
 		user := auth.Key{ID: "u-1", Secret: []byte(strings.Repeat("u", 32))}
 		addr := freePort(t)
 		b64, enc := base64.StdEncoding.EncodeToString, base64.RawURLEncoding.EncodeToString
-		env := []string{"SURGE_KAFKA_BROKERS=" + strings.Join(b.Brokers, ","), "SURGE_REDIS_ADDR=" + rdb.Options().Addr,
+		env := []string{"SURGE_KAFKA_BROKERS=" + strings.Join(b.Kafka.Seeds, ","), "SURGE_REDIS_ADDR=" + rdb.Options().Addr,
 			"SURGE_WALLET_NAMESPACE=" + ns, "SURGE_WALLET_HTTP_ADDR=" + addr, "SURGE_PROCESSOR_INSTANCE_ID=" + ns + "wallet-1",
 			"SURGE_WALLET_KEY_SEED=" + b64(bytes.Repeat([]byte{7}, 32)), "SURGE_WALLET_DIR=" + t.TempDir(),
 			"SURGE_WALLET_APP_KEYS=rain:rain-1:" + enc(app.Secret), "SURGE_WALLET_USER_KEYS=u-1:" + enc(user.Secret)}
@@ -260,7 +260,7 @@ func TestWalletSurvivesKill9(t *testing.T) {
 		}
 		// The booked ledger: each order and withdrawal once, sums exact.
 		want := grants + len(paidIDs) + 2*len(packetIDs) // a packet: the debit and the credit
-		entries := streamstest.ReadN(t, b.Brokers, ns+schemas.TopicLedger, true, want, 60*time.Second, 2*time.Second)
+		entries := streamstest.ReadN(t, b.Kafka, ns+schemas.TopicLedger, true, want, 60*time.Second, 2*time.Second)
 		seen := map[string]bool{}
 		booked := map[string]int64{}
 		for _, r := range entries {

@@ -2,8 +2,9 @@ package main
 
 import (
 	"os"
-	"surge/processors/wallet/stack"
 	"testing"
+
+	"surge/processors/wallet/stack"
 )
 
 // Other instances must be able to reach the advertised address: a

@@ -11,6 +11,7 @@ import (
 	"github.com/RoaringBitmap/roaring/v2"
 	"github.com/redis/go-redis/v9"
 
+	"surge/streams/connect"
 	"surge/streams/metrics"
 )
 
@@ -211,12 +212,7 @@ func (m *RedisMirror) Resync(ctx context.Context, online *roaring.Bitmap) error 
 }
 
 func (m *RedisMirror) keys(ctx context.Context) ([]string, error) {
-	var out []string
-	iter := m.rdb.Scan(ctx, 0, m.prefix+"*", 1000).Iterator()
-	for iter.Next(ctx) {
-		out = append(out, iter.Val())
-	}
-	return out, iter.Err()
+	return connect.Scan(ctx, m.rdb, m.prefix+"*")
 }
 
 // IsOnline reads one user's state from Redis: what another instance sees.

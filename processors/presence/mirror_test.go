@@ -13,6 +13,7 @@ import (
 	"surge/schemas"
 	"surge/schemas/surgev1"
 	"surge/streams"
+	"surge/streams/connect"
 	"surge/streams/metrics"
 	"surge/streams/streamstest"
 )
@@ -35,7 +36,7 @@ func feed(t *testing.T, p *Processor, events ...*surgev1.LoginEvent) {
 }
 
 func TestRedisMirrorMatchesTheCommittedBitmap(t *testing.T) {
-	streamstest.EachRedis(t, func(t *testing.T, rdb *redis.Client) {
+	streamstest.EachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
 		ctx := context.Background()
 		prefix := "test.online." + time.Now().Format("150405.000000") + ":"
 		m := NewRedisMirror(rdb, prefix, metrics.NewRegistry(), quiet)
@@ -69,8 +70,10 @@ func TestRedisMirrorMatchesTheCommittedBitmap(t *testing.T) {
 				t.Errorf("uin %d: redis says %v (%v), want %v", c.uin, got, err, c.want)
 			}
 		}
-		keys, _ := rdb.Keys(ctx, prefix+"*").Result()
-		rdb.Del(ctx, keys...)
+		keys, _ := connect.Scan(ctx, rdb, prefix+"*")
+		for _, k := range keys {
+			rdb.Del(ctx, k)
+		}
 	})
 }
 

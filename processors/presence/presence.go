@@ -164,7 +164,7 @@ func (p *Processor) Online() *roaring.Bitmap {
 // to its current end. It returns the number of records read.
 func (p *Processor) Restore(ctx context.Context) (int, error) {
 	n := 0
-	err := streams.ReadToEnd(ctx, p.cfg.Brokers, p.cfg.Output, func(r *kgo.Record) error {
+	err := streams.ReadToEnd(ctx, p.cfg.Kafka, p.cfg.Output, func(r *kgo.Record) error {
 		if p.applyChange(r) {
 			n++
 		}
@@ -202,11 +202,11 @@ func (p *Processor) clearPartitions(ps map[int32]bool) error {
 // Run restores the bitmap, then processes logins until ctx ends. With a
 // mirror, Redis is first rewritten from the restored bitmap.
 func (p *Processor) Run(ctx context.Context, opts ...streams.Option) error {
-	ns, brokers := p.cfg.Namespace, p.cfg.Brokers
-	if _, err := streams.CoPartitioned(ctx, brokers, ns+schemas.TopicLogin, p.cfg.Output); err != nil {
+	ns, kc := p.cfg.Namespace, p.cfg.Kafka
+	if _, err := streams.CoPartitioned(ctx, kc, ns+schemas.TopicLogin, p.cfg.Output); err != nil {
 		return fmt.Errorf("presence: %w", err)
 	}
-	p.restore = streams.NewRestorer(brokers, p.clearPartitions, func(r *kgo.Record) error { p.applyChange(r); return nil }, p.cfg.Output)
+	p.restore = streams.NewRestorer(kc, p.clearPartitions, func(r *kgo.Record) error { p.applyChange(r); return nil }, p.cfg.Output)
 	// A partition nobody wrote to since this start-up read is not read again
 	// when it is assigned.
 	if err := p.restore.Baseline(ctx); err != nil {
@@ -219,7 +219,7 @@ func (p *Processor) Run(ctx context.Context, opts ...streams.Option) error {
 		p.mirror.signal() // the restored bitmap goes to Redis in full
 	}
 	opts = append([]streams.Option{
-		streams.Brokers(brokers...),
+		streams.Kafka(kc),
 		streams.Declare(Spec, ns),
 		streams.Logger(p.cfg.Log), streams.Metrics(p.cfg.Metrics),
 		streams.OnBatchEnd(p.BatchEnd),

@@ -31,8 +31,8 @@ func login(t *testing.T, topic string, uin uint64, online bool) *kgo.Record {
 func TestPresenceFollowsLoginsAndRestoresByReplay(t *testing.T) {
 	streamstest.Each(t, func(t *testing.T, b streamstest.Backend) {
 		in, out, dlq := streamstest.Unique("login"), streamstest.Unique("presence"), streamstest.Unique("dlq")
-		streamstest.CreateTopics(t, b.Brokers, 3, in, out, dlq)
-		cl := streamstest.Client(t, b.Brokers)
+		streamstest.CreateTopics(t, b.Kafka, 3, in, out, dlq)
+		cl := streamstest.Client(t, b.Kafka)
 		var recs []*kgo.Record
 		for u := uint64(0); u < 1000; u++ {
 			recs = append(recs, login(t, in, u, true))
@@ -44,7 +44,7 @@ func TestPresenceFollowsLoginsAndRestoresByReplay(t *testing.T) {
 		streamstest.ProduceSync(t, cl, recs...)
 
 		p := presence.New(presence.Config{Output: out})
-		r, err := streams.New(streamstest.Unique("presence"), p.Handle(), streams.Brokers(b.Brokers...),
+		r, err := streams.New(streamstest.Unique("presence"), p.Handle(), streams.Kafka(b.Kafka),
 			streams.Inputs(in), streams.WithGuarantee(streams.ExactlyOnce), streams.DeadLetterTopic(dlq),
 			streams.OnBatchEnd(p.BatchEnd), streams.Metrics(metrics.NewRegistry()),
 			streams.Logger(slog.New(slog.NewTextHandler(io.Discard, nil))))
@@ -54,8 +54,8 @@ func TestPresenceFollowsLoginsAndRestoresByReplay(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error)
 		go func() { done <- r.Run(ctx) }()
-		changes := streamstest.ReadN(t, b.Brokers, out, true, 1501, 30*time.Second, time.Second)
-		dead := streamstest.ReadN(t, b.Brokers, dlq, true, 1, 10*time.Second, 0)
+		changes := streamstest.ReadN(t, b.Kafka, out, true, 1501, 30*time.Second, time.Second)
+		dead := streamstest.ReadN(t, b.Kafka, dlq, true, 1, 10*time.Second, 0)
 		cancel()
 		<-done
 
@@ -70,7 +70,7 @@ func TestPresenceFollowsLoginsAndRestoresByReplay(t *testing.T) {
 			t.Fatalf("online bitmap: %d users", online.GetCardinality())
 		}
 
-		rebuilt := presence.New(presence.Config{Env: streams.Env{Brokers: b.Brokers}, Output: out})
+		rebuilt := presence.New(presence.Config{Env: streams.Env{Kafka: b.Kafka}, Output: out})
 		n, err := rebuilt.Restore(context.Background())
 		if err != nil {
 			t.Fatal(err)
@@ -113,8 +113,8 @@ func TestPartitionHandedBackIsRebuilt(t *testing.T) {
 	streamstest.Each(t, func(t *testing.T, b streamstest.Backend) {
 		ns := streamstest.Unique("pr") + "."
 		in, out, dlq := ns+schemas.TopicLogin, ns+schemas.TopicPresence, ns+schemas.TopicDeadLetter
-		streamstest.CreateTopics(t, b.Brokers, 6, in, out, dlq)
-		cl := streamstest.Client(t, b.Brokers)
+		streamstest.CreateTopics(t, b.Kafka, 6, in, out, dlq)
+		cl := streamstest.Client(t, b.Kafka)
 		quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 		const users = 300
 		wave := func(online bool) {
@@ -126,7 +126,7 @@ func TestPartitionHandedBackIsRebuilt(t *testing.T) {
 		}
 		// latest reads push.presence and returns the users whose last record says online.
 		latest := func(want int) (online map[uint64]bool, records int) {
-			recs := streamstest.ReadN(t, b.Brokers, out, true, want, 60*time.Second, time.Second)
+			recs := streamstest.ReadN(t, b.Kafka, out, true, want, 60*time.Second, time.Second)
 			online = map[uint64]bool{}
 			for _, r := range recs {
 				var ev surgev1.LoginEvent
@@ -143,7 +143,7 @@ func TestPartitionHandedBackIsRebuilt(t *testing.T) {
 			done chan error
 		}
 		run := func(id string) *instance {
-			p := presence.New(presence.Config{Env: streams.Env{Brokers: b.Brokers, Namespace: ns}})
+			p := presence.New(presence.Config{Env: streams.Env{Kafka: b.Kafka, Namespace: ns}})
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan error, 1)
 			go func() {
@@ -204,7 +204,7 @@ func TestPartitionHandedBackIsRebuilt(t *testing.T) {
 			t.Fatalf("after B left and everybody logged in again: %d users offline on push.presence, %d records (want 0 and %d)",
 				missing, n, 3*users+probes)
 		}
-		if dead := streamstest.ReadN(t, b.Brokers, dlq, true, 1, 10*time.Second, 0); len(dead) != 1 {
+		if dead := streamstest.ReadN(t, b.Kafka, dlq, true, 1, 10*time.Second, 0); len(dead) != 1 {
 			t.Fatalf("%d dead letters, want the mis-keyed login", len(dead))
 		}
 		if !a.p.IsOnline(1) {

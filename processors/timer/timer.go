@@ -160,14 +160,14 @@ func (s *Service) Run(ctx context.Context) error {
 		}
 		consume = kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{s.cfg.Topic: ps})
 	}
-	in, err := kgo.NewClient(kgo.SeedBrokers(s.cfg.Brokers...), consume,
+	in, err := s.cfg.Kafka.NewClient(consume,
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()))
 	if err != nil {
 		return err
 	}
 	defer in.Close()
-	out, err := kgo.NewClient(kgo.SeedBrokers(s.cfg.Brokers...), kgo.TransactionalID(s.cfg.TransactionalID),
+	out, err := s.cfg.Kafka.NewClient(kgo.TransactionalID(s.cfg.TransactionalID),
 		kgo.TransactionTimeout(30*time.Second))
 	if err != nil {
 		return err

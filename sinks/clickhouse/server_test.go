@@ -184,16 +184,16 @@ func TestServerSinkRidesOutALostConnection(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer k.Close()
-	b := streamstest.Backend{Name: "kfake", Brokers: k.Brokers()}
+	b := streamstest.Backend{Name: "kfake", Kafka: streams.Seeds(k.Brokers()...)}
 	topic := streamstest.Unique("presence")
-	streamstest.CreateTopics(t, b.Brokers, 1, topic)
+	streamstest.CreateTopics(t, b.Kafka, 1, topic)
 	const n = 5000
 	var recs []*kgo.Record
 	for u := range n {
 		r, _ := streams.NewRecord(topic, nil, &surgev1.LoginEvent{Uin: uint64(u), Online: true, AtMs: 1})
 		recs = append(recs, r)
 	}
-	streamstest.ProduceSync(t, streamstest.Client(t, b.Brokers), recs...)
+	streamstest.ProduceSync(t, streamstest.Client(t, b.Kafka), recs...)
 
 	reg := metrics.NewRegistry()
 	s := clickhouse.Presence().Bind(d)
@@ -202,7 +202,7 @@ func TestServerSinkRidesOutALostConnection(t *testing.T) {
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan error)
 	go func() {
-		done <- s.RunTasks(runCtx, b.Brokers, 1, streams.Group(streamstest.Unique("g")), streams.Metrics(metrics.NewRegistry()),
+		done <- s.RunTasks(runCtx, b.Kafka, 1, streams.Group(streamstest.Unique("g")), streams.Metrics(metrics.NewRegistry()),
 			streams.Backoff(10*time.Millisecond, 50*time.Millisecond), streams.MaxBatch(1000),
 			streams.Logger(slog.New(slog.NewTextHandler(io.Discard, nil))),
 			streams.OnCommit(func(i, _ int) { in.Add(int64(i)) }))

@@ -135,8 +135,8 @@ func (s *Sink) Options() []streams.Option {
 }
 
 // Run consumes the sink's topic into its table until ctx ends.
-func (s *Sink) Run(ctx context.Context, brokers []string, opts ...streams.Option) error {
-	return s.RunTasks(ctx, brokers, 1, opts...)
+func (s *Sink) Run(ctx context.Context, kc streams.Cluster, opts ...streams.Option) error {
+	return s.RunTasks(ctx, kc, 1, opts...)
 }
 
 // RunTasks consumes the sink's topic with n tasks, as Kafka Connect's
@@ -145,7 +145,7 @@ func (s *Sink) Run(ctx context.Context, brokers []string, opts ...streams.Option
 // inserts at once (ChDB's connection pool, a server) then inserts n batches
 // in parallel; one insert alone leaves a core idle. The first task to fail
 // stops the others.
-func (s *Sink) RunTasks(ctx context.Context, brokers []string, n int, opts ...streams.Option) error {
+func (s *Sink) RunTasks(ctx context.Context, kc streams.Cluster, n int, opts ...streams.Option) error {
 	if s.store == nil {
 		return fmt.Errorf("sink %s: no store bound", s.Name)
 	}
@@ -157,7 +157,7 @@ func (s *Sink) RunTasks(ctx context.Context, brokers []string, n int, opts ...st
 		task := *s
 		task.rows, task.m = nil, nil
 		go func() {
-			err := task.run(ctx, brokers, opts)
+			err := task.run(ctx, kc, opts)
 			if err != nil {
 				cancel()
 			}
@@ -173,8 +173,8 @@ func (s *Sink) RunTasks(ctx context.Context, brokers []string, n int, opts ...st
 	return first
 }
 
-func (s *Sink) run(ctx context.Context, brokers []string, opts []streams.Option) error {
-	opts = append(append([]streams.Option{streams.Brokers(brokers...)}, s.Options()...), opts...)
+func (s *Sink) run(ctx context.Context, kc streams.Cluster, opts []streams.Option) error {
+	opts = append(append([]streams.Option{streams.Kafka(kc)}, s.Options()...), opts...)
 	r, err := streams.New(s.Name, s.Handle(), opts...)
 	if err != nil {
 		return err

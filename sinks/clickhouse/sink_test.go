@@ -113,8 +113,8 @@ func sinkLosesNoRow(t *testing.T, b streamstest.Backend, store clickhouse.Store)
 		t.Fatal(err)
 	}
 	topic := streamstest.Unique("presence")
-	streamstest.CreateTopics(t, b.Brokers, 3, topic)
-	cl := streamstest.Client(t, b.Brokers)
+	streamstest.CreateTopics(t, b.Kafka, 3, topic)
+	cl := streamstest.Client(t, b.Kafka)
 	const n = 5000
 	var recs []*kgo.Record
 	for u := 0; u < n; u++ {
@@ -132,7 +132,7 @@ func sinkLosesNoRow(t *testing.T, b streamstest.Backend, store clickhouse.Store)
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error)
 		go func() {
-			done <- s.RunTasks(ctx, b.Brokers, tasks, streams.Group(group), streams.Metrics(metrics.NewRegistry()),
+			done <- s.RunTasks(ctx, b.Kafka, tasks, streams.Group(group), streams.Metrics(metrics.NewRegistry()),
 				streams.Backoff(5*time.Millisecond, 20*time.Millisecond), streams.MaxBatch(1000),
 				streams.Logger(slog.New(slog.NewTextHandler(io.Discard, nil))),
 				streams.OnCommit(func(i, _ int) { in.Add(int64(i)) }))
@@ -333,7 +333,7 @@ func TestChDBRunsQueriesAtOnce(t *testing.T) {
 func TestRunTasksReturnsWhenTasksFail(t *testing.T) {
 	s := clickhouse.Presence().Bind(store)
 	done := make(chan error, 1)
-	go func() { done <- s.RunTasks(context.Background(), []string{"127.0.0.1:1"}, 3, streams.MaxBatch(0)) }()
+	go func() { done <- s.RunTasks(context.Background(), streams.Seeds("127.0.0.1:1"), 3, streams.MaxBatch(0)) }()
 	select {
 	case err := <-done:
 		if err == nil || !strings.Contains(err.Error(), "max batch") {
@@ -342,7 +342,7 @@ func TestRunTasksReturnsWhenTasksFail(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("RunTasks did not return although every task failed")
 	}
-	if err := clickhouse.Presence().RunTasks(context.Background(), nil, 2); err == nil {
+	if err := clickhouse.Presence().RunTasks(context.Background(), streams.Cluster{}, 2); err == nil {
 		t.Fatal("a sink with no store ran")
 	}
 }
@@ -362,8 +362,8 @@ func TestCashGrantsJoinTheOtherGrants(t *testing.T) {
 			t.Fatal(err)
 		}
 		grantsTopic, tokensTopic := streamstest.Unique("grants"), streamstest.Unique("tokens")
-		streamstest.CreateTopics(t, b.Brokers, 3, grantsTopic, tokensTopic)
-		cl := streamstest.Client(t, b.Brokers)
+		streamstest.CreateTopics(t, b.Kafka, 3, grantsTopic, tokensTopic)
+		cl := streamstest.Client(t, b.Kafka)
 		const cash, others, old = 300, 100, 20
 		var recs []*kgo.Record
 		var sum int64
@@ -393,7 +393,7 @@ func TestCashGrantsJoinTheOtherGrants(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan error)
 			go func() {
-				done <- s.Run(ctx, b.Brokers, streams.Group(streamstest.Unique("g")), streams.Metrics(metrics.NewRegistry()),
+				done <- s.Run(ctx, b.Kafka, streams.Group(streamstest.Unique("g")), streams.Metrics(metrics.NewRegistry()),
 					streams.Logger(slog.New(slog.NewTextHandler(io.Discard, nil))), streams.OnCommit(func(i, _ int) { in.Add(int64(i)) }))
 			}()
 			for deadline := time.Now().Add(60 * time.Second); in.Load() < int64(want) && time.Now().Before(deadline); {

@@ -40,7 +40,7 @@ func TestReconcilesRowsTheSinksWrote(t *testing.T) {
 		ctx := context.Background()
 		quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 		ns := streamstest.Unique("rs") + "."
-		streamstest.CreateTopics(t, b.Brokers, 3, wstack.TopicNames(ns)...)
+		streamstest.CreateTopics(t, b.Kafka, 3, wstack.TopicNames(ns)...)
 
 		// An hour of its own, in the past, so no other test's facts are in it.
 		hour := time.Date(2026, 11, 20, 10, 0, 0, 0, time.UTC)
@@ -57,10 +57,10 @@ func TestReconcilesRowsTheSinksWrote(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		cl := streamstest.Client(t, b.Brokers, kgo.ProducerLinger(time.Millisecond))
+		cl := streamstest.Client(t, b.Kafka, kgo.ProducerLinger(time.Millisecond))
 		in := grant.New(grant.Config{Env: streams.Env{Namespace: ns, Log: quiet, Now: func() time.Time { return now }},
 			Source: src, Keys: keys, Redis: rdb, Producer: cl})
-		led := ledger.New(ledger.Config{Env: streams.Env{Brokers: b.Brokers, Namespace: ns, Log: quiet},
+		led := ledger.New(ledger.Config{Env: streams.Env{Kafka: b.Kafka, Namespace: ns, Log: quiet},
 			Dir: t.TempDir(), Source: src, Keys: keys, Tokens: in.Tokens()})
 		lctx, stopLedger := context.WithCancel(ctx)
 		ledDone := make(chan error, 1)
@@ -104,7 +104,7 @@ func TestReconcilesRowsTheSinksWrote(t *testing.T) {
 			running++
 			go func() {
 				defer func() { sinksDone <- struct{}{} }()
-				_ = sk.Run(sctx, b.Brokers, streams.Group(ns+sk.Name), streams.Logger(quiet),
+				_ = sk.Run(sctx, b.Kafka, streams.Group(ns+sk.Name), streams.Logger(quiet),
 					streams.DeadLetterTopic(ns+schemas.TopicDeadLetter))
 			}()
 		}

@@ -7,10 +7,12 @@ package embedded
 
 import (
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kfake"
+
+	"surge/streams"
+	"surge/streams/connect"
 )
 
 // Kafka is an in-process Kafka cluster.
@@ -63,15 +65,23 @@ func (k *Kafka) Brokers() []string { return k.c.ListenAddrs() }
 // Close stops the cluster; its data is gone.
 func (k *Kafka) Close() { k.c.Close() }
 
-// KafkaOr returns the comma-separated brokers in list or, when list is
-// empty, starts kfake; backend names which, for a benchmark's report.
-func KafkaOr(list string) (brokers []string, backend string, stop func(), err error) {
+// KafkaOr returns the cluster of the comma-separated brokers in list,
+// secured by the SURGE_KAFKA_* environment (connect.Env) as a command's
+// would be, or, when list is empty, starts kfake; backend names which, for
+// a benchmark's report.
+func KafkaOr(list string) (cluster streams.Cluster, backend string, stop func(), err error) {
 	if list != "" {
-		return strings.Split(list, ","), "kafka " + list, func() {}, nil
+		c, err := connect.Kafka(func(key string) string {
+			if key == connect.KafkaKeys.Brokers {
+				return list
+			}
+			return connect.Env(key)
+		})
+		return c, "kafka " + list, func() {}, err
 	}
 	k, err := StartKafka()
 	if err != nil {
-		return nil, "", nil, err
+		return streams.Cluster{}, "", nil, err
 	}
-	return k.Brokers(), "kfake (in process)", k.Close, nil
+	return streams.Seeds(k.Brokers()...), "kfake (in process)", k.Close, nil
 }

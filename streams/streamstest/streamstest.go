@@ -9,25 +9,27 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"github.com/alicebob/miniredis/v2"
-	"github.com/redis/go-redis/v9"
 	"os"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"surge/schemas"
 	"surge/streams"
+	"surge/streams/connect"
 	"surge/streams/embedded"
 )
 
 // Backend is one Kafka to test against.
 type Backend struct {
-	Name    string
-	Brokers []string
-	Real    bool
+	Name  string
+	Kafka streams.Cluster
+	Real  bool
 }
 
 // Mode says how Each, EachStack and EachRedis run their test.
@@ -69,7 +71,7 @@ func Each(t *testing.T, fn func(t *testing.T, b Backend), modes ...Mode) {
 			t.Fatal(err)
 		}
 		t.Cleanup(k.Close)
-		fn(t, Backend{Name: "kfake", Brokers: k.Brokers()})
+		fn(t, Backend{Name: "kfake", Kafka: streams.Seeds(k.Brokers()...)})
 	})
 	t.Run("kafka", func(t *testing.T) {
 		parallel(t, modes)
@@ -90,7 +92,17 @@ func Real() (Backend, bool) {
 	if addr == "" {
 		return Backend{}, false
 	}
-	return Backend{Name: "kafka", Brokers: strings.Split(addr, ","), Real: true}, true
+	return Backend{Name: "kafka", Kafka: streams.Seeds(strings.Split(addr, ",")...), Real: true}, true
+}
+
+// Secured is the real broker's SASL_SSL listener as a client configures
+// it: the SURGE_KAFKA_* keys scripts/kafka.sh writes to the file that
+// SURGE_TEST_KAFKA_SECURE names (brokers, CA file, SCRAM user, password
+// file). Without it the test is skipped, or fails under
+// SURGE_TEST_REQUIRE_REAL=1.
+func Secured(t testing.TB) map[string]string {
+	t.Helper()
+	return envFile(t, "SURGE_TEST_KAFKA_SECURE")
 }
 
 // Unique returns name with a random suffix, so tests never share topics or groups.
@@ -101,9 +113,9 @@ func Unique(name string) string {
 }
 
 // Client returns a plain client closed with the test.
-func Client(t testing.TB, brokers []string, opts ...kgo.Opt) *kgo.Client {
+func Client(t testing.TB, kc streams.Cluster, opts ...kgo.Opt) *kgo.Client {
 	t.Helper()
-	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(brokers...)}, opts...)...)
+	cl, err := kc.NewClient(opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,16 +124,16 @@ func Client(t testing.TB, brokers []string, opts ...kgo.Opt) *kgo.Client {
 }
 
 // CreateTopics creates fresh topics with the given partition count.
-func CreateTopics(t testing.TB, brokers []string, partitions int32, names ...string) {
+func CreateTopics(t testing.TB, kc streams.Cluster, partitions int32, names ...string) {
 	t.Helper()
-	cl := Client(t, brokers)
+	cl := Client(t, kc)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	tps := make([]schemas.Topic, len(names))
 	for i, n := range names {
 		tps[i] = schemas.Topic{Name: n, Partitions: partitions, Retention: 24 * time.Hour}
 	}
-	if err := streams.EnsureTopics(ctx, cl, 1, tps...); err != nil {
+	if err := streams.EnsureTopics(ctx, cl, streams.OneCopy, tps...); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -139,26 +151,26 @@ func ProduceSync(t testing.TB, cl *kgo.Client, recs ...*kgo.Record) {
 // ReadN reads topic from the start with the given isolation until n records
 // arrived or the timeout passed, and returns what it read; it keeps reading
 // for settle afterwards so that extra (duplicate) records are seen too.
-func ReadN(t testing.TB, brokers []string, topic string, committedOnly bool, n int, timeout, settle time.Duration) []*kgo.Record {
+func ReadN(t testing.TB, kc streams.Cluster, topic string, committedOnly bool, n int, timeout, settle time.Duration) []*kgo.Record {
 	t.Helper()
-	return ReadUntil(t, brokers, topic, committedOnly, func(recs []*kgo.Record) bool { return len(recs) >= n }, timeout, settle)
+	return ReadUntil(t, kc, topic, committedOnly, func(recs []*kgo.Record) bool { return len(recs) >= n }, timeout, settle)
 }
 
 // ReadUntil is ReadN for records that carry many items each (batches):
 // it reads until enough says the records read so far are enough.
-func ReadUntil(t testing.TB, brokers []string, topic string, committedOnly bool, enough func([]*kgo.Record) bool, timeout, settle time.Duration) []*kgo.Record {
+func ReadUntil(t testing.TB, kc streams.Cluster, topic string, committedOnly bool, enough func([]*kgo.Record) bool, timeout, settle time.Duration) []*kgo.Record {
 	t.Helper()
-	return ReadTopicsUntil(t, brokers, []string{topic}, committedOnly, enough, timeout, settle)
+	return ReadTopicsUntil(t, kc, []string{topic}, committedOnly, enough, timeout, settle)
 }
 
 // ReadTopicsUntil is ReadUntil over several topics through one reader.
-func ReadTopicsUntil(t testing.TB, brokers []string, topics []string, committedOnly bool, enough func([]*kgo.Record) bool, timeout, settle time.Duration) []*kgo.Record {
+func ReadTopicsUntil(t testing.TB, kc streams.Cluster, topics []string, committedOnly bool, enough func([]*kgo.Record) bool, timeout, settle time.Duration) []*kgo.Record {
 	t.Helper()
 	iso := kgo.ReadUncommitted()
 	if committedOnly {
 		iso = kgo.ReadCommitted()
 	}
-	cl := Client(t, brokers, kgo.ConsumeTopics(topics...), kgo.FetchIsolationLevel(iso),
+	cl := Client(t, kc, kgo.ConsumeTopics(topics...), kgo.FetchIsolationLevel(iso),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	var out []*kgo.Record
 	deadline := time.Now().Add(timeout)
@@ -207,7 +219,7 @@ func EachStack(t *testing.T, fn func(t *testing.T, b Backend, rdb *redis.Client)
 		t.Cleanup(k.Close)
 		rdb := redis.NewClient(&redis.Options{Addr: liveMiniredis(t).Addr()})
 		t.Cleanup(func() { rdb.Close() })
-		fn(t, Backend{Name: "kfake", Brokers: k.Brokers()}, rdb)
+		fn(t, Backend{Name: "kfake", Kafka: streams.Seeds(k.Brokers()...)}, rdb)
 	})
 	t.Run("kafka+redis", func(t *testing.T) {
 		parallel(t, modes)
@@ -246,9 +258,13 @@ func liveMiniredis(t *testing.T) *miniredis.Miniredis {
 	return m
 }
 
-// EachRedis runs fn on miniredis and on the real redis-server of the tests
-// (SURGE_TEST_REDIS; its absence fails under SURGE_TEST_REQUIRE_REAL=1).
-func EachRedis(t *testing.T, fn func(t *testing.T, rdb *redis.Client), modes ...Mode) {
+// EachRedis runs fn on miniredis and on each real Redis of the tests:
+// the plain redis-server (SURGE_TEST_REDIS), the TLS server with an ACL
+// user (SURGE_TEST_REDIS_SECURE) and the three-master Redis Cluster
+// (SURGE_TEST_REDIS_CLUSTER), the last two named by the client.env files
+// scripts/redis.sh writes. Under SURGE_TEST_REQUIRE_REAL=1 a missing one
+// fails the test.
+func EachRedis(t *testing.T, fn func(t *testing.T, rdb redis.UniversalClient), modes ...Mode) {
 	t.Helper()
 	t.Run("miniredis", func(t *testing.T) {
 		parallel(t, modes)
@@ -264,4 +280,58 @@ func EachRedis(t *testing.T, fn func(t *testing.T, rdb *redis.Client), modes ...
 		}
 		fn(t, rdb)
 	})
+	for _, shape := range []string{"secure", "cluster"} {
+		t.Run("redis-"+shape, func(t *testing.T) {
+			parallel(t, modes)
+			fn(t, RedisOf(t, shape))
+		})
+	}
+}
+
+// RedisEnv is the SURGE_REDIS_* configuration of the test Redis of the
+// given shape ("secure" or "cluster"), from the client.env file the
+// variable SURGE_TEST_REDIS_<SHAPE> names; skipped without it, or failed
+// under SURGE_TEST_REQUIRE_REAL=1.
+func RedisEnv(t testing.TB, shape string) map[string]string {
+	t.Helper()
+	name := "SURGE_TEST_REDIS_" + strings.ToUpper(shape)
+	return envFile(t, name)
+}
+
+// RedisOf is a client of the test Redis of the given shape, configured as
+// a service would be (connect.RedisOptions over RedisEnv), closed with the
+// test.
+func RedisOf(t testing.TB, shape string) redis.UniversalClient {
+	t.Helper()
+	env := RedisEnv(t, shape)
+	get := func(key string) string { return env["SURGE_"+strings.ToUpper(strings.ReplaceAll(key, ".", "_"))] }
+	rdb, err := connect.Redis(context.Background(), get, 30*time.Second)
+	if err != nil {
+		t.Fatalf("redis %s: %v", shape, err)
+	}
+	t.Cleanup(func() { rdb.Close() })
+	return rdb
+}
+
+// envFile reads KEY=VALUE lines from the file variable names.
+func envFile(t testing.TB, variable string) map[string]string {
+	t.Helper()
+	path := os.Getenv(variable)
+	if path == "" {
+		if os.Getenv("SURGE_TEST_REQUIRE_REAL") == "1" {
+			t.Fatalf("SURGE_TEST_REQUIRE_REAL=1 but %s is not set", variable)
+		}
+		t.Skipf("%s is not set (scripts/kafka.sh and scripts/redis.sh start write the files it names)", variable)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%s: %v", variable, err)
+	}
+	env := map[string]string{}
+	for _, line := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(strings.TrimSpace(line), "="); ok {
+			env[k] = v
+		}
+	}
+	return env
 }

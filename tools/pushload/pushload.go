@@ -43,10 +43,10 @@ type Config struct {
 	Timeout               time.Duration // for the jobs to end
 }
 
-// Run drives the push services on brokers bs (topics behind ns) through
+// Run drives the push services on cluster kc (topics behind ns) through
 // cl. stackErr reports a failure of services run in this process (nil
 // for deployed ones); stopStack stops them once the jobs ended.
-func Run(ctx context.Context, cl *kgo.Client, bs []string, ns string, c Config, stackErr func() error, stopStack func()) error {
+func Run(ctx context.Context, cl *kgo.Client, kc streams.Cluster, ns string, c Config, stackErr func() error, stopStack func()) error {
 	g := newTraffic(c)
 	fmt.Fprintf(os.Stderr, "loadgen: %d users, %d accounts (Zipf s=%.2f), %d jobs, churn %d/s\n",
 		g.users, g.accounts, g.zipfS, g.jobs, g.churn)
@@ -59,12 +59,12 @@ func Run(ctx context.Context, cl *kgo.Client, bs []string, ns string, c Config, 
 	wctx, cancel := context.WithTimeout(ctx, c.Timeout)
 	defer cancel()
 	fmt.Fprintln(os.Stderr, "loadgen: waiting for the planner to apply the directory")
-	if err := streams.WaitConsumed(wctx, bs, push.PlannerGroup(ns), directory.New(ns).Topics()...); err != nil {
+	if err := streams.WaitConsumed(wctx, kc, push.PlannerGroup(ns), directory.New(ns).Topics()...); err != nil {
 		return err
 	}
 	fctx, stopFollow := context.WithCancel(ctx)
 	defer stopFollow()
-	jobsView, err := followJobs(fctx, bs, ns)
+	jobsView, err := followJobs(fctx, kc, ns)
 	if err != nil {
 		return err
 	}
@@ -80,8 +80,8 @@ func Run(ctx context.Context, cl *kgo.Client, bs []string, ns string, c Config, 
 	waitErr := g.waitJobs(wctx, jobsView, jobs, stackErr)
 	stopChurn()
 	// Let the offline queues catch up with the last logins and batches.
-	settleErr := streams.WaitConsumed(wctx, bs, ns+"push-offline", ns+schemas.TopicLogin, ns+schemas.TopicOffline)
-	sumErr := g.summary(ctx, bs, ns, jobsView, jobs, churned.Load())
+	settleErr := streams.WaitConsumed(wctx, kc, ns+"push-offline", ns+schemas.TopicLogin, ns+schemas.TopicOffline)
+	sumErr := g.summary(ctx, kc, ns, jobsView, jobs, churned.Load())
 	stopStack() // the services run in this process, if any
 	return errors.Join(waitErr, settleErr, sumErr)
 }
@@ -98,9 +98,9 @@ func (j *jobStates) state(id string) pb.JobState {
 	return j.m[id]
 }
 
-func followJobs(ctx context.Context, bs []string, ns string) (*jobStates, error) {
+func followJobs(ctx context.Context, kc streams.Cluster, ns string) (*jobStates, error) {
 	j := &jobStates{m: map[string]pb.JobState{}}
-	_, err := streams.FollowTable(ctx, bs, ns+schemas.TopicJobTransitions, func(r *kgo.Record) {
+	_, err := streams.FollowTable(ctx, kc, ns+schemas.TopicJobTransitions, func(r *kgo.Record) {
 		var t pb.JobTransition
 		if streams.Decode(r, &t) == nil {
 			j.mu.Lock()
@@ -320,11 +320,11 @@ func (g *traffic) waitJobs(ctx context.Context, states *jobStates, jobs []submit
 // summary reads the report topic back and checks every job: nobody
 // delivered twice, every target accounted for (delivered, queued offline
 // or filtered with a reason), and each malformed job refused.
-func (g *traffic) summary(ctx context.Context, bs []string, ns string, states *jobStates, jobs []submitted, churned int64) error {
+func (g *traffic) summary(ctx context.Context, kc streams.Cluster, ns string, states *jobStates, jobs []submitted, churned int64) error {
 	delivered, accounted := map[string]*roaring.Bitmap{}, map[string]*roaring.Bitmap{}
 	var dup uint64
 	var filtered, onLogin, queued uint64
-	err := streams.ReadToEnd(ctx, bs, ns+schemas.TopicReports, func(r *kgo.Record) error {
+	err := streams.ReadToEnd(ctx, kc, ns+schemas.TopicReports, func(r *kgo.Record) error {
 		var rep pb.DeliveryReport
 		if streams.Decode(r, &rep) != nil {
 			return nil

@@ -25,6 +25,7 @@ import (
 	"surge/processors/uin/classify"
 	"surge/processors/uin/pipeline"
 	"surge/processors/uin/recycle"
+	"surge/processors/uin/uinkeys"
 	"surge/schemas"
 	"surge/schemas/recycling"
 	pb "surge/schemas/surgev1"
@@ -74,7 +75,7 @@ func (r Result) OK() bool {
 }
 
 // Run runs the pipeline once.
-func Run(ctx context.Context, brokers []string, rdb redis.UniversalClient, st clickhouse.Store, o Options) (Result, error) {
+func Run(ctx context.Context, kc streams.Cluster, rdb redis.UniversalClient, st clickhouse.Store, o Options) (Result, error) {
 	if o.Log == nil {
 		o.Log = slog.Default()
 	}
@@ -83,9 +84,9 @@ func Run(ctx context.Context, brokers []string, rdb redis.UniversalClient, st cl
 	}
 	ns := o.Namespace
 	zero := map[string]time.Duration{recycling.Abandoned: 0, recycling.Spam: 0, recycling.Inactive: 0}
-	s := pipeline.New(brokers, rdb, pipeline.Options{Namespace: ns, Dir: o.Dir, Log: o.Log, NoTracker: true,
+	s := pipeline.New(kc, rdb, pipeline.Options{Namespace: ns, Dir: o.Dir, Log: o.Log, NoTracker: true,
 		Controllers: o.Controllers, Policy: recycle.Policy{Ban: zero, CoolDown: zero, TicketTTL: time.Hour}})
-	if err := s.CreateTopics(ctx, 1); err != nil {
+	if err := s.CreateTopics(ctx, streams.OneCopy); err != nil {
 		return Result{}, err
 	}
 	if _, err := clickhouse.Migrate(ctx, st); err != nil {
@@ -116,10 +117,10 @@ func Run(ctx context.Context, brokers []string, rdb redis.UniversalClient, st cl
 			res.WantPooled++
 		}
 		name := "user" + strconv.Itoa(u)
-		k := ns + "acct:" + strconv.Itoa(u)
+		k := uinkeys.Prefix(ns) + "acct:" + strconv.Itoa(u)
 		pipe.HSet(ctx, k, "username", name, "p:nick", "n"+strconv.Itoa(u))
 		pipe.SAdd(ctx, k+":friends", 1+rng.IntN(n), 1+rng.IntN(n), 1+rng.IntN(n))
-		pipe.Set(ctx, ns+"uname:"+name, u, 0)
+		pipe.Set(ctx, uinkeys.Prefix(ns)+"uname:"+name, u, 0)
 		if pipe.Len() >= 30000 {
 			if _, err := pipe.Exec(ctx); err != nil {
 				return res, err
@@ -135,7 +136,7 @@ func Run(ctx context.Context, brokers []string, rdb redis.UniversalClient, st cl
 
 	// 1. Produce registrations and usage.
 	t = time.Now()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ProducerLinger(5*time.Millisecond), kgo.MaxBufferedRecords(1<<20))
+	cl, err := kc.NewClient(kgo.ProducerLinger(5*time.Millisecond), kgo.MaxBufferedRecords(1<<20))
 	if err != nil {
 		return res, err
 	}
@@ -206,7 +207,7 @@ func Run(ctx context.Context, brokers []string, rdb redis.UniversalClient, st cl
 		sk.Topic = ns + sk.Topic
 		sk.Bind(st)
 		go func() {
-			sinkErrs <- sk.Run(sctx, brokers, streams.Group(ns+sk.Name), streams.Logger(o.Log), streams.MaxBatch(100_000),
+			sinkErrs <- sk.Run(sctx, kc, streams.Group(ns+sk.Name), streams.Logger(o.Log), streams.MaxBatch(100_000),
 				streams.DeadLetterTopic(ns+schemas.TopicDeadLetter))
 		}()
 	}
@@ -248,7 +249,7 @@ func Run(ctx context.Context, brokers []string, rdb redis.UniversalClient, st cl
 	t = time.Now()
 	var released, steps atomic.Int64
 	perUin := make([]atomic.Int32, n+1)
-	rc, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(ns+schemas.TopicRecycleSteps),
+	rc, err := kc.NewClient(kgo.ConsumeTopics(ns+schemas.TopicRecycleSteps),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	if err != nil {
 		return res, err

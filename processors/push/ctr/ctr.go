@@ -49,7 +49,7 @@ type Processor struct {
 func New(cfg Config) *Processor {
 	cfg.EnsureDefaults()
 	p := &Processor{cfg: cfg, jobs: map[string]*pb.JobClicks{}, staged: map[string]*pb.JobClicks{}}
-	p.restore = streams.NewRestorer(cfg.Brokers, p.clear, p.applyChangelog, cfg.Topic(schemas.TopicJobClicks))
+	p.restore = streams.NewRestorer(cfg.Kafka, p.clear, p.applyChangelog, cfg.Topic(schemas.TopicJobClicks))
 	return p
 }
 
@@ -59,7 +59,7 @@ func (p *Processor) Group() string { return p.cfg.Namespace + "push-ctr" }
 // Run processes until ctx ends.
 func (p *Processor) Run(ctx context.Context, opts ...streams.Option) error {
 	opts = append([]streams.Option{
-		streams.Brokers(p.cfg.Brokers...),
+		streams.Kafka(p.cfg.Kafka),
 		streams.Declare(Spec, p.cfg.Namespace),
 		streams.DeadLetterTopic(p.cfg.Namespace + schemas.TopicDeadLetter),
 		// clicks, transitions and the changelog are co-partitioned by job id

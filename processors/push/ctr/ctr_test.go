@@ -20,7 +20,7 @@ import (
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
 func start(t *testing.T, ns string, b streamstest.Backend) (*ctr.Processor, func()) {
-	p := ctr.New(ctr.Config{Env: streams.Env{Brokers: b.Brokers, Namespace: ns, Log: quiet}})
+	p := ctr.New(ctr.Config{Env: streams.Env{Kafka: b.Kafka, Namespace: ns, Log: quiet}})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- p.Run(ctx, streams.InstanceID(streamstest.Unique("ctr"))) }()
@@ -54,7 +54,7 @@ func waitClicks(t *testing.T, p *ctr.Processor, job string, clicks, targets uint
 func TestClicksCountedOnceAcrossRestart(t *testing.T) {
 	streamstest.Each(t, func(t *testing.T, b streamstest.Backend) {
 		ns := streamstest.Unique("ctr") + "."
-		cl := streamstest.Client(t, b.Brokers)
+		cl := streamstest.Client(t, b.Kafka)
 		ctx := context.Background()
 		var topics []schemas.Topic
 		for _, n := range []string{schemas.TopicClicks, schemas.TopicJobTransitions, schemas.TopicJobClicks, schemas.TopicDeadLetter} {
@@ -62,7 +62,7 @@ func TestClicksCountedOnceAcrossRestart(t *testing.T) {
 			tp.Name = ns + n
 			topics = append(topics, tp)
 		}
-		if err := streams.EnsureTopics(ctx, cl, 1, topics...); err != nil {
+		if err := streams.EnsureTopics(ctx, cl, streams.OneCopy, topics...); err != nil {
 			t.Fatal(err)
 		}
 		msg := func(topic, key string, m proto.Message) *kgo.Record {
@@ -108,7 +108,7 @@ func TestClicksCountedOnceAcrossRestart(t *testing.T) {
 		}
 		// What the planner reads: the compacted changelog's newest record.
 		last := map[string]*pb.JobClicks{}
-		for _, r := range streamstest.ReadN(t, b.Brokers, ns+schemas.TopicJobClicks, true, 2, 30*time.Second, 2*time.Second) {
+		for _, r := range streamstest.ReadN(t, b.Kafka, ns+schemas.TopicJobClicks, true, 2, 30*time.Second, 2*time.Second) {
 			var jc pb.JobClicks
 			if err := streams.Decode(r, &jc); err != nil {
 				t.Fatal(err)
@@ -118,7 +118,7 @@ func TestClicksCountedOnceAcrossRestart(t *testing.T) {
 		if j := last["j1"]; j == nil || j.Clicks != 150 || j.CompletedAtMs != 1234 {
 			t.Errorf("push.job-clicks j1: %v", j)
 		}
-		if dl := streamstest.ReadN(t, b.Brokers, ns+schemas.TopicDeadLetter, false, 4, 30*time.Second, time.Second); len(dl) != 4 {
+		if dl := streamstest.ReadN(t, b.Kafka, ns+schemas.TopicDeadLetter, false, 4, 30*time.Second, time.Second); len(dl) != 4 {
 			t.Errorf("%d dead letters, want the 4 bad clicks", len(dl))
 		}
 	})

@@ -140,12 +140,12 @@ func (d *Directory) Blacklists() *filter.Blacklists {
 // Restore rebuilds every view from its topic, from the start to the end
 // offsets seen now. Records it cannot read are skipped here; the planner
 // dead-letters them when it consumes them.
-func (d *Directory) Restore(ctx context.Context, brokers []string) error {
+func (d *Directory) Restore(ctx context.Context, kc streams.Cluster) error {
 	d.mu.Lock()
 	d.clear()
 	d.mu.Unlock()
 	for _, topic := range d.Topics() {
-		err := streams.ReadToEnd(ctx, brokers, topic, func(r *kgo.Record) error {
+		err := streams.ReadToEnd(ctx, kc, topic, func(r *kgo.Record) error {
 			_ = d.Apply(r)
 			return nil
 		})

@@ -108,15 +108,15 @@ var ErrDrained = errors.New("executor drained")
 
 // Run sends until ctx ends or a drain completes.
 func (x *Executor) Run(ctx context.Context, opts ...streams.Option) error {
-	admin, err := kgo.NewClient(kgo.SeedBrokers(x.cfg.Brokers...))
+	admin, err := x.cfg.Kafka.NewClient()
 	if err != nil {
 		return err
 	}
 	defer admin.Close()
-	if err := streams.EnsureTopics(ctx, admin, -1, schemas.Topic{Name: x.UnitsTopic(), Partitions: 1, Retention: 7 * 24 * time.Hour}); err != nil {
+	if err := streams.EnsureTopics(ctx, admin, x.cfg.Replication, schemas.Topic{Name: x.UnitsTopic(), Partitions: 1, Retention: 7 * 24 * time.Hour}); err != nil {
 		return fmt.Errorf("executor: create %s: %w", x.UnitsTopic(), err)
 	}
-	if x.loginParts, err = streams.CoPartitioned(ctx, x.cfg.Brokers, x.topic(schemas.TopicLogin), x.topic(schemas.TopicOffline)); err != nil {
+	if x.loginParts, err = streams.CoPartitioned(ctx, x.cfg.Kafka, x.topic(schemas.TopicLogin), x.topic(schemas.TopicOffline)); err != nil {
 		return err
 	}
 	tctx, stopTable := context.WithCancel(ctx)
@@ -143,7 +143,7 @@ func (x *Executor) Run(ctx context.Context, opts ...streams.Option) error {
 			}
 		}))
 	}
-	table, err := streams.FollowTable(tctx, x.cfg.Brokers, presenceTopic, x.applyPresence, topts...)
+	table, err := streams.FollowTable(tctx, x.cfg.Kafka, presenceTopic, x.applyPresence, topts...)
 	if err != nil {
 		return fmt.Errorf("executor: follow presence: %w", err)
 	}
@@ -162,7 +162,7 @@ func (x *Executor) Run(ctx context.Context, opts ...streams.Option) error {
 	go func() { defer close(hbDone); x.heartbeat(rctx, admin, stopRunner, drained) }()
 
 	opts = append([]streams.Option{
-		streams.Brokers(x.cfg.Brokers...),
+		streams.Kafka(x.cfg.Kafka),
 		streams.Declare(Spec, x.cfg.Namespace),
 		streams.Inputs(x.UnitsTopic()),
 		streams.Group(x.cfg.Namespace + "push-executor-" + x.cfg.Name),
@@ -195,7 +195,7 @@ func (x *Executor) Run(ctx context.Context, opts ...streams.Option) error {
 // executor that came back.
 func (x *Executor) followCommands(ctx context.Context, since time.Time) {
 	topic := x.topic(schemas.TopicExecCommands)
-	cl, err := kgo.NewClient(kgo.SeedBrokers(x.cfg.Brokers...), kgo.ConsumeTopics(topic),
+	cl, err := x.cfg.Kafka.NewClient(kgo.ConsumeTopics(topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AfterMilli(since.UnixMilli())))
 	if err != nil {
 		x.cfg.Log.Warn("executor: commands not followed", "err", err)

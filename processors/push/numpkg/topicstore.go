@@ -54,11 +54,11 @@ const CheckpointEvery = 5 * time.Second
 // OpenTopicStore starts following topic into the Pebble store in dir,
 // from the position saved there (or from the start into a fresh store).
 // It runs until ctx ends; Close releases it after.
-func OpenTopicStore(ctx context.Context, brokers []string, topic, dir string, log *slog.Logger) (*TopicStore, error) {
+func OpenTopicStore(ctx context.Context, kc streams.Cluster, topic, dir string, log *slog.Logger) (*TopicStore, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ProducerBatchMaxBytes(ChunkBytes+(64<<10)),
+	cl, err := kc.NewClient(kgo.ProducerBatchMaxBytes(ChunkBytes+(64<<10)),
 		kgo.RecordDeliveryTimeout(time.Minute))
 	if err != nil {
 		return nil, err
@@ -73,7 +73,7 @@ func OpenTopicStore(ctx context.Context, brokers []string, topic, dir string, lo
 	if next != nil {
 		opts = append(opts, streams.TableFrom(next))
 	}
-	table, err := streams.FollowTable(ctx, brokers, topic, s.apply, opts...)
+	table, err := streams.FollowTable(ctx, kc, topic, s.apply, opts...)
 	if err != nil {
 		cl.Close()
 		db.Close()

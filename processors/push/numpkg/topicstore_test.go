@@ -23,13 +23,13 @@ func TestTopicStoreResumesFromItsPosition(t *testing.T) {
 		topic := streamstest.Unique("packages")
 		// One partition: "before" and "while-down" share it, so deleting
 		// the records before the last one deletes "before" from the topic.
-		streamstest.CreateTopics(t, b.Brokers, 1, topic)
+		streamstest.CreateTopics(t, b.Kafka, 1, topic)
 		dir := filepath.Join(t.TempDir(), "packages")
 		before := roaring.BitmapOf(1, 2, 3)
 
 		open := func() (*numpkg.TopicStore, context.CancelFunc) {
 			ctx, cancel := context.WithCancel(context.Background())
-			s, err := numpkg.OpenTopicStore(ctx, b.Brokers, topic, dir, nil)
+			s, err := numpkg.OpenTopicStore(ctx, b.Kafka, topic, dir, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -51,7 +51,7 @@ func TestTopicStoreResumesFromItsPosition(t *testing.T) {
 		}
 
 		// Publish one while it is down, then delete everything before it.
-		cl := streamstest.Client(t, b.Brokers)
+		cl := streamstest.Client(t, b.Kafka)
 		data, err := numpkg.Encode(roaring.BitmapOf(7, 8))
 		if err != nil {
 			t.Fatal(err)
@@ -93,13 +93,13 @@ func TestTopicStoreResumesFromItsPosition(t *testing.T) {
 func TestTopicStoreRebuildsWhenTopicRecreated(t *testing.T) {
 	streamstest.Each(t, func(t *testing.T, b streamstest.Backend) {
 		topic := streamstest.Unique("packages")
-		streamstest.CreateTopics(t, b.Brokers, 1, topic)
+		streamstest.CreateTopics(t, b.Kafka, 1, topic)
 		dir := filepath.Join(t.TempDir(), "packages")
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 
 		sctx, stop := context.WithCancel(ctx)
-		s, err := numpkg.OpenTopicStore(sctx, b.Brokers, topic, dir, nil)
+		s, err := numpkg.OpenTopicStore(sctx, b.Kafka, topic, dir, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -113,7 +113,7 @@ func TestTopicStoreRebuildsWhenTopicRecreated(t *testing.T) {
 		time.Sleep(300 * time.Millisecond)
 		_ = s.Close()
 
-		cl := streamstest.Client(t, b.Brokers)
+		cl := streamstest.Client(t, b.Kafka)
 		adm := kadm.NewClient(cl)
 		if _, err := adm.DeleteTopics(ctx, topic); err != nil {
 			t.Fatal(err)
@@ -146,7 +146,7 @@ func TestTopicStoreRebuildsWhenTopicRecreated(t *testing.T) {
 
 		sctx, stop = context.WithCancel(ctx)
 		defer stop()
-		s, err = numpkg.OpenTopicStore(sctx, b.Brokers, topic, dir, nil)
+		s, err = numpkg.OpenTopicStore(sctx, b.Kafka, topic, dir, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

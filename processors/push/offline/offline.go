@@ -180,7 +180,7 @@ func (q *Queues) Run(ctx context.Context, opts ...streams.Option) error {
 	}
 	group := q.cfg.Namespace + "push-offline"
 	opts = append([]streams.Option{
-		streams.Brokers(q.cfg.Brokers...),
+		streams.Kafka(q.cfg.Kafka),
 		streams.Declare(Spec, q.cfg.Namespace),
 		streams.DeadLetterTopic(q.topic(schemas.TopicDeadLetter)),
 		streams.ClientOpts(kgo.Balancers(kgo.RangeBalancer()), // co-partitioned
@@ -306,7 +306,7 @@ func (q *Queues) restore(ctx context.Context) (int, error) {
 		b = q.db.NewBatch()
 		return nil
 	}
-	err := streams.ReadToEnd(ctx, q.cfg.Brokers, q.topic(schemas.TopicOffline), func(r *kgo.Record) error {
+	err := streams.ReadToEnd(ctx, q.cfg.Kafka, q.topic(schemas.TopicOffline), func(r *kgo.Record) error {
 		var ob pb.OfflineBatch
 		if streams.Decode(r, &ob) != nil {
 			return nil
@@ -327,7 +327,7 @@ func (q *Queues) restore(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	err = streams.ReadToEnd(ctx, q.cfg.Brokers, q.topic(schemas.TopicReports), func(r *kgo.Record) error {
+	err = streams.ReadToEnd(ctx, q.cfg.Kafka, q.topic(schemas.TopicReports), func(r *kgo.Record) error {
 		var rep pb.DeliveryReport
 		if streams.Decode(r, &rep) == nil && rep.Status == pb.DeliveryStatus_DELIVERED_ON_LOGIN {
 			_ = b.Delete(entryKey(uint32(rep.Uin), rep.JobId), nil)
@@ -341,7 +341,7 @@ func (q *Queues) restore(ctx context.Context) (int, error) {
 	if err := b.Commit(pebble.NoSync); err != nil {
 		return 0, err
 	}
-	err = streams.ReadToEnd(ctx, q.cfg.Brokers, q.topic(schemas.TopicPresence), func(r *kgo.Record) error {
+	err = streams.ReadToEnd(ctx, q.cfg.Kafka, q.topic(schemas.TopicPresence), func(r *kgo.Record) error {
 		var ev pb.LoginEvent
 		if streams.Decode(r, &ev) == nil && ev.Uin <= schemas.MaxUin {
 			if ev.Online {

@@ -25,9 +25,9 @@ type instance struct {
 	stop func()
 }
 
-func start(t *testing.T, brokers []string, ns, dir string) instance {
+func start(t *testing.T, kc streams.Cluster, ns, dir string) instance {
 	t.Helper()
-	q := offline.New(offline.Config{Env: streams.Env{Brokers: brokers, Namespace: ns, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}, Dir: dir})
+	q := offline.New(offline.Config{Env: streams.Env{Kafka: kc, Namespace: ns, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}, Dir: dir})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- q.Run(ctx, streams.MaxBatch(100)) }()
@@ -46,9 +46,9 @@ func start(t *testing.T, brokers []string, ns, dir string) instance {
 func TestRestartKeepsTheStoreWhenCurrent(t *testing.T) {
 	streamstest.Each(t, func(t *testing.T, b streamstest.Backend) {
 		ns := streamstest.Unique("offq") + "."
-		streamstest.CreateTopics(t, b.Brokers, 3, ns+schemas.TopicOffline, ns+schemas.TopicLogin, ns+schemas.TopicPresence,
+		streamstest.CreateTopics(t, b.Kafka, 3, ns+schemas.TopicOffline, ns+schemas.TopicLogin, ns+schemas.TopicPresence,
 			ns+schemas.TopicReports, ns+schemas.TopicDeadLetter)
-		cl := streamstest.Client(t, b.Brokers)
+		cl := streamstest.Client(t, b.Kafka)
 		produce := func(topic string, uin uint32, m proto.Message) {
 			t.Helper()
 			r, err := streams.NewRecord(ns+topic, schemas.UinKey(uin), m)
@@ -64,7 +64,7 @@ func TestRestartKeepsTheStoreWhenCurrent(t *testing.T) {
 		delivered := func(want int) []string {
 			t.Helper()
 			var out []string
-			for _, r := range streamstest.ReadN(t, b.Brokers, ns+schemas.TopicReports, true, want, 30*time.Second, time.Second) {
+			for _, r := range streamstest.ReadN(t, b.Kafka, ns+schemas.TopicReports, true, want, 30*time.Second, time.Second) {
 				var rep pb.DeliveryReport
 				if err := streams.Decode(r, &rep); err != nil {
 					t.Fatal(err)
@@ -94,7 +94,7 @@ func TestRestartKeepsTheStoreWhenCurrent(t *testing.T) {
 		}
 
 		dir := t.TempDir()
-		a := start(t, b.Brokers, ns, dir)
+		a := start(t, b.Kafka, ns, dir)
 		for uin := uint32(1); uin <= 5; uin++ {
 			set := roaring.BitmapOf(uin)
 			uins, _ := set.ToBytes()
@@ -106,7 +106,7 @@ func TestRestartKeepsTheStoreWhenCurrent(t *testing.T) {
 		a.stop()
 
 		// In place: the store is current, nothing is read back.
-		a = start(t, b.Brokers, ns, dir)
+		a = start(t, b.Kafka, ns, dir)
 		login(2)
 		login(1) // again: already delivered
 		expect("j1/1", "j1/2")
@@ -119,13 +119,13 @@ func TestRestartKeepsTheStoreWhenCurrent(t *testing.T) {
 		a.stop()
 
 		// Another instance consumes the partitions meanwhile.
-		other := start(t, b.Brokers, ns, t.TempDir())
+		other := start(t, b.Kafka, ns, t.TempDir())
 		login(3)
 		expect("j1/1", "j1/2", "j1/3")
 		other.stop()
 
 		// Back on the first store: it is behind the group, so rebuilt.
-		a = start(t, b.Brokers, ns, dir)
+		a = start(t, b.Kafka, ns, dir)
 		login(4)
 		login(3) // delivered by the other instance: not again
 		expect("j1/1", "j1/2", "j1/3", "j1/4")

@@ -44,8 +44,8 @@ func TestCrashChild(t *testing.T) {
 	if ns == "" {
 		t.Skip("run by the crash tests")
 	}
-	brokers := strings.Split(os.Getenv("SURGE_PUSH_CHILD_BROKERS"), ",")
-	s := pipeline.New(brokers, pipeline.Options{Namespace: ns, Dir: os.Getenv("SURGE_PUSH_CHILD_DIR"), Executors: 2,
+	kc := streams.Seeds(strings.Split(os.Getenv("SURGE_PUSH_CHILD_BROKERS"), ",")...)
+	s := pipeline.New(kc, pipeline.Options{Namespace: ns, Dir: os.Getenv("SURGE_PUSH_CHILD_DIR"), Executors: 2,
 		Planner: crashConfig(), Log: quiet(),
 		// A killed member holds its partitions until its session times
 		// out; keep that short so restarts resume quickly. On kfake a
@@ -73,10 +73,10 @@ type child struct {
 	cmd *exec.Cmd
 }
 
-func spawn(t *testing.T, brokers []string, ns, dir string) *child {
+func spawn(t *testing.T, kc streams.Cluster, ns, dir string) *child {
 	cmd := exec.Command(os.Args[0], "-test.run=^TestCrashChild$", "-test.count=1")
 	cmd.Env = append(os.Environ(), "SURGE_PUSH_CHILD_NS="+ns, "SURGE_PUSH_CHILD_DIR="+dir,
-		"SURGE_PUSH_CHILD_BROKERS="+strings.Join(brokers, ","))
+		"SURGE_PUSH_CHILD_BROKERS="+strings.Join(kc.Seeds, ","))
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -96,13 +96,13 @@ func (c *child) kill() {
 // crashSetup creates the topics, sets two thirds of the users online and
 // returns the job's package.
 func crashSetup(t *testing.T, b streamstest.Backend, ns string) (*kgo.Client, *roaring.Bitmap, *roaring.Bitmap) {
-	s := pipeline.New(b.Brokers, pipeline.Options{Namespace: ns, Dir: t.TempDir()})
+	s := pipeline.New(b.Kafka, pipeline.Options{Namespace: ns, Dir: t.TempDir()})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	if err := s.CreateTopics(ctx, 1); err != nil {
+	if err := s.CreateTopics(ctx, streams.OneCopy); err != nil {
 		t.Fatal(err)
 	}
-	cl := streamstest.Client(t, b.Brokers)
+	cl := streamstest.Client(t, b.Kafka)
 	e := &env{t: t, ns: ns, b: b, cl: cl}
 	pkg, online := roaring.New(), roaring.New()
 	pkg.AddRange(1, crashUsers+1)
@@ -120,8 +120,8 @@ func crashSetup(t *testing.T, b streamstest.Backend, ns string) (*kgo.Client, *r
 // startChild spawns the stack and waits until its presence processor has
 // published every login, so executors see the users online.
 func startChild(t *testing.T, b streamstest.Backend, ns, dir string, online uint64) *child {
-	c := spawn(t, b.Brokers, ns, dir)
-	recs := streamstest.ReadN(t, b.Brokers, ns+schemas.TopicPresence, true, int(online), 90*time.Second, 0)
+	c := spawn(t, b.Kafka, ns, dir)
+	recs := streamstest.ReadN(t, b.Kafka, ns+schemas.TopicPresence, true, int(online), 90*time.Second, 0)
 	if uint64(len(recs)) < online {
 		t.Fatalf("presence published %d of %d logins", len(recs), online)
 	}
@@ -137,11 +137,11 @@ func submitTo(t *testing.T, cl *kgo.Client, ns string, j *pb.SendJob) {
 }
 
 // completed reports whether the job's COMPLETED transition is committed.
-func completed(t *testing.T, brokers []string, ns, id string) bool {
+func completed(t *testing.T, kc streams.Cluster, ns, id string) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	done := false
-	err := streams.ReadToEnd(ctx, brokers, ns+schemas.TopicJobTransitions, func(r *kgo.Record) error {
+	err := streams.ReadToEnd(ctx, kc, ns+schemas.TopicJobTransitions, func(r *kgo.Record) error {
 		var tr pb.JobTransition
 		if streams.Decode(r, &tr) == nil && tr.JobId == id && tr.To == pb.JobState_COMPLETED {
 			done = true
@@ -156,11 +156,11 @@ func completed(t *testing.T, brokers []string, ns, id string) bool {
 
 // offlineQueued reads the committed offline batches of a job: each uin
 // must be queued once.
-func offlineQueued(t *testing.T, brokers []string, ns, id string) *roaring.Bitmap {
+func offlineQueued(t *testing.T, kc streams.Cluster, ns, id string) *roaring.Bitmap {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	out := roaring.New()
-	err := streams.ReadToEnd(ctx, brokers, ns+schemas.TopicOffline, func(r *kgo.Record) error {
+	err := streams.ReadToEnd(ctx, kc, ns+schemas.TopicOffline, func(r *kgo.Record) error {
 		var ob pb.OfflineBatch
 		if streams.Decode(r, &ob) != nil || ob.JobId != id {
 			return nil
@@ -181,10 +181,10 @@ func offlineQueued(t *testing.T, brokers []string, ns, id string) *roaring.Bitma
 	return out
 }
 
-func delivered(t *testing.T, brokers []string, ns, id string) *recovery.Outcome {
+func delivered(t *testing.T, kc streams.Cluster, ns, id string) *recovery.Outcome {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	o, err := recovery.Read(ctx, brokers, ns, id)
+	o, err := recovery.Read(ctx, kc, ns, id)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -207,7 +207,7 @@ func TestCrashResumeNoResend(t *testing.T) {
 			// session timeout and restores; speed is measured in bench/, not here.
 			deadline := time.Now().Add(3 * time.Minute)
 			for {
-				n := delivered(t, b.Brokers, ns, "big").Delivered.GetCardinality()
+				n := delivered(t, b.Kafka, ns, "big").Delivered.GetCardinality()
 				if n > last {
 					last = n
 					break
@@ -218,20 +218,20 @@ func TestCrashResumeNoResend(t *testing.T) {
 				time.Sleep(50 * time.Millisecond)
 			}
 			c.kill()
-			if completed(t, b.Brokers, ns, "big") {
+			if completed(t, b.Kafka, ns, "big") {
 				t.Fatalf("the job finished before kill %d; the test needs a slower job", kill)
 			}
 			t.Logf("kill %d: %d of %d online users delivered", kill, last, online.GetCardinality())
-			c = spawn(t, b.Brokers, ns, dir)
+			c = spawn(t, b.Kafka, ns, dir)
 		}
 		deadline := time.Now().Add(3 * time.Minute)
-		for !completed(t, b.Brokers, ns, "big") {
+		for !completed(t, b.Kafka, ns, "big") {
 			if time.Now().After(deadline) {
 				t.Fatal("job did not complete after the restarts")
 			}
 			time.Sleep(200 * time.Millisecond)
 		}
-		o := delivered(t, b.Brokers, ns, "big")
+		o := delivered(t, b.Kafka, ns, "big")
 		if o.Duplicate != 0 {
 			t.Fatalf("%d users delivered twice", o.Duplicate)
 		}
@@ -239,7 +239,7 @@ func TestCrashResumeNoResend(t *testing.T) {
 			t.Fatalf("delivered %d users, online targets %d", o.Delivered.GetCardinality(), online.GetCardinality())
 		}
 		offline := roaring.AndNot(pkg, online)
-		if q := offlineQueued(t, b.Brokers, ns, "big"); !q.Equals(offline) {
+		if q := offlineQueued(t, b.Kafka, ns, "big"); !q.Equals(offline) {
 			t.Fatalf("queued offline %d, want %d", q.GetCardinality(), offline.GetCardinality())
 		}
 	})
@@ -255,19 +255,19 @@ func TestSecondSiteSendsTheRest(t *testing.T) {
 		submitTo(t, cl, nsA, &pb.SendJob{JobId: "big", AccountId: 1, Source: pb.TargetSource_PACKAGE, ContentId: "c",
 			ContentCrc: 9, InlinePackage: inline(t, pkg)})
 		deadline := time.Now().Add(90 * time.Second)
-		for delivered(t, b.Brokers, nsA, "big").Delivered.GetCardinality() == 0 {
+		for delivered(t, b.Kafka, nsA, "big").Delivered.GetCardinality() == 0 {
 			if time.Now().After(deadline) {
 				t.Fatal("site A made no progress")
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
 		c.kill()
-		if completed(t, b.Brokers, nsA, "big") {
+		if completed(t, b.Kafka, nsA, "big") {
 			t.Fatal("site A finished; the test needs it to die mid-job")
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		rest, a, err := recovery.Remaining(ctx, b.Brokers, nsA, "big", pkg)
+		rest, a, err := recovery.Remaining(ctx, b.Kafka, nsA, "big", pkg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -293,7 +293,7 @@ func TestSecondSiteSendsTheRest(t *testing.T) {
 		if !all.Equals(online) {
 			t.Fatalf("the sites together delivered %d, online targets %d", all.GetCardinality(), online.GetCardinality())
 		}
-		if q := offlineQueued(t, b.Brokers, e.ns, "big"); !q.Equals(roaring.AndNot(pkg, online)) {
+		if q := offlineQueued(t, b.Kafka, e.ns, "big"); !q.Equals(roaring.AndNot(pkg, online)) {
 			t.Fatalf("site B queued %d offline, want %d", q.GetCardinality(), roaring.AndNot(pkg, online).GetCardinality())
 		}
 	})

@@ -46,9 +46,12 @@ const (
 
 // Options configure a stack.
 type Options struct {
-	Namespace  string
-	Dir        string   // Pebble stores (package cache, offline queues, timers) live under it
-	Components []string // which to run here; empty: all
+	Namespace string
+	// Replication of the topics created as the stack runs (executors'
+	// unit queues); zero takes it from the cluster.
+	Replication streams.Replication
+	Dir         string   // Pebble stores (package cache, offline queues, timers) live under it
+	Components  []string // which to run here; empty: all
 	// Executors is how many executors run here (named exec-0...), unless
 	// ExecutorNames names them.
 	Executors     int
@@ -67,7 +70,7 @@ type Options struct {
 // Stack is a running push pipeline.
 type Stack struct {
 	Opts      Options
-	Brokers   []string
+	Kafka     streams.Cluster
 	Directory *directory.Directory
 	Packages  *numpkg.TopicStore // opened by Start when the planner runs here
 	Presence  *presence.Processor
@@ -97,7 +100,7 @@ func Topics(ns string) []schemas.Topic {
 }
 
 // New builds a stack without starting it.
-func New(brokers []string, o Options) *Stack {
+func New(kc streams.Cluster, o Options) *Stack {
 	if o.Log == nil {
 		o.Log = slog.Default()
 	}
@@ -121,17 +124,17 @@ func New(brokers []string, o Options) *Stack {
 			o.ExecutorNames = append(o.ExecutorNames, fmt.Sprintf("exec-%d", i))
 		}
 	}
-	return &Stack{Opts: o, Brokers: brokers, Directory: directory.New(o.Namespace), Group: supervise.New(o.Log, "push")}
+	return &Stack{Opts: o, Kafka: kc, Directory: directory.New(o.Namespace), Group: supervise.New(o.Log, "push")}
 }
 
 // CreateTopics creates the stack's topics.
-func (s *Stack) CreateTopics(ctx context.Context, replication int16) error {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(s.Brokers...))
+func (s *Stack) CreateTopics(ctx context.Context, rep streams.Replication) error {
+	cl, err := s.Kafka.NewClient()
 	if err != nil {
 		return err
 	}
 	defer cl.Close()
-	return streams.EnsureTopics(ctx, cl, replication, Topics(s.Opts.Namespace)...)
+	return streams.EnsureTopics(ctx, cl, rep, Topics(s.Opts.Namespace)...)
 }
 
 func (s *Stack) streamOpts(name string) []streams.Option {
@@ -140,7 +143,8 @@ func (s *Stack) streamOpts(name string) []streams.Option {
 
 // env is what the stack gives the processor called name.
 func (s *Stack) env(name string) streams.Env {
-	return streams.Env{Brokers: s.Brokers, Namespace: s.Opts.Namespace, Log: s.Opts.Log.With("processor", name), Metrics: s.Opts.Metrics}
+	return streams.Env{Kafka: s.Kafka, Namespace: s.Opts.Namespace, Replication: s.Opts.Replication,
+		Log: s.Opts.Log.With("processor", name), Metrics: s.Opts.Metrics}
 }
 
 func (s *Stack) runs(component string) bool { return slices.Contains(s.Opts.Components, component) }
@@ -156,7 +160,7 @@ func (s *Stack) Start(ctx context.Context) error {
 		})
 	}
 	if s.runs(Planner) {
-		pkgs, err := numpkg.OpenTopicStore(ctx, s.Brokers, ns+schemas.TopicPackages, filepath.Join(s.Opts.Dir, "packages"), s.Opts.Log)
+		pkgs, err := numpkg.OpenTopicStore(ctx, s.Kafka, ns+schemas.TopicPackages, filepath.Join(s.Opts.Dir, "packages"), s.Opts.Log)
 		if err != nil {
 			return fmt.Errorf("push: package store: %w", err)
 		}
@@ -238,7 +242,7 @@ func (s *Stack) WaitReady(ctx context.Context, n int) error {
 // Publish produces records as a platform does (directory changes, logins,
 // jobs) and waits for the broker's acknowledgements.
 func (s *Stack) Publish(ctx context.Context, recs ...*kgo.Record) error {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(s.Brokers...), kgo.ProducerBatchMaxBytes(2<<20))
+	cl, err := s.Kafka.NewClient(kgo.ProducerBatchMaxBytes(2 << 20))
 	if err != nil {
 		return err
 	}
@@ -252,5 +256,5 @@ func PlannerGroup(ns string) string { return ns + "push-planner" }
 // Applied waits until the planner has consumed everything published to
 // the directory's topics so far.
 func (s *Stack) Applied(ctx context.Context) error {
-	return streams.WaitConsumed(ctx, s.Brokers, PlannerGroup(s.Opts.Namespace), s.Directory.Topics()...)
+	return streams.WaitConsumed(ctx, s.Kafka, PlannerGroup(s.Opts.Namespace), s.Directory.Topics()...)
 }

@@ -54,9 +54,9 @@ func publish(t *testing.T, s *pipeline.Stack, recs ...*kgo.Record) {
 func start(t *testing.T, b streamstest.Backend, cfg planner.Config, setup func(*pipeline.Stack)) *env {
 	t.Helper()
 	ns := streamstest.Unique("t") + "."
-	s := pipeline.New(b.Brokers, pipeline.Options{Namespace: ns, Dir: t.TempDir(), Executors: 2, Planner: cfg, Log: quiet()})
+	s := pipeline.New(b.Kafka, pipeline.Options{Namespace: ns, Dir: t.TempDir(), Executors: 2, Planner: cfg, Log: quiet()})
 	ctx, cancel := context.WithCancel(context.Background())
-	if err := s.CreateTopics(ctx, 1); err != nil {
+	if err := s.CreateTopics(ctx, streams.OneCopy); err != nil {
 		t.Fatal(err)
 	}
 	if setup != nil {
@@ -76,7 +76,7 @@ func start(t *testing.T, b streamstest.Backend, cfg planner.Config, setup func(*
 	if err := s.WaitReady(rctx, 2); err != nil {
 		t.Fatal(err)
 	}
-	return &env{t: t, ctx: ctx, ns: ns, b: b, cl: streamstest.Client(t, b.Brokers), stack: s}
+	return &env{t: t, ctx: ctx, ns: ns, b: b, cl: streamstest.Client(t, b.Kafka), stack: s}
 }
 
 func testConfig() planner.Config {
@@ -157,7 +157,7 @@ func (e *env) outcome(id string) *recovery.Outcome {
 	e.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	o, err := recovery.Read(ctx, e.b.Brokers, e.ns, id)
+	o, err := recovery.Read(ctx, e.b.Kafka, e.ns, id)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -223,7 +223,7 @@ func TestDeliveryOnlineOfflineAndRefusals(t *testing.T) {
 		shown := 0
 		rctx, rcancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer rcancel()
-		if err := streams.ReadToEnd(rctx, b.Brokers, e.ns+schemas.TopicReports, func(r *kgo.Record) error {
+		if err := streams.ReadToEnd(rctx, b.Kafka, e.ns+schemas.TopicReports, func(r *kgo.Record) error {
 			var rep pb.DeliveryReport
 			if streams.Decode(r, &rep) == nil && rep.JobId == "followers" && rep.Status != pb.DeliveryStatus_FILTERED {
 				if rep.DisplayAtMs != display {
@@ -281,7 +281,7 @@ func TestDeliveryOnlineOfflineAndRefusals(t *testing.T) {
 		e.waitState("b3", pb.JobState_REJECTED)
 		e.waitState("b4", pb.JobState_FAILED)
 		e.waitState("b5", pb.JobState_FAILED)
-		dlq := streamstest.ReadN(t, b.Brokers, e.ns+schemas.TopicDeadLetter, true, len(bad)+1, 30*time.Second, time.Second)
+		dlq := streamstest.ReadN(t, b.Kafka, e.ns+schemas.TopicDeadLetter, true, len(bad)+1, 30*time.Second, time.Second)
 		var reasons []string
 		for _, r := range dlq {
 			why, _ := streams.Header(r, "dlq-reason")
@@ -427,7 +427,7 @@ func (e *env) transitions(id string) []*pb.JobTransition {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var out []*pb.JobTransition
-	err := streams.ReadToEnd(ctx, e.b.Brokers, e.ns+schemas.TopicJobTransitions, func(r *kgo.Record) error {
+	err := streams.ReadToEnd(ctx, e.b.Kafka, e.ns+schemas.TopicJobTransitions, func(r *kgo.Record) error {
 		var t pb.JobTransition
 		if streams.Decode(r, &t) == nil && t.JobId == id {
 			out = append(out, &t)
@@ -515,15 +515,15 @@ func states(ts []*pb.JobTransition) []string {
 func TestFanListMirrorAndFallback(t *testing.T) {
 	streamstest.Each(t, func(t *testing.T, b streamstest.Backend) {
 		ns := streamstest.Unique("t") + "."
-		s := pipeline.New(b.Brokers, pipeline.Options{Namespace: ns, Dir: t.TempDir(), Executors: 1, Planner: testConfig(),
+		s := pipeline.New(b.Kafka, pipeline.Options{Namespace: ns, Dir: t.TempDir(), Executors: 1, Planner: testConfig(),
 			MirrorThreshold: 1000, Log: quiet()})
 		ctx, cancel := context.WithCancel(context.Background())
 		defer func() { cancel(); _ = s.Wait() }()
-		if err := s.CreateTopics(ctx, 1); err != nil {
+		if err := s.CreateTopics(ctx, streams.OneCopy); err != nil {
 			t.Fatal(err)
 		}
 		publish(t, s, directory.AccountRecord(s.Opts.Namespace, &pb.AccountInfo{AccountId: 7, Filters: proto.Uint32(uint32(filter.Relation))}))
-		cl := streamstest.Client(t, b.Brokers)
+		cl := streamstest.Client(t, b.Kafka)
 		var recs []*kgo.Record
 		for u := uint32(1); u <= 20000; u++ {
 			recs = append(recs, directory.FollowRecord(ns, 7, u, true))
@@ -572,7 +572,7 @@ func TestFanListMirrorAndFallback(t *testing.T) {
 		}
 		// It reached exactly the current followers (nobody online, so all
 		// went to the offline queues).
-		if q := offlineQueued(t, b.Brokers, ns, "m2"); !q.Equals(rangeSet(6001, 20001)) {
+		if q := offlineQueued(t, b.Kafka, ns, "m2"); !q.Equals(rangeSet(6001, 20001)) {
 			t.Fatalf("targeted %d users, want 14000", q.GetCardinality())
 		}
 	})

@@ -167,7 +167,7 @@ func (p *Planner) checkpointBatchEnd(committed bool) {
 
 // loadCheckpoint reads the newest whole checkpoint; ok is false when the
 // topic holds none.
-func (p *Planner) loadCheckpoint(ctx context.Context, brokers []string) (st *pb.PlannerState, at time.Time, ok bool, err error) {
+func (p *Planner) loadCheckpoint(ctx context.Context, kc streams.Cluster) (st *pb.PlannerState, at time.Time, ok bool, err error) {
 	type building struct {
 		chunks map[uint32][]byte
 		count  uint32
@@ -178,7 +178,7 @@ func (p *Planner) loadCheckpoint(ctx context.Context, brokers []string) (st *pb.
 	maxIndex := -1
 	partial := map[uint64]*building{}
 	// Only planners write checkpoints, in their transactions.
-	err = streams.Replay(ctx, brokers, p.topic(schemas.TopicPlannerCkpt), streams.ReplayFrom{Transactional: true}, func(r *kgo.Record) error {
+	err = streams.Replay(ctx, kc, p.topic(schemas.TopicPlannerCkpt), streams.ReplayFrom{Transactional: true}, func(r *kgo.Record) error {
 		if i, err := strconv.Atoi(string(r.Key)); err == nil && i > maxIndex {
 			maxIndex = i
 		}

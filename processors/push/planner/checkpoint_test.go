@@ -25,7 +25,7 @@ import (
 type fakeExecutor struct {
 	t        *testing.T
 	ns       string
-	brokers  []string
+	kafka    streams.Cluster
 	name     string // "x" when empty
 	capacity uint64 // reported CapacityUins
 	mu       sync.Mutex
@@ -59,7 +59,7 @@ func (x *fakeExecutor) run(ctx context.Context) {
 	if x.name == "" {
 		x.name = "x"
 	}
-	cl := streamstest.Client(x.t, x.brokers, kgo.ConsumeTopics(x.ns+schemas.TopicUnits+"."+x.name),
+	cl := streamstest.Client(x.t, x.kafka, kgo.ConsumeTopics(x.ns+schemas.TopicUnits+"."+x.name),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.DefaultProduceTopic(x.ns+schemas.TopicExecutors))
 	tick := time.NewTicker(200 * time.Millisecond)
@@ -186,7 +186,7 @@ func TestRestoreFromCheckpointEqualsFullReplay(t *testing.T) {
 		cfg := DefaultConfig()
 		cfg.UnitSize, cfg.MaxBacklog, cfg.MinLead, cfg.CheckpointEvery = 100, 4, time.Second, 300*time.Millisecond
 		cfg.Now = lateClock() // no job waits for quota, whatever the hour
-		live := New(withEnv(cfg, b.Brokers, pkgs, ns, log))
+		live := New(withEnv(cfg, b.Kafka, pkgs, ns, log))
 		stopRun := e.run(live, &fakeExecutor{holdBack: map[string]bool{"held": true, "tail-held": true}})
 		submit := func(j *pb.SendJob) { e.send(schemas.TopicJobs, j.JobId, j) }
 		wait := func(id string, want pb.JobState) { t.Helper(); e.wait(live, id, want) }
@@ -241,7 +241,7 @@ func TestRestoreFromCheckpointEqualsFullReplay(t *testing.T) {
 		restored := func(every time.Duration) *Planner {
 			c := cfg
 			c.CheckpointEvery = every
-			p := New(withEnv(c, b.Brokers, pkgs, ns, log))
+			p := New(withEnv(c, b.Kafka, pkgs, ns, log))
 			if err := p.Restore(ctx); err != nil {
 				t.Fatal(err)
 			}
@@ -258,12 +258,12 @@ func TestRestoreFromCheckpointEqualsFullReplay(t *testing.T) {
 		// after it. (Not only theirs: the batch that writes a checkpoint
 		// may carry an older job's transitions, which come after the
 		// memory it holds.)
-		st, _, ok, err := New(withEnv(cfg, b.Brokers, pkgs, ns, log)).loadCheckpoint(ctx, b.Brokers)
+		st, _, ok, err := New(withEnv(cfg, b.Kafka, pkgs, ns, log)).loadCheckpoint(ctx, b.Kafka)
 		if err != nil || !ok {
 			t.Fatalf("no checkpoint to read: %v", err)
 		}
 		after, tail, tailBefore := 0, 0, 0
-		if err := streams.ReadToEnd(ctx, b.Brokers, ns+schemas.TopicJobTransitions, func(r *kgo.Record) error {
+		if err := streams.ReadToEnd(ctx, b.Kafka, ns+schemas.TopicJobTransitions, func(r *kgo.Record) error {
 			past := r.Offset >= st.TransitionsNext[r.Partition]
 			if past {
 				after++

@@ -27,7 +27,7 @@ func TestPauseResumeCancel(t *testing.T) {
 		cfg := DefaultConfig()
 		cfg.UnitSize, cfg.MaxBacklog, cfg.MinLead, cfg.CheckpointEvery = 100, 2, time.Second, 0
 		cfg.Now = func() time.Time { return late }
-		live := New(withEnv(cfg, e.brokers, e.pkgs, e.ns, e.log))
+		live := New(withEnv(cfg, e.kafka, e.pkgs, e.ns, e.log))
 		x := &fakeExecutor{holdBack: map[string]bool{"p": true, "c": true}}
 		stopRun := e.run(live, x)
 		send, wait := e.send, func(id string, want pb.JobState) { t.Helper(); e.wait(live, id, want) }
@@ -76,7 +76,7 @@ func TestPauseResumeCancel(t *testing.T) {
 		command("p", pb.JobCommand_CANCEL)                              // completed
 		command("c", pb.JobCommand_RESUME)                              // cancelled
 		send(schemas.TopicJobCommands, "p", &pb.JobCommand{JobId: "p"}) // no op
-		dead := streamstest.ReadN(t, b.Brokers, ns+schemas.TopicDeadLetter, true, 4, 30*time.Second, time.Second)
+		dead := streamstest.ReadN(t, b.Kafka, ns+schemas.TopicDeadLetter, true, 4, 30*time.Second, time.Second)
 		var reasons []string
 		for _, r := range dead {
 			if v, ok := streams.Header(r, "dlq-reason"); ok {
@@ -95,7 +95,7 @@ func TestPauseResumeCancel(t *testing.T) {
 		time.Sleep(500 * time.Millisecond)
 		stopRun()
 
-		restored := New(withEnv(cfg, b.Brokers, pkgs, ns, log))
+		restored := New(withEnv(cfg, b.Kafka, pkgs, ns, log))
 		if err := restored.Restore(ctx); err != nil {
 			t.Fatal(err)
 		}

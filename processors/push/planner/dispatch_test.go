@@ -17,7 +17,7 @@ func TestDispatchWithinReportedCapacity(t *testing.T) {
 		e := newTestEnv(t, b, 900, "big", "small")
 		cfg := DefaultConfig()
 		cfg.UnitSize, cfg.MaxBacklog, cfg.CheckpointEvery = 100, 4, 0
-		p := New(withEnv(cfg, e.brokers, e.pkgs, e.ns, e.log))
+		p := New(withEnv(cfg, e.kafka, e.pkgs, e.ns, e.log))
 		big := &fakeExecutor{name: "big", holdBack: map[string]bool{"j": true}}
 		small := &fakeExecutor{name: "small", capacity: 150, holdBack: map[string]bool{"j": true}}
 		stop := e.run(p, big, small)

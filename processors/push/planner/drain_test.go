@@ -16,7 +16,7 @@ func drainSetup(t *testing.T, b streamstest.Backend) (*testEnv, Config, *Planner
 	cfg := DefaultConfig()
 	cfg.UnitSize, cfg.MaxBacklog, cfg.CheckpointEvery = 100, 2, 0
 	cfg.Now = lateClock()
-	p := New(withEnv(cfg, e.brokers, e.pkgs, e.ns, e.log))
+	p := New(withEnv(cfg, e.kafka, e.pkgs, e.ns, e.log))
 	x := &fakeExecutor{name: "x", holdBack: map[string]bool{"d": true}}
 	ye := &fakeExecutor{name: "y", holdBack: map[string]bool{"d": true}}
 	return e, cfg, p, x, ye, e.run(p, x, ye)

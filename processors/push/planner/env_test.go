@@ -25,31 +25,31 @@ import (
 // testEnv is a planner's topics on one backend: account 7 with followers
 // 1..followers, a package store, and unit queues for the named executors.
 type testEnv struct {
-	t       *testing.T
-	ctx     context.Context
-	ns      string
-	brokers []string
-	admin   *kgo.Client
-	pkgs    *numpkg.TopicStore
-	log     *slog.Logger
-	wg      sync.WaitGroup
+	t     *testing.T
+	ctx   context.Context
+	ns    string
+	kafka streams.Cluster
+	admin *kgo.Client
+	pkgs  *numpkg.TopicStore
+	log   *slog.Logger
+	wg    sync.WaitGroup
 }
 
 func newTestEnv(t *testing.T, b streamstest.Backend, followers uint32, executors ...string) *testEnv {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	e := &testEnv{t: t, ctx: ctx, ns: streamstest.Unique("pl") + ".", brokers: b.Brokers,
-		admin: streamstest.Client(t, b.Brokers), log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	e := &testEnv{t: t, ctx: ctx, ns: streamstest.Unique("pl") + ".", kafka: b.Kafka,
+		admin: streamstest.Client(t, b.Kafka), log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	topics := schemas.Namespaced(e.ns, schemas.TopicJobs, schemas.TopicJobCommands, schemas.TopicJobTransitions, schemas.TopicPlannerCkpt,
 		schemas.TopicExecutors, schemas.TopicReports, schemas.TopicPackages, schemas.TopicAccounts, schemas.TopicFanDelta,
 		schemas.TopicTags, schemas.TopicBlacklists, schemas.TopicJobClicks, schemas.TopicTimers, schemas.TopicDeadLetter)
 	for _, x := range executors {
 		topics = append(topics, schemas.Topic{Name: e.ns + schemas.TopicUnits + "." + x, Partitions: 1, Retention: time.Hour})
 	}
-	if err := streams.EnsureTopics(ctx, e.admin, 1, topics...); err != nil {
+	if err := streams.EnsureTopics(ctx, e.admin, streams.OneCopy, topics...); err != nil {
 		t.Fatal(err)
 	}
-	pkgs, err := numpkg.OpenTopicStore(ctx, b.Brokers, e.ns+schemas.TopicPackages, filepath.Join(t.TempDir(), "pkgs"), e.log)
+	pkgs, err := numpkg.OpenTopicStore(ctx, b.Kafka, e.ns+schemas.TopicPackages, filepath.Join(t.TempDir(), "pkgs"), e.log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +74,7 @@ func (e *testEnv) run(p *Planner, xs ...*fakeExecutor) (stop func()) {
 	e.wg.Add(1 + len(xs))
 	go func() { defer e.wg.Done(); _ = p.Run(ctx, streams.Logger(e.log), streams.InstanceID("a")) }()
 	for _, x := range xs {
-		x.t, x.ns, x.brokers = e.t, e.ns, e.brokers
+		x.t, x.ns, x.kafka = e.t, e.ns, e.kafka
 		go func() { defer e.wg.Done(); x.run(ctx) }()
 	}
 	return func() { cancel(); e.wg.Wait() }
@@ -102,9 +102,9 @@ func (e *testEnv) wait(p *Planner, id string, want pb.JobState) {
 }
 
 // withEnv is cfg with the test's brokers, namespace, log and packages.
-func withEnv(cfg Config, brokers []string, pkgs numpkg.Store, ns string, log *slog.Logger) Config {
+func withEnv(cfg Config, kc streams.Cluster, pkgs numpkg.Store, ns string, log *slog.Logger) Config {
 	now := cfg.Now
-	cfg.Env = streams.Env{Brokers: brokers, Namespace: ns, Log: log, Now: now}
+	cfg.Env = streams.Env{Kafka: kc, Namespace: ns, Log: log, Now: now}
 	cfg.Packages = pkgs
 	return cfg
 }
@@ -113,7 +113,7 @@ func withEnv(cfg Config, brokers []string, pkgs numpkg.Store, ns string, log *sl
 // p's memory (p stopped).
 func (e *testEnv) sameAfterRestore(p *Planner, cfg Config) {
 	e.t.Helper()
-	restored := New(withEnv(cfg, e.brokers, e.pkgs, e.ns, e.log))
+	restored := New(withEnv(cfg, e.kafka, e.pkgs, e.ns, e.log))
 	if err := restored.Restore(e.ctx); err != nil {
 		e.t.Fatal(err)
 	}

@@ -21,7 +21,7 @@ func TestJobsStopAtTheirDeadline(t *testing.T) {
 		cfg := DefaultConfig()
 		cfg.UnitSize, cfg.MaxBacklog, cfg.CheckpointEvery = 100, 2, 0
 		cfg.Now = lateClock()
-		p := New(withEnv(cfg, e.brokers, e.pkgs, e.ns, e.log))
+		p := New(withEnv(cfg, e.kafka, e.pkgs, e.ns, e.log))
 		x := &fakeExecutor{holdBack: map[string]bool{"p": true}}
 		stop := e.run(p, x)
 		deadline := cfg.Now().Add(4 * time.Second).UnixMilli()

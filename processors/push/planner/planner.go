@@ -224,7 +224,7 @@ func (p *Planner) Handle() streams.Handler {
 		p.mu.Lock()
 		defer p.mu.Unlock()
 		if p.stale { // newly active: the previous owner's work is in the topics
-			if err := p.cfg.Directory.Restore(ctx, p.cfg.Brokers); err != nil {
+			if err := p.cfg.Directory.Restore(ctx, p.cfg.Kafka); err != nil {
 				return err
 			}
 			p.restoreErr = errRestorePending

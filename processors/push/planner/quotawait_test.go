@@ -34,10 +34,10 @@ func TestJobWaitsForTheNextQuotaRelease(t *testing.T) {
 		cfg := DefaultConfig()
 		cfg.UnitSize, cfg.MaxBacklog, cfg.CheckpointEvery, cfg.QuotaSeed = 100, 100, 0, seed
 		cfg.Now = clock
-		p := New(withEnv(cfg, e.brokers, e.pkgs, e.ns, e.log))
+		p := New(withEnv(cfg, e.kafka, e.pkgs, e.ns, e.log))
 		x := &fakeExecutor{}
 		stop := e.run(p, x)
-		timers := timer.New(timer.Config{Env: streams.Env{Brokers: e.brokers, Namespace: e.ns, Log: e.log, Now: clock},
+		timers := timer.New(timer.Config{Env: streams.Env{Kafka: e.kafka, Namespace: e.ns, Log: e.log, Now: clock},
 			Dir: t.TempDir(), TransactionalID: e.ns + "timers", Targets: []string{e.ns + "push."}})
 		tctx, stopTimers := context.WithCancel(e.ctx)
 		timersDone := make(chan struct{})

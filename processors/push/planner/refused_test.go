@@ -18,7 +18,7 @@ func TestRefusedUnitGivesItsTargetsBack(t *testing.T) {
 		cfg := DefaultConfig()
 		cfg.UnitSize, cfg.MaxBacklog, cfg.CheckpointEvery = 100, 4, 0
 		cfg.Now = lateClock()
-		p := New(withEnv(cfg, e.brokers, e.pkgs, e.ns, e.log))
+		p := New(withEnv(cfg, e.kafka, e.pkgs, e.ns, e.log))
 		x := &fakeExecutor{refuse: map[string]uint32{"r": 2}} // uins 201..300
 		stop := e.run(p, x)
 		e.send(schemas.TopicJobs, "r", &pb.SendJob{JobId: "r", AccountId: 7, Source: pb.TargetSource_FOLLOWERS, ContentId: "r", ContentCrc: 5})

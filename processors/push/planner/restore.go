@@ -41,7 +41,7 @@ type progress struct {
 }
 
 func (p *Planner) restore(ctx context.Context) error {
-	brokers := p.cfg.Brokers
+	kc := p.cfg.Kafka
 	began := time.Now()
 	p.reset()
 	p.ckpt.next = nil // no checkpoint until the memory is whole again
@@ -51,7 +51,7 @@ func (p *Planner) restore(ctx context.Context) error {
 	// Only the planner writes the transitions, in its transactions.
 	from := streams.ReplayFrom{Transactional: true}
 	if p.cfg.CheckpointEvery > 0 {
-		st, at, ok, err := p.loadCheckpoint(ctx, brokers)
+		st, at, ok, err := p.loadCheckpoint(ctx, kc)
 		if err == nil && ok {
 			err = p.load(st)
 		}
@@ -78,7 +78,7 @@ func (p *Planner) restore(ctx context.Context) error {
 	// that order too. Records without a seq (earlier builds) come first.
 	replay := func(from streams.ReplayFrom) (map[int32]int64, error) {
 		var ts []*pb.JobTransition
-		next, err := streams.ReplayTo(ctx, brokers, p.topic(schemas.TopicJobTransitions), from, func(r *kgo.Record) error {
+		next, err := streams.ReplayTo(ctx, kc, p.topic(schemas.TopicJobTransitions), from, func(r *kgo.Record) error {
 			stats.Transitions++
 			t := new(pb.JobTransition)
 			if streams.Decode(r, t) == nil {
@@ -130,7 +130,7 @@ func (p *Planner) restore(ctx context.Context) error {
 		oldest = min(oldest, pr.queuedAt)
 	}
 	if len(p.queue) > 0 {
-		if err := p.restoreDone(ctx, brokers, oldest); err != nil {
+		if err := p.restoreDone(ctx, kc, oldest); err != nil {
 			return err
 		}
 	}
@@ -198,9 +198,9 @@ func sameDay(ms int64, now time.Time) bool {
 // restoreDone marks the queued jobs' units done from push.executors: the
 // completions after the oldest was queued; the heartbeats before (a day
 // of them, several a second per executor) are not read again.
-func (p *Planner) restoreDone(ctx context.Context, brokers []string, oldest int64) error {
+func (p *Planner) restoreDone(ctx context.Context, kc streams.Cluster, oldest int64) error {
 	from := streams.ReplayFrom{Time: time.UnixMilli(oldest).Add(-executorClockSkew)}
-	return streams.Replay(ctx, brokers, p.topic(schemas.TopicExecutors), from, func(r *kgo.Record) error {
+	return streams.Replay(ctx, kc, p.topic(schemas.TopicExecutors), from, func(r *kgo.Record) error {
 		var l pb.ExecutorLoad
 		if err := streams.Decode(r, &l); err == nil && l.DoneJobId != "" {
 			if q := p.queue[l.DoneJobId]; q != nil {
@@ -229,7 +229,7 @@ const executorClockSkew = 10 * time.Minute
 func (p *Planner) Run(ctx context.Context, opts ...streams.Option) error {
 	inputs := append([]string{p.topic(schemas.TopicJobs), p.topic(schemas.TopicJobCommands), p.topic(schemas.TopicExecutors)}, p.cfg.Directory.Topics()...)
 	opts = append([]streams.Option{
-		streams.Brokers(p.cfg.Brokers...),
+		streams.Kafka(p.cfg.Kafka),
 		streams.Declare(Spec, p.cfg.Namespace), // group: pipeline.PlannerGroup
 		streams.Inputs(inputs...),
 		streams.DeadLetterTopic(p.topic(schemas.TopicDeadLetter)),

@@ -26,9 +26,9 @@ type Outcome struct {
 }
 
 // Read reads the job's reports from push.reports (namespaced by ns).
-func Read(ctx context.Context, brokers []string, ns, jobID string) (*Outcome, error) {
+func Read(ctx context.Context, kc streams.Cluster, ns, jobID string) (*Outcome, error) {
 	o := &Outcome{Delivered: roaring.New(), Filtered: roaring.New()}
-	err := streams.ReadToEnd(ctx, brokers, ns+schemas.TopicReports, func(r *kgo.Record) error {
+	err := streams.ReadToEnd(ctx, kc, ns+schemas.TopicReports, func(r *kgo.Record) error {
 		if string(r.Key) != jobID {
 			return nil
 		}
@@ -59,8 +59,8 @@ func Read(ctx context.Context, brokers []string, ns, jobID string) (*Outcome, er
 
 // Remaining is package minus delivered minus filtered: the targets another
 // site still has to send to.
-func Remaining(ctx context.Context, brokers []string, ns, jobID string, pkg *roaring.Bitmap) (*roaring.Bitmap, *Outcome, error) {
-	o, err := Read(ctx, brokers, ns, jobID)
+func Remaining(ctx context.Context, kc streams.Cluster, ns, jobID string, pkg *roaring.Bitmap) (*roaring.Bitmap, *Outcome, error) {
+	o, err := Read(ctx, kc, ns, jobID)
 	if err != nil {
 		return nil, nil, err
 	}

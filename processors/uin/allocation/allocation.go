@@ -230,7 +230,7 @@ func (s *Service) handlePool(w http.ResponseWriter, _ *http.Request) {
 // one an account holds is refused to the dead-letter topic with a reason.
 func (s *Service) consumeReleases(ctx context.Context, opts ...streams.Option) error {
 	opts = append([]streams.Option{
-		streams.Brokers(s.cfg.Brokers...),
+		streams.Kafka(s.cfg.Kafka),
 		streams.Declare(Spec, s.cfg.Namespace), // at least once: the effect is in Redis, applied once by offset
 		streams.DeadLetterTopic(s.cfg.Namespace + schemas.TopicDeadLetter),
 		streams.Logger(s.cfg.Log.With("processor", "uin-pool")),

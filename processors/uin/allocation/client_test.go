@@ -17,6 +17,7 @@ import (
 	"surge/processors/uin/account"
 	"surge/processors/uin/allocation"
 	"surge/processors/uin/pool"
+	"surge/processors/uin/uinkeys"
 	"surge/schemas"
 	"surge/streams"
 	"surge/streams/streamstest"
@@ -38,7 +39,7 @@ func startPool(t *testing.T, b streamstest.Backend, rdb *redis.Client, size int)
 	t.Helper()
 	ctx := context.Background()
 	ns := streamstest.Unique("alloc") + "."
-	central := pool.NewCentral(rdb, ns+"pool:", 10)
+	central := pool.NewCentral(rdb, uinkeys.Pool(ns), 10)
 	uins := make([]uint32, size)
 	for i := range uins {
 		uins[i] = uint32(1_000_000 + i)
@@ -48,11 +49,11 @@ func startPool(t *testing.T, b streamstest.Backend, rdb *redis.Client, size int)
 	}
 	keys, secret := apikey.Generate("test")
 	svc := allocation.New(allocation.Config{
-		Env:      streams.Env{Brokers: b.Brokers, Namespace: ns, Log: slog.New(slog.NewTextHandler(io.Discard, nil))},
+		Env:      streams.Env{Kafka: b.Kafka, Namespace: ns, Log: slog.New(slog.NewTextHandler(io.Discard, nil))},
 		Instance: "t", Addr: "127.0.0.1:0", Keys: keys,
 		Local:   []pool.AllocatorOption{pool.LowWater(200), pool.Chunk(400)},
-		Central: central, Accounts: account.NewStore(rdb, ns)})
-	streamstest.CreateTopics(t, b.Brokers, 1, ns+schemas.TopicPool, ns+schemas.TopicDeadLetter)
+		Central: central, Accounts: account.NewStore(rdb, uinkeys.Prefix(ns))})
+	streamstest.CreateTopics(t, b.Kafka, 1, ns+schemas.TopicPool, ns+schemas.TopicDeadLetter)
 	sctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- svc.Run(sctx) }()

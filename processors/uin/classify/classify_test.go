@@ -70,9 +70,9 @@ func TestStockClassification(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		s := pipeline.New(b.Brokers, rdb, pipeline.Options{Namespace: streamstest.Unique("c") + ".", Dir: t.TempDir(), Log: quiet})
+		s := pipeline.New(b.Kafka, rdb, pipeline.Options{Namespace: streamstest.Unique("c") + ".", Dir: t.TempDir(), Log: quiet})
 		ns := s.Opts.Namespace
-		if err := s.CreateTopics(ctx, 1); err != nil {
+		if err := s.CreateTopics(ctx, streams.OneCopy); err != nil {
 			t.Fatal(err)
 		}
 		now := time.Now()
@@ -99,7 +99,7 @@ func TestStockClassification(t *testing.T) {
 		regd(7007, true, ago(400)) // inactive in ClickHouse; logs in after the snapshot
 		login(7007, "auth", ago(300))
 		regd(7008, true, ago(30)) // too young: the registration checks' own
-		cl := streamstest.Client(t, b.Brokers)
+		cl := streamstest.Client(t, b.Kafka)
 		streamstest.ProduceSync(t, cl, recs...)
 
 		sctx, stopSinks := context.WithCancel(ctx)
@@ -107,7 +107,7 @@ func TestStockClassification(t *testing.T) {
 			sk.Topic = ns + sk.Topic
 			sk.Bind(st)
 			go func() {
-				_ = sk.Run(sctx, b.Brokers, streams.Group(ns+sk.Name), streams.Logger(quiet),
+				_ = sk.Run(sctx, b.Kafka, streams.Group(ns+sk.Name), streams.Logger(quiet),
 					streams.DeadLetterTopic(ns+schemas.TopicDeadLetter))
 			}()
 		}
@@ -152,7 +152,7 @@ func TestStockClassification(t *testing.T) {
 			}
 			return n
 		}
-		stepRecs := streamstest.ReadUntil(t, b.Brokers, ns+schemas.TopicRecycleSteps, true,
+		stepRecs := streamstest.ReadUntil(t, b.Kafka, ns+schemas.TopicRecycleSteps, true,
 			func(recs []*kgo.Record) bool { return entries(recs) >= 7 }, 30*time.Second, 2*time.Second)
 		if entries(stepRecs) == len(stepRecs) {
 			t.Errorf("%d steps in as many records: the grants were not batched", len(stepRecs))

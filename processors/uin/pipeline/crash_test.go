@@ -19,6 +19,7 @@ import (
 	"surge/processors/uin/pipeline"
 	"surge/processors/uin/pool"
 	"surge/processors/uin/recycle"
+	"surge/processors/uin/uinkeys"
 	"surge/schemas"
 	"surge/schemas/recycling"
 	pb "surge/schemas/surgev1"
@@ -35,8 +36,8 @@ func TestControllerChild(t *testing.T) {
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("SURGE_RECYCLE_CHILD_REDIS")})
 	c := recycle.New(recycle.Config{
-		Env: streams.Env{Brokers: strings.Split(os.Getenv("SURGE_RECYCLE_CHILD_BROKERS"), ","), Namespace: ns, Log: quiet},
-		Dir: os.Getenv("SURGE_RECYCLE_CHILD_DIR"), Accounts: account.NewStore(rdb, ns), Pool: pool.NewCentral(rdb, ns+"pool:", 1000),
+		Env: streams.Env{Kafka: streams.Seeds(strings.Split(os.Getenv("SURGE_RECYCLE_CHILD_BROKERS"), ",")...), Namespace: ns, Log: quiet},
+		Dir: os.Getenv("SURGE_RECYCLE_CHILD_DIR"), Accounts: account.NewStore(rdb, uinkeys.Prefix(ns)), Pool: pool.NewCentral(rdb, uinkeys.Pool(ns), 1000),
 		Policy: testPolicy(200 * time.Millisecond)})
 	// Static membership: a restarted instance takes its partitions back
 	// at once instead of after the dead one's session times out.
@@ -47,7 +48,7 @@ func TestControllerChild(t *testing.T) {
 func spawnController(t *testing.T, b streamstest.Backend, redisAddr, ns, id string) *exec.Cmd {
 	cmd := exec.Command(os.Args[0], "-test.run=^TestControllerChild$", "-test.count=1")
 	cmd.Env = append(os.Environ(), "SURGE_RECYCLE_CHILD_NS="+ns, "SURGE_RECYCLE_CHILD_REDIS="+redisAddr,
-		"SURGE_RECYCLE_CHILD_DIR="+t.TempDir(), "SURGE_RECYCLE_CHILD_BROKERS="+strings.Join(b.Brokers, ","),
+		"SURGE_RECYCLE_CHILD_DIR="+t.TempDir(), "SURGE_RECYCLE_CHILD_BROKERS="+strings.Join(b.Kafka.Seeds, ","),
 		"SURGE_RECYCLE_CHILD_ID="+id)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -74,19 +75,19 @@ func TestEveryStepOnceAcrossCrashesAndCompetingInstances(t *testing.T) {
 		for u := uint64(10_001); u <= 10_000+singles; u++ {
 			recs = append(recs, rec(t, ns+schemas.TopicRegistrations, u, &pb.UinRegistration{Uin: u, AtMs: now}))
 		}
-		parts, err := streams.PartitionCount(context.Background(), b.Brokers, ns+schemas.TopicRecycleReqs)
+		parts, err := streams.PartitionCount(context.Background(), b.Kafka, ns+schemas.TopicRecycleReqs)
 		if err != nil {
 			t.Fatal(err)
 		}
 		recs = append(recs, batchedGrants(t, ns+schemas.TopicRecycleReqs, parts, 20_001, 20_000+batched, recycling.Inactive, now-int64(400*24*time.Hour/time.Millisecond))...)
-		cl := streamstest.Client(t, b.Brokers)
+		cl := streamstest.Client(t, b.Kafka)
 		streamstest.ProduceSync(t, cl, recs...)
 
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		// The competing scheduler: every request is sent once more.
 		var duplicated atomic.Int64
-		dup := streamstest.Client(t, b.Brokers, kgo.ConsumeTopics(ns+schemas.TopicRecycleReqs),
+		dup := streamstest.Client(t, b.Kafka, kgo.ConsumeTopics(ns+schemas.TopicRecycleReqs),
 			kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 		go func() {
 			for ctx.Err() == nil {
@@ -115,7 +116,7 @@ func TestEveryStepOnceAcrossCrashesAndCompetingInstances(t *testing.T) {
 
 		// Progress: applied steps as a read_committed consumer sees them.
 		var applied atomic.Int64
-		prog := streamstest.Client(t, b.Brokers, kgo.ConsumeTopics(ns+schemas.TopicRecycleSteps),
+		prog := streamstest.Client(t, b.Kafka, kgo.ConsumeTopics(ns+schemas.TopicRecycleSteps),
 			kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 		go func() {
 			for ctx.Err() == nil {
@@ -160,11 +161,11 @@ func TestEveryStepOnceAcrossCrashesAndCompetingInstances(t *testing.T) {
 			t.Errorf("%d uins without exactly one of each step; dead letters: %q", bad, dl)
 		}
 		notices := map[string]int{}
-		for _, r := range streamstest.ReadN(t, b.Brokers, ns+schemas.TopicDeletions, true, n, 30*time.Second, 2*time.Second) {
+		for _, r := range streamstest.ReadN(t, b.Kafka, ns+schemas.TopicDeletions, true, n, 30*time.Second, 2*time.Second) {
 			notices[string(r.Key)]++
 		}
 		inserts := map[uint64]int{}
-		for _, r := range streamstest.ReadN(t, b.Brokers, ns+schemas.TopicPool, true, n, 30*time.Second, 2*time.Second) {
+		for _, r := range streamstest.ReadN(t, b.Kafka, ns+schemas.TopicPool, true, n, 30*time.Second, 2*time.Second) {
 			var c pb.PoolChange
 			if err := streams.Decode(r, &c); err != nil {
 				t.Fatal(err)

@@ -13,7 +13,6 @@ import (
 	"sync"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	"surge/processors/supervise"
 	"surge/processors/timer"
@@ -23,6 +22,7 @@ import (
 	"surge/processors/uin/recycle"
 	"surge/processors/uin/restore"
 	"surge/processors/uin/tracker"
+	"surge/processors/uin/uinkeys"
 	"surge/schemas"
 	"surge/streams"
 	"surge/streams/metrics"
@@ -58,7 +58,7 @@ type Options struct {
 // Stack is one running recycling stack.
 type Stack struct {
 	Opts        Options
-	Brokers     []string
+	Kafka       streams.Cluster
 	Accounts    *account.Store
 	Pool        *pool.Central
 	Tracker     *tracker.Tracker
@@ -82,7 +82,7 @@ func Topics(ns string) []schemas.Topic {
 }
 
 // New builds a stack without starting it.
-func New(brokers []string, rdb redis.UniversalClient, o Options) *Stack {
+func New(kc streams.Cluster, rdb redis.UniversalClient, o Options) *Stack {
 	if o.Log == nil {
 		o.Log = slog.Default()
 	}
@@ -102,18 +102,18 @@ func New(brokers []string, rdb redis.UniversalClient, o Options) *Stack {
 	if o.NoTracker {
 		o.Components = slices.DeleteFunc(slices.Clone(o.Components), func(c string) bool { return c == Tracker })
 	}
-	return &Stack{Opts: o, Brokers: brokers, Group: supervise.New(o.Log, "uin"),
-		Accounts: account.NewStore(rdb, o.Namespace), Pool: pool.NewCentral(rdb, o.Namespace+"pool:", o.Buckets)}
+	return &Stack{Opts: o, Kafka: kc, Group: supervise.New(o.Log, "uin"),
+		Accounts: account.NewStore(rdb, uinkeys.Prefix(o.Namespace)), Pool: pool.NewCentral(rdb, uinkeys.Pool(o.Namespace), o.Buckets)}
 }
 
 // CreateTopics creates the stack's topics.
-func (s *Stack) CreateTopics(ctx context.Context, replication int16) error {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(s.Brokers...))
+func (s *Stack) CreateTopics(ctx context.Context, rep streams.Replication) error {
+	cl, err := s.Kafka.NewClient()
 	if err != nil {
 		return err
 	}
 	defer cl.Close()
-	return streams.EnsureTopics(ctx, cl, replication, Topics(s.Opts.Namespace)...)
+	return streams.EnsureTopics(ctx, cl, rep, Topics(s.Opts.Namespace)...)
 }
 
 func (s *Stack) streamOpts(name string) []streams.Option {
@@ -122,7 +122,7 @@ func (s *Stack) streamOpts(name string) []streams.Option {
 
 // env is what the stack gives the processor called name.
 func (s *Stack) env(name string) streams.Env {
-	return streams.Env{Brokers: s.Brokers, Namespace: s.Opts.Namespace, Log: s.Opts.Log.With("processor", name), Metrics: s.Opts.Metrics}
+	return streams.Env{Kafka: s.Kafka, Namespace: s.Opts.Namespace, Log: s.Opts.Log.With("processor", name), Metrics: s.Opts.Metrics}
 }
 
 // Start starts the tracker, the controllers and the timer service.
@@ -160,7 +160,7 @@ func (s *Stack) Start(ctx context.Context) {
 
 // RestoreTool restores accounts over the stack's stores and topics.
 func (s *Stack) RestoreTool() *restore.Tool {
-	return &restore.Tool{Brokers: s.Brokers, Namespace: s.Opts.Namespace, Accounts: s.Accounts, Pool: s.Pool}
+	return &restore.Tool{Kafka: s.Kafka, Namespace: s.Opts.Namespace, Accounts: s.Accounts, Pool: s.Pool}
 }
 
 func (s *Stack) runs(component string) bool { return slices.Contains(s.Opts.Components, component) }

@@ -18,6 +18,7 @@ import (
 	"surge/processors/uin/pipeline"
 	"surge/processors/uin/recycle"
 	"surge/processors/uin/tracker"
+	"surge/processors/uin/uinkeys"
 	"surge/schemas"
 	"surge/schemas/recycling"
 	pb "surge/schemas/surgev1"
@@ -49,10 +50,10 @@ func newStack(t *testing.T, b streamstest.Backend, rdb *redis.Client, o pipeline
 	o.Dir = t.TempDir()
 	o.Log = quiet
 	o.Tracker.Checkpoints = testCheckpoints
-	s := pipeline.New(b.Brokers, rdb, o)
+	s := pipeline.New(b.Kafka, rdb, o)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := s.CreateTopics(ctx, 1); err != nil {
+	if err := s.CreateTopics(ctx, streams.OneCopy); err != nil {
 		t.Fatal(err)
 	}
 	return s
@@ -94,7 +95,7 @@ func steps(t *testing.T, s *pipeline.Stack, want int, settle time.Duration) map[
 		}
 		return n
 	}
-	read(streamstest.ReadUntil(t, s.Brokers, s.Opts.Namespace+schemas.TopicRecycleSteps, true,
+	read(streamstest.ReadUntil(t, s.Kafka, s.Opts.Namespace+schemas.TopicRecycleSteps, true,
 		func(recs []*kgo.Record) bool { return read(recs) >= want }, 60*time.Second, settle))
 	return out
 }
@@ -134,7 +135,7 @@ var fullCycle = []pb.RecycleStepKind{pb.RecycleStepKind_TICKET_GRANTED, pb.Recyc
 
 func deadLetters(t *testing.T, s *pipeline.Stack, n int) []string {
 	var reasons []string
-	for _, r := range streamstest.ReadN(t, s.Brokers, s.Opts.Namespace+schemas.TopicDeadLetter, true, n, 30*time.Second, time.Second) {
+	for _, r := range streamstest.ReadN(t, s.Kafka, s.Opts.Namespace+schemas.TopicDeadLetter, true, n, 30*time.Second, time.Second) {
 		reason, _ := streams.Header(r, streams.HeaderDLQReason)
 		reasons = append(reasons, reason)
 	}
@@ -194,7 +195,7 @@ func TestRegistrationTrackingToPool(t *testing.T) {
 		recs = append(recs, rec(t, ns+schemas.TopicChecks, 9999, &pb.RegistrationCheck{Uin: 9999})) // untracked
 		recs = append(recs, rec(t, ns+schemas.TopicRecycleReqs, 3003, &pb.RecycleStep{Uin: 3003, TicketId: "forged",
 			Step: pb.RecycleStepKind_DELETE, ExpectedPrev: pb.RecycleStepKind_BACKUP})) // unknown ticket
-		cl := streamstest.Client(t, b.Brokers)
+		cl := streamstest.Client(t, b.Kafka)
 		streamstest.ProduceSync(t, cl, recs...)
 		start(t, s)
 		for _, u := range append(slices.Clone(spam), live...) {
@@ -215,7 +216,7 @@ func TestRegistrationTrackingToPool(t *testing.T) {
 			if k := kinds(got[u]); !slices.Equal(k, fullCycle) {
 				t.Errorf("uin %d: steps %v, want %v", u, k, fullCycle)
 			}
-			if n, err := rdb.SIsMember(ctx, ns+"pool:bucket:"+fmt.Sprint(u%1000), u).Result(); err != nil || !n {
+			if n, err := rdb.SIsMember(ctx, uinkeys.Pool(ns)+"bucket:"+fmt.Sprint(u%1000), u).Result(); err != nil || !n {
 				t.Errorf("uin %d not in the central pool (%v)", u, err)
 			}
 		}
@@ -237,7 +238,7 @@ func TestRegistrationTrackingToPool(t *testing.T) {
 		}
 		// One backup per spam account, keyed by username, friends by name.
 		backups := map[string]*pb.AccountBackup{}
-		for _, r := range streamstest.ReadN(t, b.Brokers, ns+schemas.TopicBackups, true, len(spam), 30*time.Second, time.Second) {
+		for _, r := range streamstest.ReadN(t, b.Kafka, ns+schemas.TopicBackups, true, len(spam), 30*time.Second, time.Second) {
 			var bk pb.AccountBackup
 			if err := streams.Decode(r, &bk); err != nil {
 				t.Fatal(err)
@@ -253,7 +254,7 @@ func TestRegistrationTrackingToPool(t *testing.T) {
 				t.Errorf("backup of uin %d: %v", u, bk)
 			}
 		}
-		notices := streamstest.ReadN(t, b.Brokers, ns+schemas.TopicDeletions, true, len(abandoned)+len(spam), 30*time.Second, time.Second)
+		notices := streamstest.ReadN(t, b.Kafka, ns+schemas.TopicDeletions, true, len(abandoned)+len(spam), 30*time.Second, time.Second)
 		if len(notices) != len(abandoned)+len(spam) {
 			t.Errorf("%d deletion notices, want %d", len(notices), len(abandoned)+len(spam))
 		}
@@ -311,7 +312,7 @@ func TestRecyclingStopsForLiveUsers(t *testing.T) {
 		ns := s.Opts.Namespace
 		ctx := context.Background()
 		now := time.Now()
-		cl := streamstest.Client(t, b.Brokers)
+		cl := streamstest.Client(t, b.Kafka)
 		var recs []*kgo.Record
 		for _, u := range []uint64{5001, 5002, 5003} {
 			name := fmt.Sprintf("user%d", u)
@@ -387,7 +388,7 @@ func TestLoginIndexSurvivesARestart(t *testing.T) {
 	streamstest.EachStack(t, func(t *testing.T, b streamstest.Backend, rdb *redis.Client) {
 		s := newStack(t, b, rdb, pipeline.Options{})
 		ns := s.Opts.Namespace
-		cl := streamstest.Client(t, b.Brokers)
+		cl := streamstest.Client(t, b.Kafka)
 		now := time.Now()
 		streamstest.ProduceSync(t, cl, rec(t, ns+schemas.TopicUsage, 5100, &pb.UsageEvent{Uin: 5100, Kind: recycling.KindLogin, AtMs: now.UnixMilli(), Source: "auth"}))
 		ctx := start(t, s)

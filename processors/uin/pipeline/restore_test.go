@@ -15,6 +15,7 @@ import (
 	"surge/processors/uin/pipeline"
 	"surge/processors/uin/restore"
 	"surge/processors/uin/tracker"
+	"surge/processors/uin/uinkeys"
 	"surge/schemas"
 	pb "surge/schemas/surgev1"
 	"surge/streams"
@@ -58,7 +59,7 @@ func TestRestoreBothWays(t *testing.T) {
 				recs = append(recs, rec(t, ns+schemas.TopicUsage, u, &pb.UsageEvent{Uin: u, Kind: tracker.KindSpamReport, AtMs: now + int64(i)}))
 			}
 		}
-		streamstest.ProduceSync(t, streamstest.Client(t, b.Brokers), recs...)
+		streamstest.ProduceSync(t, streamstest.Client(t, b.Kafka), recs...)
 		// Spare uins in the pool for a reused uin's owner.
 		if _, err := s.Pool.Insert(ctx, []uint32{9001, 9002, 9003}); err != nil {
 			t.Fatal(err)
@@ -78,7 +79,7 @@ func TestRestoreBothWays(t *testing.T) {
 			t.Fatal(err)
 		}
 
-		cl := streamstest.Client(t, b.Brokers)
+		cl := streamstest.Client(t, b.Kafka)
 		ask := func(id, username string) *pb.RestoreResult {
 			t.Helper()
 			from, err := streams.EndOffsets(ctx, cl, ns+schemas.TopicRestoreResults)
@@ -88,7 +89,7 @@ func TestRestoreBothWays(t *testing.T) {
 			streamstest.ProduceSync(t, cl, restore.Request(ns, id, username, "test", time.Now()))
 			wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 			defer cancel()
-			res, err := restore.AwaitResult(wctx, b.Brokers, ns, id, from)
+			res, err := restore.AwaitResult(wctx, b.Kafka, ns, id, from)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -105,7 +106,7 @@ func TestRestoreBothWays(t *testing.T) {
 		if err != nil || a.Username != "alice" || a.Profile["nick"] != "Al" || !slices.Equal(a.Moments, []string{"hello", "spring"}) || !slices.Equal(a.Friends, []uint32{6002}) {
 			t.Errorf("alice restored as %+v (%v)", a, err)
 		}
-		if in, _ := rdb.SIsMember(ctx, ns+"pool:bucket:1", 6001).Result(); in {
+		if in, _ := rdb.SIsMember(ctx, uinkeys.Pool(ns)+"bucket:1", 6001).Result(); in {
 			t.Error("6001 still in the pool after alice got it back")
 		}
 
@@ -154,12 +155,12 @@ func TestRestoreBothWays(t *testing.T) {
 		garbage := restore.Request(ns, "req-y", "erin", "test", time.Now())
 		garbage.Value = []byte{0xff, 0x01}
 		streamstest.ProduceSync(t, cl, bad, miskeyed, garbage)
-		if dead := streamstest.ReadN(t, b.Brokers, ns+schemas.TopicDeadLetter, true, 3, 30*time.Second, time.Second); len(dead) != 3 {
+		if dead := streamstest.ReadN(t, b.Kafka, ns+schemas.TopicDeadLetter, true, 3, 30*time.Second, time.Second); len(dead) != 3 {
 			t.Errorf("%d dead letters, want the 3 malformed requests", len(dead))
 		}
 		// Both restores are announced as registrations.
 		var restored []string
-		for _, r := range streamstest.ReadN(t, b.Brokers, ns+schemas.TopicRegistrations, true, 6, 10*time.Second, time.Second) {
+		for _, r := range streamstest.ReadN(t, b.Kafka, ns+schemas.TopicRegistrations, true, 6, 10*time.Second, time.Second) {
 			var g pb.UinRegistration
 			if err := streams.Decode(r, &g); err != nil {
 				t.Fatal(err)

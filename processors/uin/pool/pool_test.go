@@ -12,6 +12,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
+	"surge/processors/uin/uinkeys"
 	"surge/streams/streamstest"
 )
 
@@ -19,8 +20,8 @@ import (
 // pool of 20,000 uins: every uin is handed out once, none twice, and the
 // used ones can never go back into the pool.
 func TestNoUinAllocatedTwice(t *testing.T) {
-	streamstest.EachRedis(t, func(t *testing.T, rdb *redis.Client) {
-		c := NewCentral(rdb, streamstest.Unique("pool")+":", 1000)
+	streamstest.EachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
+		c := NewCentral(rdb, uinkeys.Pool(streamstest.Unique("pool")+"."), 1000)
 		ctx := context.Background()
 		var uins []uint32
 		for u := uint32(100_000); u < 120_000; u++ {
@@ -115,8 +116,8 @@ func TestNoUinAllocatedTwice(t *testing.T) {
 
 // A leased uin (in a local pool, not yet handed out) cannot be inserted.
 func TestLeasedRefused(t *testing.T) {
-	streamstest.EachRedis(t, func(t *testing.T, rdb *redis.Client) {
-		c := NewCentral(rdb, streamstest.Unique("pool")+":", 10)
+	streamstest.EachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
+		c := NewCentral(rdb, uinkeys.Pool(streamstest.Unique("pool")+"."), 10)
 		ctx := context.Background()
 		if _, err := c.Insert(ctx, []uint32{7}); err != nil {
 			t.Fatal(err)
@@ -139,8 +140,8 @@ func TestLeasedRefused(t *testing.T) {
 // A restore claims a pooled uin out of its bucket, and a freed one; it
 // cannot claim one in use, and a claimed uin cannot be pooled again.
 func TestClaim(t *testing.T) {
-	streamstest.EachRedis(t, func(t *testing.T, rdb *redis.Client) {
-		c := NewCentral(rdb, streamstest.Unique("pool")+":", 10)
+	streamstest.EachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
+		c := NewCentral(rdb, uinkeys.Pool(streamstest.Unique("pool")+"."), 10)
 		ctx := context.Background()
 		if _, err := c.Insert(ctx, []uint32{21, 22}); err != nil {
 			t.Fatal(err)
@@ -175,7 +176,7 @@ func benchPool(b *testing.B, total, low, chunk int) []*Allocator {
 	if r, ok := streamstest.RedisClient(b); ok {
 		rdb = r
 	}
-	c := NewCentral(rdb, streamstest.Unique("bench")+":", 1000)
+	c := NewCentral(rdb, uinkeys.Pool(streamstest.Unique("bench")+"."), 1000)
 	ctx := context.Background()
 	for lo := 1; lo <= total; lo += 100_000 {
 		var uins []uint32
@@ -245,8 +246,8 @@ func BenchmarkAllocateWithRefill(b *testing.B) {
 // next sweep, and the dead owner, should it come back, can no longer hand
 // out any uin of it: nothing is stranded, nothing is handed out twice.
 func TestLapsedLeaseReturnsAndCannotBeCommitted(t *testing.T) {
-	streamstest.EachRedis(t, func(t *testing.T, rdb *redis.Client) {
-		c := NewCentral(rdb, streamstest.Unique("pool")+":", 10)
+	streamstest.EachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
+		c := NewCentral(rdb, uinkeys.Pool(streamstest.Unique("pool")+"."), 10)
 		ctx := context.Background()
 		var uins []uint32
 		for u := uint32(500); u < 600; u++ {
@@ -332,8 +333,8 @@ func TestLapsedLeaseReturnsAndCannotBeCommitted(t *testing.T) {
 
 // A graceful stop gives the local pool back: nothing stays leased.
 func TestStopReturnsLease(t *testing.T) {
-	streamstest.EachRedis(t, func(t *testing.T, rdb *redis.Client) {
-		c := NewCentral(rdb, streamstest.Unique("pool")+":", 10)
+	streamstest.EachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
+		c := NewCentral(rdb, uinkeys.Pool(streamstest.Unique("pool")+"."), 10)
 		ctx := context.Background()
 		var uins []uint32
 		for u := uint32(1); u <= 1000; u++ {

@@ -16,6 +16,7 @@ import (
 
 	"surge/processors/uin/account"
 	"surge/processors/uin/pool"
+	"surge/processors/uin/uinkeys"
 	"surge/schemas"
 	"surge/schemas/recycling"
 	pb "surge/schemas/surgev1"
@@ -51,7 +52,7 @@ func TestTicketDataDriven(t *testing.T) {
 		mr := miniredis.RunT(t)
 		mr.SetTime(epoch) // TTLs (bans) count on the scripts' clock
 		rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
-		accounts, central := account.NewStore(rdb, "dd:acct:"), pool.NewCentral(rdb, "dd:pool:", 16)
+		accounts, central := account.NewStore(rdb, uinkeys.Prefix("dd.")), pool.NewCentral(rdb, uinkeys.Pool("dd."), 16)
 		db, err := openDB(t.TempDir(), quiet)
 		if err != nil {
 			t.Fatal(err)

@@ -119,7 +119,7 @@ func New(cfg Config) *Controller {
 		mRefused:      cfg.Metrics.NewCounterVec("surge_uin_recycle_refused_total", "recycle requests not applied", "reason"),
 		mBannedLogins: cfg.Metrics.NewCounterVec("surge_uin_banned_logins_total", "login attempts of accounts banned for recycling", "category"),
 	}
-	c.restore = streams.NewRestorer(cfg.Brokers, c.clearPartitions, c.applyChangelog,
+	c.restore = streams.NewRestorer(cfg.Kafka, c.clearPartitions, c.applyChangelog,
 		c.topic(schemas.TopicRecycleSteps), c.topic(schemas.TopicUsage))
 	c.restore.InputsOf(c.group(), c.topic(schemas.TopicUsage))
 	c.restore.AfterRebuild = func() error { return c.restored.commit() }
@@ -139,7 +139,7 @@ func (c *Controller) Run(ctx context.Context, opts ...streams.Option) error {
 	// this instance holds; the check needs the topic's real count.
 	c.partitions = c.cfg.Partitions
 	if c.partitions == 0 {
-		n, err := streams.PartitionCount(ctx, c.cfg.Brokers, c.topic(schemas.TopicRecycleReqs))
+		n, err := streams.PartitionCount(ctx, c.cfg.Kafka, c.topic(schemas.TopicRecycleReqs))
 		if err != nil {
 			return fmt.Errorf("recycle: partitions of %s: %w", c.topic(schemas.TopicRecycleReqs), err)
 		}
@@ -156,7 +156,7 @@ func (c *Controller) Run(ctx context.Context, opts ...streams.Option) error {
 	c.restored.retention, c.restored.now = c.cfg.Policy.EndedRetention, c.cfg.Now
 	c.mu.Unlock()
 	opts = append([]streams.Option{
-		streams.Brokers(c.cfg.Brokers...),
+		streams.Kafka(c.cfg.Kafka),
 		streams.Declare(Spec, c.cfg.Namespace), // group: c.group()
 		streams.DeadLetterTopic(c.topic(schemas.TopicDeadLetter)),
 		streams.ClientOpts(kgo.Balancers(kgo.RangeBalancer())), // requests and usage co-partitioned by uin

@@ -23,6 +23,7 @@ import (
 	"surge/processors/uin/account"
 	"surge/processors/uin/pool"
 	"surge/processors/uin/tracker"
+	"surge/processors/uin/uinkeys"
 	"surge/schemas"
 	pb "surge/schemas/surgev1"
 	"surge/streams"
@@ -36,7 +37,7 @@ var (
 
 // Tool restores accounts.
 type Tool struct {
-	Brokers   []string
+	Kafka     streams.Cluster
 	Namespace string
 	Accounts  *account.Store
 	Pool      *pool.Central
@@ -53,9 +54,9 @@ type Result struct {
 }
 
 // FindBackup reads the newest backup of username from uin.backups.
-func FindBackup(ctx context.Context, brokers []string, topic, username string) (*pb.AccountBackup, error) {
+func FindBackup(ctx context.Context, kc streams.Cluster, topic, username string) (*pb.AccountBackup, error) {
 	var found *pb.AccountBackup
-	err := streams.ReadToEnd(ctx, brokers, topic, func(r *kgo.Record) error {
+	err := streams.ReadToEnd(ctx, kc, topic, func(r *kgo.Record) error {
 		if string(r.Key) != username {
 			return nil
 		}
@@ -85,7 +86,7 @@ const IntentTTL = 24 * time.Hour
 
 // intent names one restore request's decision in Redis.
 func (t *Tool) intent(requestID, username string) string {
-	return t.Namespace + "restore:" + username + ":" + requestID
+	return uinkeys.Prefix(t.Namespace) + "restore:" + username + ":" + requestID
 }
 
 // Restore brings username back, for the request requestID. Run again for
@@ -108,7 +109,7 @@ func (t *Tool) Restore(ctx context.Context, requestID, username string) (Result,
 	} else if live && int64(u) != decided {
 		return Result{}, fmt.Errorf("%w: %q is on uin %d; nothing to restore", ErrLive, username, u)
 	}
-	b, err := FindBackup(ctx, t.Brokers, t.Namespace+schemas.TopicBackups, username)
+	b, err := FindBackup(ctx, t.Kafka, t.Namespace+schemas.TopicBackups, username)
 	if err != nil {
 		return Result{}, err
 	}

@@ -40,7 +40,7 @@ func (c *Config) EnsureDefaults() { c.Env.EnsureDefaults() }
 // New returns the service; Run starts it.
 func New(cfg Config) *Service {
 	cfg.EnsureDefaults()
-	return &Service{cfg: cfg, tool: &Tool{Brokers: cfg.Brokers, Namespace: cfg.Namespace,
+	return &Service{cfg: cfg, tool: &Tool{Kafka: cfg.Kafka, Namespace: cfg.Namespace,
 		Accounts: cfg.Accounts, Pool: cfg.Pool, Now: cfg.Now}}
 }
 
@@ -51,7 +51,7 @@ func (s *Service) Tool() *Tool { return s.tool }
 func (s *Service) Run(ctx context.Context, opts ...streams.Option) error {
 	ns := s.tool.Namespace
 	opts = append([]streams.Option{
-		streams.Brokers(s.tool.Brokers...),
+		streams.Kafka(s.tool.Kafka),
 		streams.Declare(Spec, ns),
 		streams.DeadLetterTopic(ns + schemas.TopicDeadLetter),
 	}, opts...)
@@ -101,9 +101,9 @@ func Request(ns, requestID, username, by string, at time.Time) *kgo.Record {
 // AwaitResult reads uin.restore-results from the offsets in from (taken
 // before the request was published; a partition it lacks from its start)
 // until the answer to requestID.
-func AwaitResult(ctx context.Context, brokers []string, ns, requestID string, from map[int32]int64) (*pb.RestoreResult, error) {
+func AwaitResult(ctx context.Context, kc streams.Cluster, ns, requestID string, from map[int32]int64) (*pb.RestoreResult, error) {
 	topic := ns + schemas.TopicRestoreResults
-	adm, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	adm, err := kc.NewClient()
 	if err != nil {
 		return nil, err
 	}
@@ -117,7 +117,7 @@ func AwaitResult(ctx context.Context, brokers []string, ns, requestID string, fr
 	}
 	start := map[int32]kgo.Offset{}
 	ends.Each(func(o kadm.ListedOffset) { start[o.Partition] = kgo.NewOffset().At(from[o.Partition]) })
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+	cl, err := kc.NewClient(kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: start}))
 	if err != nil {
 		return nil, err

@@ -108,7 +108,7 @@ func New(cfg Config) *Tracker {
 	cfg.EnsureDefaults()
 	t := &Tracker{cfg: cfg,
 		mVerdicts: cfg.Metrics.NewCounterVec("surge_uin_tracking_verdicts_total", "registration check verdicts", "verdict")}
-	t.restore = streams.NewRestorer(cfg.Brokers, t.clearPartitions, t.applyChangelog, t.topic(schemas.TopicTracking))
+	t.restore = streams.NewRestorer(cfg.Kafka, t.clearPartitions, t.applyChangelog, t.topic(schemas.TopicTracking))
 	return t
 }
 
@@ -127,7 +127,7 @@ func (t *Tracker) Run(ctx context.Context, opts ...streams.Option) error {
 	t.db, t.staged = db, db.NewIndexedBatch()
 	t.mu.Unlock()
 	opts = append([]streams.Option{
-		streams.Brokers(t.cfg.Brokers...),
+		streams.Kafka(t.cfg.Kafka),
 		streams.Declare(Spec, t.cfg.Namespace),
 		streams.DeadLetterTopic(t.topic(schemas.TopicDeadLetter)),
 		streams.ClientOpts(kgo.Balancers(kgo.RangeBalancer())),

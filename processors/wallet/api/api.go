@@ -95,7 +95,7 @@ func New(cfg Config) *Server {
 // FollowResults delivers the ledger's withdrawal answers to waiting
 // requests; it runs until ctx ends.
 func (s *Server) FollowResults(ctx context.Context) error {
-	_, err := streams.FollowTable(ctx, s.cfg.Brokers, s.cfg.Namespace+schemas.TopicWithdrawResult, func(r *kgo.Record) {
+	_, err := streams.FollowTable(ctx, s.cfg.Kafka, s.cfg.Namespace+schemas.TopicWithdrawResult, func(r *kgo.Record) {
 		var w pb.Withdrawal
 		if streams.Decode(r, &w) != nil {
 			return

@@ -109,9 +109,9 @@ type stack struct {
 }
 
 func newStack(t *testing.T, b streamstest.Backend, rdb *redis.Client, ns string, partitions int32) stack {
-	streamstest.CreateTopics(t, b.Brokers, partitions, wstack.TopicNames(ns)...)
+	streamstest.CreateTopics(t, b.Kafka, partitions, wstack.TopicNames(ns)...)
 	st := stack{log: slog.New(slog.NewTextHandler(io.Discard, nil)), src: config.Static(tree()),
-		cl: streamstest.Client(t, b.Brokers, kgo.ProducerLinger(time.Millisecond))}
+		cl: streamstest.Client(t, b.Kafka, kgo.ProducerLinger(time.Millisecond))}
 	st.keys, _ = token.Generate("k")
 	st.in = grant.New(grant.Config{Env: streams.Env{Namespace: ns, Log: st.log}, Source: st.src, Keys: st.keys, Redis: rdb, Producer: st.cl})
 	return st
@@ -147,7 +147,7 @@ func TestAPI(t *testing.T) {
 		ns := streamstest.Unique("api") + "."
 		st := newStack(t, b, rdb, ns, 3)
 		// As `surge wallet` builds it: grants go through a batcher.
-		_, srv := st.serve(t, wstack.Options{Brokers: b.Brokers, Namespace: ns, Redis: rdb, BatchSize: 64,
+		_, srv := st.serve(t, wstack.Options{Kafka: b.Kafka, Namespace: ns, Redis: rdb, BatchSize: 64,
 			BatchLinger: time.Millisecond, Batchers: 2, NoTotal: true})
 
 		code, out := call(t, srv, "POST", "/v1/grants", `{"orderNo":"u1_rain_r1_1_1","actId":"u1","activityId":"spring","sceneId":"rain","rainId":"r1","awardType":"CASH","stage":1,"amount":300}`)
@@ -193,7 +193,7 @@ func TestAPI(t *testing.T) {
 		conflicts(t, srv)
 		stockStop(t, srv)
 		redPackets(t, srv)
-		identities(t, srv, b.Brokers, ns)
+		identities(t, srv, b.Kafka, ns)
 		batches(t, srv)
 	})
 }
@@ -511,13 +511,13 @@ func redPackets(t *testing.T, srv *httptest.Server) {
 
 // identities: the unified account. An app account the account system
 // published resolves to its actID, phone first; an unknown one is 404.
-func identities(t *testing.T, srv *httptest.Server, brokers []string, ns string) {
+func identities(t *testing.T, srv *httptest.Server, kc streams.Cluster, ns string) {
 	t.Helper()
 	r, err := identity.Link(ns, &pb.IdentityLink{App: "douyin", UserId: "42", Phone: "+8613700000000"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	streamstest.ProduceSync(t, streamstest.Client(t, brokers), r)
+	streamstest.ProduceSync(t, streamstest.Client(t, kc), r)
 	want := identity.ActID("+8613700000000", "", "")
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		code, out := call(t, srv, "GET", "/v1/identities/douyin/42", "")
@@ -592,7 +592,7 @@ func TestReadsGoToThePartitionOwner(t *testing.T) {
 				handler.Load().(http.Handler).ServeHTTP(w, r)
 			}))
 			t.Cleanup(srv.Close)
-			env := streams.Env{Brokers: b.Brokers, Namespace: ns, Log: log}
+			env := streams.Env{Kafka: b.Kafka, Namespace: ns, Log: log}
 			led := ledger.New(ledger.Config{Env: env, Dir: t.TempDir(), Source: src, Keys: keys, Tokens: in.Tokens(),
 				Advertise: srv.URL})
 			ctx, cancel := context.WithCancel(context.Background())

@@ -27,7 +27,7 @@ func TestDegradeSwitches(t *testing.T) {
 		ns := streamstest.Unique("dg") + "."
 		st := newStack(t, b, rdb, ns, 3)
 		backup := redis.NewClient(&redis.Options{Addr: rdb.Options().Addr, DB: 1})
-		_, srv := st.serve(t, wstack.Options{Brokers: b.Brokers, Namespace: ns, Redis: rdb, BackupRedis: backup})
+		_, srv := st.serve(t, wstack.Options{Kafka: b.Kafka, Namespace: ns, Redis: rdb, BackupRedis: backup})
 		set := func(degrade map[string]bool, globalLimit int) {
 			t.Helper()
 			tr := tree()

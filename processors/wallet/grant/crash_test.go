@@ -49,12 +49,12 @@ func crashGrants() []*pb.RewardGrant {
 	}
 }
 
-func crashIntake(t *testing.T, brokers []string, rdb *redis.Client, ns, seed string, now func() time.Time) *grant.Intake {
+func crashIntake(t *testing.T, kc streams.Cluster, rdb *redis.Client, ns, seed string, now func() time.Time) *grant.Intake {
 	keys, err := token.FromSeed("k1", seed)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cl := streamstest.Client(t, brokers, kgo.ProducerLinger(time.Millisecond))
+	cl := streamstest.Client(t, kc, kgo.ProducerLinger(time.Millisecond))
 	return grant.New(grant.Config{Env: streams.Env{Namespace: ns, Log: quiet, Now: now}, Source: config.Static(crashTree()),
 		Keys: keys, Redis: rdb, Producer: cl})
 }
@@ -67,7 +67,7 @@ func TestGrantCrashChild(t *testing.T) {
 		t.Skip("run by TestCrashBetweenClaimAndProduce")
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("SURGE_GRANT_CHILD_REDIS")})
-	in := crashIntake(t, strings.Split(os.Getenv("SURGE_GRANT_CHILD_BROKERS"), ","), rdb, ns, os.Getenv("SURGE_GRANT_CHILD_SEED"), nil)
+	in := crashIntake(t, streams.Seeds(strings.Split(os.Getenv("SURGE_GRANT_CHILD_BROKERS"), ",")...), rdb, ns, os.Getenv("SURGE_GRANT_CHILD_SEED"), nil)
 	grant.SetAfterClaims(func() { os.Exit(3) }) // as abrupt as kill -9: nothing after it runs
 	in.GrantBatch(context.Background(), crashGrants())
 	t.Fatal("the batch went past its crash point")
@@ -85,14 +85,14 @@ func TestCrashBetweenClaimAndProduce(t *testing.T) {
 	streamstest.EachStack(t, func(t *testing.T, b streamstest.Backend, rdb *redis.Client) {
 		ctx := context.Background()
 		ns := streamstest.Unique("gc") + "."
-		streamstest.CreateTopics(t, b.Brokers, 3, wstack.TopicNames(ns)...)
+		streamstest.CreateTopics(t, b.Kafka, 3, wstack.TopicNames(ns)...)
 		var raw [32]byte
 		_, _ = rand.Read(raw[:])
 		seed := base64.StdEncoding.EncodeToString(raw[:])
 
 		child := exec.Command(os.Args[0], "-test.run=^TestGrantCrashChild$", "-test.count=1")
 		child.Env = append(os.Environ(), "SURGE_GRANT_CHILD_NS="+ns, "SURGE_GRANT_CHILD_SEED="+seed,
-			"SURGE_GRANT_CHILD_REDIS="+rdb.Options().Addr, "SURGE_GRANT_CHILD_BROKERS="+strings.Join(b.Brokers, ","))
+			"SURGE_GRANT_CHILD_REDIS="+rdb.Options().Addr, "SURGE_GRANT_CHILD_BROKERS="+strings.Join(b.Kafka.Seeds, ","))
 		var exit *exec.ExitError
 		if out, err := child.CombinedOutput(); !errors.As(err, &exit) || exit.ExitCode() != 3 {
 			t.Fatalf("child: %v, want exit 3 at the crash point\n%s", err, out)
@@ -121,7 +121,7 @@ func TestCrashBetweenClaimAndProduce(t *testing.T) {
 
 		var now time.Time
 		later := func() time.Time { return now }
-		in := crashIntake(t, b.Brokers, rdb, ns, seed, later)
+		in := crashIntake(t, b.Kafka, rdb, ns, seed, later)
 		tok, err := in.Tokens().Get(ctx, "alice", cashNo)
 		if err != nil || tok == nil {
 			t.Fatalf("the crashed attempt's token is not in Redis: %v %v", tok, err)
@@ -149,7 +149,7 @@ func TestCrashBetweenClaimAndProduce(t *testing.T) {
 		}
 
 		keys, _ := token.FromSeed("k1", seed)
-		led := ledger.New(ledger.Config{Env: streams.Env{Brokers: b.Brokers, Namespace: ns, Log: quiet},
+		led := ledger.New(ledger.Config{Env: streams.Env{Kafka: b.Kafka, Namespace: ns, Log: quiet},
 			Dir: t.TempDir(), Source: config.Static(crashTree()), Keys: keys, Tokens: in.Tokens()})
 		lctx, stop := context.WithCancel(ctx)
 		done := make(chan error, 1)
@@ -182,7 +182,7 @@ func TestCrashBetweenClaimAndProduce(t *testing.T) {
 func countOrder(t *testing.T, b streamstest.Backend, topic, orderNo string, want int) int {
 	t.Helper()
 	n := 0
-	for _, r := range streamstest.ReadN(t, b.Brokers, topic, true, want, 3*time.Second, 300*time.Millisecond) {
+	for _, r := range streamstest.ReadN(t, b.Kafka, topic, true, want, 3*time.Second, 300*time.Millisecond) {
 		var no string
 		switch {
 		case strings.HasSuffix(topic, schemas.TopicTokens):

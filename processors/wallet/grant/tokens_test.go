@@ -16,7 +16,7 @@ import (
 // token that grant wrote, never one a concurrent grant of the same order
 // number wrote.
 func TestTokenClaimAndRelease(t *testing.T) {
-	streamstest.EachRedis(t, func(t *testing.T, rdb *redis.Client) {
+	streamstest.EachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
 		ctx := context.Background()
 		toks := NewTokens(rdb, streamstest.Unique("tok")+":", 0)
 		mine := &pb.Token{ActId: "u1", OutTradeNo: "u1_rain_r1_1_1", Amount: 5, Signature: []byte("first")}

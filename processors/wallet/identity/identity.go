@@ -74,7 +74,7 @@ func New(cfg Config) *Processor {
 // writing an account's actID again changes nothing.
 func (p *Processor) Run(ctx context.Context, opts ...streams.Option) error {
 	opts = append([]streams.Option{
-		streams.Brokers(p.cfg.Brokers...),
+		streams.Kafka(p.cfg.Kafka),
 		streams.Declare(Spec, p.cfg.Namespace),
 		streams.DeadLetterTopic(p.cfg.Topic(schemas.TopicDeadLetter)),
 		streams.Logger(p.cfg.Log), streams.Metrics(p.cfg.Metrics),

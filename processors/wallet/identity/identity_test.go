@@ -50,14 +50,14 @@ func TestProcessorKeepsActIDs(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
 		ns := streamstest.Unique("id") + "."
-		streamstest.CreateTopics(t, b.Brokers, 3, ns+schemas.TopicIdentities, ns+schemas.TopicDeadLetter)
+		streamstest.CreateTopics(t, b.Kafka, 3, ns+schemas.TopicIdentities, ns+schemas.TopicDeadLetter)
 		quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-		p := identity.New(identity.Config{Env: streams.Env{Brokers: b.Brokers, Namespace: ns, Log: quiet}, Redis: rdb})
+		p := identity.New(identity.Config{Env: streams.Env{Kafka: b.Kafka, Namespace: ns, Log: quiet}, Redis: rdb})
 		done := make(chan error, 1)
 		rctx, stop := context.WithCancel(ctx)
 		go func() { done <- p.Run(rctx) }()
 		defer func() { stop(); <-done }()
-		cl := streamstest.Client(t, b.Brokers)
+		cl := streamstest.Client(t, b.Kafka)
 		link := func(app, user, phone string) *kgo.Record {
 			r, err := identity.Link(ns, &pb.IdentityLink{App: app, UserId: user, Phone: phone})
 			if err != nil {
@@ -91,7 +91,7 @@ func TestProcessorKeepsActIDs(t *testing.T) {
 		want("douyin", "2", identity.ActID("+8613900000000", "", ""))
 		want("toutiao", "3", "")
 		want("douyin", "6", "")
-		dl := streamstest.ReadN(t, b.Brokers, ns+schemas.TopicDeadLetter, false, 1, 30*time.Second, 300*time.Millisecond)
+		dl := streamstest.ReadN(t, b.Kafka, ns+schemas.TopicDeadLetter, false, 1, 30*time.Second, 300*time.Millisecond)
 		if len(dl) != 1 {
 			t.Fatalf("%d dead letters, want the mis-keyed record", len(dl))
 		}

@@ -256,11 +256,11 @@ func (l *Ledger) Run(ctx context.Context, opts ...streams.Option) error {
 	l.resetStore() // the store is rebuilt below, from nothing
 	start := time.Now()
 	n := 0
-	if l.partitions, err = streams.PartitionCount(ctx, l.cfg.Brokers, l.topic(schemas.TopicTokens)); err != nil {
+	if l.partitions, err = streams.PartitionCount(ctx, l.cfg.Kafka, l.topic(schemas.TopicTokens)); err != nil {
 		return fmt.Errorf("ledger: %w", err)
 	}
-	l.restore = streams.NewRestorer(l.cfg.Brokers, l.clearPartitions, l.applyRestored, l.ledgerTopic)
-	l.owners = &owners{brokers: l.cfg.Brokers, group: l.cfg.Namespace + "wallet-ledger", topic: l.topic(schemas.TopicTokens),
+	l.restore = streams.NewRestorer(l.cfg.Kafka, l.clearPartitions, l.applyRestored, l.ledgerTopic)
+	l.owners = &owners{kafka: l.cfg.Kafka, group: l.cfg.Namespace + "wallet-ledger", topic: l.topic(schemas.TopicTokens),
 		self: l.cfg.Advertise + "#" + cmp.Or(l.cfg.InstanceID, instanceNonce())}
 	defer l.owners.close()
 	l.restore.AfterAssign = l.owners.invalidate
@@ -272,7 +272,7 @@ func (l *Ledger) Run(ctx context.Context, opts ...streams.Option) error {
 	}
 	// The whole store, as a partition rebuild does it for one partition.
 	l.startRebuild()
-	err = streams.ReadToEnd(ctx, l.cfg.Brokers, l.ledgerTopic, func(r *kgo.Record) error {
+	err = streams.ReadToEnd(ctx, l.cfg.Kafka, l.ledgerTopic, func(r *kgo.Record) error {
 		n++
 		return l.applyRestored(r)
 	})
@@ -286,7 +286,7 @@ func (l *Ledger) Run(ctx context.Context, opts ...streams.Option) error {
 	l.staged, l.stagedOrders = db.NewBatch(), map[string]struct{}{}
 	l.ready.Store(true)
 	opts = append([]streams.Option{
-		streams.Brokers(l.cfg.Brokers...),
+		streams.Kafka(l.cfg.Kafka),
 		streams.Declare(Spec, l.cfg.Namespace), // group: l.owners.group
 		streams.DeadLetterTopic(l.topic(schemas.TopicDeadLetter)),
 		streams.ClientOpts(kgo.Balancers(kgo.RangeBalancer())), // co-partitioned by actID

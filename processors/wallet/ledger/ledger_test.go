@@ -73,7 +73,7 @@ type wallet struct {
 }
 
 func topics(t testing.TB, b streamstest.Backend, ns string) {
-	streamstest.CreateTopics(t, b.Brokers, 6, wstack.TopicNames(ns)...)
+	streamstest.CreateTopics(t, b.Kafka, 6, wstack.TopicNames(ns)...)
 }
 
 func newWallet(t *testing.T, b streamstest.Backend, rdb *redis.Client, tr *config.Tree, runLedger bool) *wallet {
@@ -83,7 +83,7 @@ func newWallet(t *testing.T, b streamstest.Backend, rdb *redis.Client, tr *confi
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := &wallet{ns: ns, b: b, rdb: rdb, src: config.Static(tr), keys: keys, cl: streamstest.Client(t, b.Brokers, kgo.ProducerLinger(time.Millisecond)),
+	w := &wallet{ns: ns, b: b, rdb: rdb, src: config.Static(tr), keys: keys, cl: streamstest.Client(t, b.Kafka, kgo.ProducerLinger(time.Millisecond)),
 		reg: metrics.NewRegistry()}
 	w.intake = grant.New(grant.Config{Env: streams.Env{Namespace: ns, Log: quiet}, Source: w.src, Keys: keys, Redis: rdb, Producer: w.cl})
 	if runLedger {
@@ -93,7 +93,7 @@ func newWallet(t *testing.T, b streamstest.Backend, rdb *redis.Client, tr *confi
 }
 
 func (w *wallet) startLedger(t *testing.T) {
-	led := ledger.New(ledger.Config{Env: streams.Env{Brokers: w.b.Brokers, Namespace: w.ns, Log: quiet, Metrics: w.reg},
+	led := ledger.New(ledger.Config{Env: streams.Env{Kafka: w.b.Kafka, Namespace: w.ns, Log: quiet, Metrics: w.reg},
 		Dir: t.TempDir() + "/ledger", Source: w.src, Keys: w.keys, Tokens: w.intake.Tokens()})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -116,7 +116,7 @@ func publishedGrants(t *testing.T, b streamstest.Backend, ns string, want int) [
 	// Both topics through one reader, until want grants arrived (30 s at
 	// most: a loaded machine is slow to the first fetch), then a second
 	// more, so that extra (duplicate) records are seen too.
-	recs := streamstest.ReadTopicsUntil(t, b.Brokers, []string{ns + schemas.TopicGrants, ns + schemas.TopicTokens}, true,
+	recs := streamstest.ReadTopicsUntil(t, b.Kafka, []string{ns + schemas.TopicGrants, ns + schemas.TopicTokens}, true,
 		func(recs []*kgo.Record) bool { return len(recs) >= want }, 30*time.Second, time.Second)
 	out := make([]*pb.RewardGrant, len(recs))
 	for i, r := range recs {
@@ -169,7 +169,7 @@ func (w *wallet) ledgerEntries(t *testing.T) (map[string]int64, int64) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	out, sum := map[string]int64{}, int64(0)
-	err := streams.ReadToEnd(ctx, w.b.Brokers, w.ns+schemas.TopicLedger, func(r *kgo.Record) error {
+	err := streams.ReadToEnd(ctx, w.b.Kafka, w.ns+schemas.TopicLedger, func(r *kgo.Record) error {
 		var e pb.LedgerEntry
 		if err := streams.Decode(r, &e); err != nil {
 			return err
@@ -522,7 +522,7 @@ func TestConcurrentDuplicatesClaimOnce(t *testing.T) {
 		if n := len(publishedGrants(t, b, w.ns, orders)); n != orders {
 			t.Fatalf("%d grants published, want %d", n, orders)
 		}
-		if n := len(streamstest.ReadN(t, b.Brokers, w.ns+schemas.TopicTokens, true, orders-orders/10, 30*time.Second, time.Second)); n != orders-orders/10 {
+		if n := len(streamstest.ReadN(t, b.Kafka, w.ns+schemas.TopicTokens, true, orders-orders/10, 30*time.Second, time.Second)); n != orders-orders/10 {
 			t.Fatalf("%d tokens published, want %d", n, orders-orders/10)
 		}
 	})
@@ -537,7 +537,7 @@ func TestFailedPublishLeavesNothing(t *testing.T) {
 	streamstest.EachStack(t, func(t *testing.T, b streamstest.Backend, rdb *redis.Client) {
 		w := newWallet(t, b, rdb, tree(0), false)
 		ctx := context.Background()
-		dead, err := kgo.NewClient(kgo.SeedBrokers(b.Brokers...))
+		dead, err := b.Kafka.NewClient()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -699,7 +699,7 @@ func TestNoDoubleBookingUnderDuplicatesAndCrashes(t *testing.T) {
 		if _, ok := m[nostatus.OutTradeNo]; ok {
 			t.Fatal("token without a status booked")
 		}
-		dlq := streamstest.ReadN(t, b.Brokers, w.ns+schemas.TopicDeadLetter, true, 2, 20*time.Second, time.Second)
+		dlq := streamstest.ReadN(t, b.Kafka, w.ns+schemas.TopicDeadLetter, true, 2, 20*time.Second, time.Second)
 		found, foundAltered := false, false
 		for _, r := range dlq {
 			why, _ := streams.Header(r, "dlq-reason")
@@ -724,7 +724,7 @@ func TestLedgerChild(t *testing.T) {
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("SURGE_LEDGER_CHILD_REDIS")})
 	src := config.Static(tree(300)) // slow enough to be killed mid-way
-	l := ledger.New(ledger.Config{Env: streams.Env{Brokers: strings.Split(os.Getenv("SURGE_LEDGER_CHILD_BROKERS"), ","), Namespace: ns, Log: quiet},
+	l := ledger.New(ledger.Config{Env: streams.Env{Kafka: streams.Seeds(strings.Split(os.Getenv("SURGE_LEDGER_CHILD_BROKERS"), ",")...), Namespace: ns, Log: quiet},
 		Dir: os.Getenv("SURGE_LEDGER_CHILD_DIR"), Source: src, Keys: keys, Tokens: grant.NewTokens(rdb, ns+"wtok:", 0)})
 	_ = l.Run(context.Background(), streams.ClientOpts(kgo.SessionTimeout(6*time.Second), kgo.RebalanceTimeout(6*time.Second), kgo.HeartbeatInterval(500*time.Millisecond)))
 }
@@ -732,7 +732,7 @@ func TestLedgerChild(t *testing.T) {
 func spawnLedger(t *testing.T, b streamstest.Backend, rdb *redis.Client, ns, dir, seed string) *exec.Cmd {
 	cmd := exec.Command(os.Args[0], "-test.run=^TestLedgerChild$", "-test.count=1")
 	cmd.Env = append(os.Environ(), "SURGE_LEDGER_CHILD_NS="+ns, "SURGE_LEDGER_CHILD_DIR="+dir, "SURGE_LEDGER_CHILD_SEED="+seed,
-		"SURGE_LEDGER_CHILD_REDIS="+rdb.Options().Addr, "SURGE_LEDGER_CHILD_BROKERS="+strings.Join(b.Brokers, ","))
+		"SURGE_LEDGER_CHILD_REDIS="+rdb.Options().Addr, "SURGE_LEDGER_CHILD_BROKERS="+strings.Join(b.Kafka.Seeds, ","))
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -765,7 +765,7 @@ func TestWithdrawalForceBooks(t *testing.T) {
 		// must not depend on which comes first.
 		streamstest.ProduceSync(t, w.cl, recs...)
 		w.startLedger(t)
-		res := streamstest.ReadN(t, b.Brokers, w.ns+schemas.TopicWithdrawResult, true, 3, 30*time.Second, time.Second)
+		res := streamstest.ReadN(t, b.Kafka, w.ns+schemas.TopicWithdrawResult, true, 3, 30*time.Second, time.Second)
 		if len(res) != 3 {
 			t.Fatalf("%d answers", len(res))
 		}
@@ -858,16 +858,16 @@ func TestDuplicateAcrossTheTokenRedisSwitch(t *testing.T) {
 func TestShadowTraffic(t *testing.T) {
 	streamstest.EachStack(t, func(t *testing.T, b streamstest.Backend, rdb *redis.Client) {
 		w := newWallet(t, b, rdb, tree(0), false)
-		streamstest.CreateTopics(t, b.Brokers, 6, schemas.ShadowPrefix+w.ns+schemas.TopicGrants, schemas.ShadowPrefix+w.ns+schemas.TopicTokens)
+		streamstest.CreateTopics(t, b.Kafka, 6, schemas.ShadowPrefix+w.ns+schemas.TopicGrants, schemas.ShadowPrefix+w.ns+schemas.TopicTokens)
 		g := cash("s1", "r1", 5)
 		g.Shadow = true
 		if _, err := w.intake.Grant(context.Background(), g); err != nil {
 			t.Fatal(err)
 		}
-		if n := len(streamstest.ReadN(t, b.Brokers, schemas.ShadowPrefix+w.ns+schemas.TopicTokens, true, 1, 10*time.Second, 0)); n != 1 {
+		if n := len(streamstest.ReadN(t, b.Kafka, schemas.ShadowPrefix+w.ns+schemas.TopicTokens, true, 1, 10*time.Second, 0)); n != 1 {
 			t.Fatalf("%d shadow tokens", n)
 		}
-		if n := len(streamstest.ReadN(t, b.Brokers, w.ns+schemas.TopicTokens, true, 1, 2*time.Second, 0)); n != 0 {
+		if n := len(streamstest.ReadN(t, b.Kafka, w.ns+schemas.TopicTokens, true, 1, 2*time.Second, 0)); n != 0 {
 			t.Fatal("shadow grant reached the live topic")
 		}
 		ttl, err := rdb.TTL(context.Background(), "shadow:"+w.ns+"wtok:s1").Result()
@@ -968,7 +968,7 @@ func TestPartitionMovesBetweenInstances(t *testing.T) {
 			return out
 		}
 		start := func(name string) (*ledger.Ledger, context.CancelFunc, chan error) {
-			l := ledger.New(ledger.Config{Env: streams.Env{Brokers: b.Brokers, Namespace: w.ns, Log: quiet},
+			l := ledger.New(ledger.Config{Env: streams.Env{Kafka: b.Kafka, Namespace: w.ns, Log: quiet},
 				Dir: t.TempDir() + "/" + name, Source: w.src, Keys: w.keys, Tokens: w.intake.Tokens()})
 			lctx, cancel := context.WithCancel(context.Background())
 			done := make(chan error, 1)

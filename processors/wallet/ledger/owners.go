@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	"surge/streams"
 )
@@ -93,10 +92,10 @@ func (l *Ledger) Owner(ctx context.Context, actID string) (string, error) {
 // owners caches the group's partition -> owner map; an owner is the part
 // of its client id after advertisePrefix ("address#id").
 type owners struct {
-	brokers []string
-	group   string
-	topic   string // the input whose partitions the users are spread over
-	self    string // this instance, as it names itself in its client id
+	kafka streams.Cluster
+	group string
+	topic string // the input whose partitions the users are spread over
+	self  string // this instance, as it names itself in its client id
 
 	mu      sync.Mutex
 	adm     *kadm.Client
@@ -140,7 +139,7 @@ func (o *owners) lookup(ctx context.Context, p int32) (string, error) {
 
 func (o *owners) refresh(ctx context.Context) error {
 	if o.adm == nil {
-		cl, err := kgo.NewClient(kgo.SeedBrokers(o.brokers...))
+		cl, err := o.kafka.NewClient()
 		if err != nil {
 			return err
 		}

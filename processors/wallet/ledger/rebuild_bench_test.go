@@ -27,11 +27,11 @@ func BenchmarkRebuild(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer k.Close()
-	be := streamstest.Backend{Name: "kfake", Brokers: k.Brokers()}
+	be := streamstest.Backend{Name: "kfake", Kafka: streams.Seeds(k.Brokers()...)}
 	ns := streamstest.Unique("wr") + "."
 	topics(b, be, ns)
 	const entries, users = 300_000, 10_000
-	cl := streamstest.Client(b, be.Brokers, kgo.ProducerLinger(5*time.Millisecond), kgo.MaxBufferedRecords(1<<20))
+	cl := streamstest.Client(b, be.Kafka, kgo.ProducerLinger(5*time.Millisecond), kgo.MaxBufferedRecords(1<<20))
 	balance := map[string]int64{}
 	recs := make([]*kgo.Record, 0, entries)
 	for i := range entries {
@@ -49,7 +49,7 @@ func BenchmarkRebuild(b *testing.B) {
 	src := config.Static(tree(0))
 	b.ResetTimer()
 	for range b.N {
-		l := ledger.New(ledger.Config{Env: streams.Env{Brokers: be.Brokers, Namespace: ns, Log: quiet}, Dir: b.TempDir(), Source: src})
+		l := ledger.New(ledger.Config{Env: streams.Env{Kafka: be.Kafka, Namespace: ns, Log: quiet}, Dir: b.TempDir(), Source: src})
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
 		go func() { done <- l.Run(ctx, streams.Logger(quiet)) }()

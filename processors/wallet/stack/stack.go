@@ -70,10 +70,10 @@ func TopicNames(ns string) []string {
 	return names
 }
 
-// Options configure an instance. Brokers, Source, Keys, Redis, Producer
+// Options configure an instance. Kafka, Source, Keys, Redis, Producer
 // and Dir are required; the rest have defaults.
 type Options struct {
-	Brokers   []string
+	Kafka     streams.Cluster
 	Namespace string
 	Dir       string // the ledger's Pebble directory
 	Source    *config.Source
@@ -120,8 +120,8 @@ type Wallet struct {
 // New builds an instance; nothing runs until Run.
 func New(o Options) (*Wallet, error) {
 	switch {
-	case len(o.Brokers) == 0, o.Source == nil, o.Keys == nil, o.Redis == nil, o.Producer == nil:
-		return nil, errors.New("wallet stack: Brokers, Source, Keys, Redis and Producer are required")
+	case len(o.Kafka.Seeds) == 0, o.Source == nil, o.Keys == nil, o.Redis == nil, o.Producer == nil:
+		return nil, errors.New("wallet stack: Kafka, Source, Keys, Redis and Producer are required")
 	case o.Dir == "":
 		return nil, errors.New("wallet stack: the ledger needs a directory")
 	}
@@ -136,7 +136,7 @@ func New(o Options) (*Wallet, error) {
 		w.Total = counter.New(o.Redis, o.BackupRedis, o.Namespace+TotalKey, o.Log)
 		w.Total.FollowSwitch(func() bool { return o.Source.Tree().Degraded(guard.CounterPrimary) })
 	}
-	env := streams.Env{Brokers: o.Brokers, Namespace: o.Namespace, Log: o.Log, Metrics: o.Metrics}
+	env := streams.Env{Kafka: o.Kafka, Namespace: o.Namespace, Log: o.Log, Metrics: o.Metrics}
 	w.Intake = grant.New(grant.Config{Env: env, Source: o.Source, Keys: o.Keys, Redis: o.Redis, Producer: o.Producer})
 	w.Ledger = ledger.New(ledger.Config{Env: env, Dir: o.Dir, Source: o.Source, Keys: o.Keys,
 		Tokens: w.Intake.Tokens(), ExpectedKeys: o.ExpectedKeys,
@@ -154,8 +154,8 @@ func New(o Options) (*Wallet, error) {
 }
 
 // EnsureTopics creates the wallet's topics that do not exist.
-func (w *Wallet) EnsureTopics(ctx context.Context, replication int16) error {
-	if err := streams.EnsureTopics(ctx, w.opts.Producer, replication, Topics(w.opts.Namespace)...); err != nil {
+func (w *Wallet) EnsureTopics(ctx context.Context, rep streams.Replication) error {
+	if err := streams.EnsureTopics(ctx, w.opts.Producer, rep, Topics(w.opts.Namespace)...); err != nil {
 		return fmt.Errorf("wallet: topics: %w", err)
 	}
 	return nil

@@ -53,7 +53,7 @@ type remainingSeen struct {
 }
 
 // StopCheckEvery is how often CheckStop reads a template's remaining
-// stock (one MGET), not per grant; between reads it counts down its own
+// stock (one pipeline of GETs), not per grant; between reads it counts down its own
 // takes, so one instance stops exactly and others within this time.
 const StopCheckEvery = 100 * time.Millisecond
 
@@ -120,21 +120,23 @@ func isTimeout(err error) bool {
 
 // Remaining is what can still be sold (over every key).
 func (c *Control) Remaining(ctx context.Context, tpl string, total int64) (int64, error) {
-	keys := make([]string, c.splits)
-	for i := range keys {
-		keys[i] = c.key(tpl, i)
+	// One GET per key in a pipeline, not MGET: the keys spread a hot
+	// template over a Redis Cluster's slots, which one MGET cannot span.
+	pipe := c.rdb.Pipeline()
+	gets := make([]*redis.StringCmd, c.splits)
+	for i := range gets {
+		gets[i] = pipe.Get(ctx, c.key(tpl, i))
 	}
-	vals, err := c.rdb.MGet(ctx, keys...).Result()
-	if err != nil {
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return 0, err
 	}
 	var used int64
-	for _, v := range vals {
-		if s, ok := v.(string); ok {
-			var n int64
-			fmt.Sscan(s, &n)
-			used += n
+	for _, g := range gets {
+		n, err := g.Int64()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return 0, err
 		}
+		used += n
 	}
 	var sellable int64
 	for _, s := range c.shares(total) {

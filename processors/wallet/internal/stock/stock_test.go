@@ -17,7 +17,7 @@ import (
 // than the sellable stock (total minus the 5% buffer) is given out, and all
 // of it is, before refusals start.
 func TestNeverOversold(t *testing.T) {
-	streamstest.EachRedis(t, func(t *testing.T, rdb *redis.Client) {
+	streamstest.EachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
 		tpl := streamstest.Unique("tpl")
 		const total = 10_000
 		issuers := make([]*Control, 8) // separate instances, same Redis
@@ -63,7 +63,7 @@ func TestNeverOversold(t *testing.T) {
 }
 
 func TestStopThreshold(t *testing.T) {
-	streamstest.EachRedis(t, func(t *testing.T, rdb *redis.Client) {
+	streamstest.EachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
 		c := New(rdb, "test:", 4)
 		tpl := streamstest.Unique("tpl")
 		ctx := context.Background()
