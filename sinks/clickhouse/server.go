@@ -2,6 +2,8 @@ package clickhouse
 
 import (
 	"context"
+	"crypto/tls"
+	"errors"
 	"fmt"
 
 	ch "github.com/ClickHouse/clickhouse-go/v2"
@@ -11,11 +13,34 @@ import (
 // Server is the driver for a ClickHouse server, over clickhouse-go v2.
 type Server struct{ conn driver.Conn }
 
-// OpenServer connects with a DSN such as clickhouse://127.0.0.1:9000/default.
+// OpenServer connects with a DSN such as clickhouse://127.0.0.1:9000/default
+// (clickhouse://user:password@host:9440/db?secure=true for a secured one).
 func OpenServer(ctx context.Context, dsn string) (*Server, error) {
+	return OpenServerWith(ctx, dsn, ServerAuth{})
+}
+
+// ServerAuth is what a deployment adds to the DSN so that no secret has
+// to sit in it: a user and password, and TLS. What is set wins over the
+// DSN's own.
+type ServerAuth struct {
+	Username, Password string
+	TLS                *tls.Config
+}
+
+// OpenServerWith is OpenServer with a's credentials and TLS.
+func OpenServerWith(ctx context.Context, dsn string, a ServerAuth) (*Server, error) {
 	opts, err := ch.ParseDSN(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("clickhouse: dsn: %w", err)
+	}
+	if a.Username != "" {
+		opts.Auth.Username = a.Username
+	}
+	if a.Password != "" {
+		opts.Auth.Password = a.Password
+	}
+	if a.TLS != nil {
+		opts.TLS = a.TLS
 	}
 	conn, err := ch.Open(opts)
 	if err != nil {
@@ -23,6 +48,10 @@ func OpenServer(ctx context.Context, dsn string) (*Server, error) {
 	}
 	if err := conn.Ping(ctx); err != nil {
 		_ = conn.Close()
+		var ex *ch.Exception
+		if errors.As(err, &ex) && ex.Code == 516 { // AUTHENTICATION_FAILED
+			return nil, fmt.Errorf("clickhouse %s: authentication refused (check clickhouse.username and its password): %w", opts.Addr, err)
+		}
 		return nil, fmt.Errorf("clickhouse: ping %s: %w", opts.Addr, err)
 	}
 	return &Server{conn: conn}, nil

@@ -38,9 +38,23 @@ var migrationFiles embed.FS
 // recorded in schema_migrations. Each file is one statement; a file that
 // fails stops the migration and is reported with its name.
 func Migrate(ctx context.Context, s Store) ([]string, error) {
-	if err := s.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
+	return MigrateCluster(ctx, s, Cluster{})
+}
+
+// MigrateCluster is Migrate on the ClickHouse cluster c (nothing but
+// Migrate when c has no name): each migration runs in its cluster form
+// (Cluster.Rewrite), and schema_migrations is replicated too.
+func MigrateCluster(ctx context.Context, s Store, c Cluster) ([]string, error) {
+	ledger := `CREATE TABLE IF NOT EXISTS schema_migrations (
 		version UInt32, name String, applied_at DateTime DEFAULT now()
-	) ENGINE = MergeTree ORDER BY version`); err != nil {
+	) ENGINE = MergeTree ORDER BY version`
+	if c.Name != "" {
+		ledger = fmt.Sprintf(`CREATE TABLE IF NOT EXISTS schema_migrations ON CLUSTER %s (
+		version UInt32, name String, applied_at DateTime DEFAULT now()
+	) ENGINE = ReplicatedReplacingMergeTree('%s/{shard}/{database}/schema_migrations', '{replica}') ORDER BY version`,
+			quoteIdent(c.Name), strings.TrimRight(c.zooPath(), "/"))
+	}
+	if err := s.Exec(ctx, ledger); err != nil {
 		return nil, fmt.Errorf("clickhouse: schema_migrations: %w", err)
 	}
 	rows, err := s.QueryStrings(ctx, "SELECT version FROM schema_migrations")
@@ -68,8 +82,16 @@ func Migrate(ctx context.Context, s Store) ([]string, error) {
 			continue
 		}
 		body, _ := migrationFiles.ReadFile("migrations/" + name)
-		if err := s.Exec(ctx, string(body)); err != nil {
-			return did, fmt.Errorf("clickhouse: migration %s: %w", name, err)
+		stmts := []string{string(body)}
+		if c.Name != "" {
+			if stmts, err = c.Rewrite(string(body)); err != nil {
+				return did, fmt.Errorf("clickhouse: migration %s: %w", name, err)
+			}
+		}
+		for _, stmt := range stmts {
+			if err := s.Exec(ctx, stmt); err != nil {
+				return did, fmt.Errorf("clickhouse: migration %s: %w", name, err)
+			}
 		}
 		if err := s.Exec(ctx, fmt.Sprintf("INSERT INTO schema_migrations (version, name) VALUES (%d, %s)", v, Quote(name))); err != nil {
 			return did, err
