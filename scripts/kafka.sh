@@ -2,6 +2,7 @@
 # Runs a real single-node Apache Kafka broker in KRaft mode on loopback.
 #   scripts/kafka.sh start   resolve jars from Maven Central (once), format, start, wait until ready
 #   scripts/kafka.sh stop    stop it
+#   scripts/kafka.sh jars    resolve the jars only and print their directory
 # Env: KAFKA_PORT (19092), KAFKA_HOME (.cache/kafka), KAFKA_HEAP (1g).
 #
 # Two client listeners: PLAINTEXT on KAFKA_PORT, and SASL_SSL on
@@ -128,5 +129,6 @@ stop() {
 case "${1:-start}" in
   start) start ;;
   stop) stop ;;
-  *) echo "usage: $0 start|stop" >&2; exit 2 ;;
+  jars) fetch_jars; echo "$lib" ;;
+  *) echo "usage: $0 start|stop|jars" >&2; exit 2 ;;
 esac

@@ -1,19 +1,23 @@
 #!/usr/bin/env bash
 # The test command: starts the real components the tests need (Apache Kafka
-# in KRaft mode from Maven Central, chDB from npm, chromium from Debian for
-# the web page), then runs every Go test
+# in KRaft mode from Maven Central, one broker with a plaintext and a
+# SASL_SSL listener and a three-broker cluster; redis-server plain, with TLS
+# and an ACL user, and as a three-master cluster; chDB from npm, chromium
+# from Debian for the web page), then runs every Go test
 # against both the embedded kfake broker and the real one. Safe to re-run.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
-trap 'scripts/kafka.sh stop >/dev/null 2>&1 || true; scripts/redis.sh stop || true' EXIT
+trap 'scripts/kafka.sh stop >/dev/null 2>&1 || true; scripts/kafka-cluster.sh stop >/dev/null 2>&1 || true; scripts/redis.sh stop || true' EXIT
 scripts/kafka.sh start
+KAFKA_CLUSTER_HEAP=320m scripts/kafka-cluster.sh start
 scripts/redis.sh start
 CHDB_LIB_PATH="$(scripts/chdb.sh)"
 SURGE_TEST_CHROME="$(scripts/chromium.sh)"
 export CHDB_LIB_PATH SURGE_TEST_CHROME
 export SURGE_TEST_KAFKA="127.0.0.1:${KAFKA_PORT:-19092}" SURGE_TEST_REDIS="127.0.0.1:${REDIS_PORT:-16379}"
 export SURGE_TEST_KAFKA_SECURE="${KAFKA_HOME:-$root/.cache/kafka}/secure/client.env"
+export SURGE_TEST_KAFKA_CLUSTER="${KAFKA_CLUSTER_HOME:-$root/.cache/kafka-cluster}/client.env"
 export SURGE_TEST_REDIS_SECURE="$root/.cache/redis/secure/client.env" SURGE_TEST_REDIS_CLUSTER="$root/.cache/redis/cluster/client.env"
 export SURGE_TEST_REQUIRE_REAL=1
 unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './.git/*'))

@@ -105,6 +105,15 @@ func Secured(t testing.TB) map[string]string {
 	return envFile(t, "SURGE_TEST_KAFKA_SECURE")
 }
 
+// KafkaCluster is the three-broker cluster of the tests
+// (scripts/kafka-cluster.sh): SURGE_KAFKA_BROKERS and KAFKA_CLUSTER_SCRIPT,
+// which kills and restarts its nodes, from the file SURGE_TEST_KAFKA_CLUSTER
+// names.
+func KafkaCluster(t testing.TB) map[string]string {
+	t.Helper()
+	return envFile(t, "SURGE_TEST_KAFKA_CLUSTER")
+}
+
 // Unique returns name with a random suffix, so tests never share topics or groups.
 func Unique(name string) string {
 	var b [4]byte
@@ -233,6 +242,28 @@ func EachStack(t *testing.T, fn func(t *testing.T, b Backend, rdb *redis.Client)
 		}
 		fn(t, b, rdb)
 	})
+}
+
+// EachStackOnEveryRedis is EachStack and, beside it, the real broker
+// with the TLS redis-server of an ACL user and with the three-master Redis
+// Cluster (RedisOf): for the tests that show a system keeps its guarantees
+// on every shape of Redis a platform runs.
+func EachStackOnEveryRedis(t *testing.T, fn func(t *testing.T, b Backend, rdb redis.UniversalClient), modes ...Mode) {
+	t.Helper()
+	EachStack(t, func(t *testing.T, b Backend, rdb *redis.Client) { fn(t, b, rdb) }, modes...)
+	for _, shape := range []string{"secure", "cluster"} {
+		t.Run("kafka+redis-"+shape, func(t *testing.T) {
+			parallel(t, modes)
+			b, ok := Real()
+			if !ok {
+				if os.Getenv("SURGE_TEST_REQUIRE_REAL") == "1" {
+					t.Fatal("SURGE_TEST_REQUIRE_REAL=1 but SURGE_TEST_KAFKA is not set")
+				}
+				t.Skip("no real broker: set SURGE_TEST_KAFKA")
+			}
+			fn(t, b, RedisOf(t, shape))
+		})
+	}
 }
 
 // liveMiniredis is a miniredis whose clock moves with the wall clock, so

@@ -44,7 +44,7 @@ func testPolicy(ban time.Duration) recycle.Policy {
 // too short once on CI's 2 cores with the rest of the suite beside it.
 var testCheckpoints = []time.Duration{3 * time.Second, 6 * time.Second, 9 * time.Second, 12 * time.Second}
 
-func newStack(t *testing.T, b streamstest.Backend, rdb *redis.Client, o pipeline.Options) *pipeline.Stack {
+func newStack(t *testing.T, b streamstest.Backend, rdb redis.UniversalClient, o pipeline.Options) *pipeline.Stack {
 	t.Helper()
 	o.Namespace = streamstest.Unique("u") + "."
 	o.Dir = t.TempDir()
@@ -147,7 +147,7 @@ func deadLetters(t *testing.T, s *pipeline.Stack, n int) []string {
 // banned, backed up, deleted, cooled down and pooled, each step once; live
 // users are handed over untouched; bad input is dead-lettered.
 func TestRegistrationTrackingToPool(t *testing.T) {
-	streamstest.EachStack(t, func(t *testing.T, b streamstest.Backend, rdb *redis.Client) {
+	streamstest.EachStackOnEveryRedis(t, func(t *testing.T, b streamstest.Backend, rdb redis.UniversalClient) {
 		s := newStack(t, b, rdb, pipeline.Options{Policy: testPolicy(200 * time.Millisecond)})
 		ns := s.Opts.Namespace
 		ctx := context.Background()

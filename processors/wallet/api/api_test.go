@@ -108,7 +108,7 @@ type stack struct {
 	in   *grant.Intake
 }
 
-func newStack(t *testing.T, b streamstest.Backend, rdb *redis.Client, ns string, partitions int32) stack {
+func newStack(t *testing.T, b streamstest.Backend, rdb redis.UniversalClient, ns string, partitions int32) stack {
 	streamstest.CreateTopics(t, b.Kafka, partitions, wstack.TopicNames(ns)...)
 	st := stack{log: slog.New(slog.NewTextHandler(io.Discard, nil)), src: config.Static(tree()),
 		cl: streamstest.Client(t, b.Kafka, kgo.ProducerLinger(time.Millisecond))}
@@ -143,7 +143,7 @@ func (st stack) serve(t *testing.T, o wstack.Options) (*wstack.Wallet, *httptest
 }
 
 func TestAPI(t *testing.T) {
-	streamstest.EachStack(t, func(t *testing.T, b streamstest.Backend, rdb *redis.Client) {
+	streamstest.EachStackOnEveryRedis(t, func(t *testing.T, b streamstest.Backend, rdb redis.UniversalClient) {
 		ns := streamstest.Unique("api") + "."
 		st := newStack(t, b, rdb, ns, 3)
 		// As `surge wallet` builds it: grants go through a batcher.
