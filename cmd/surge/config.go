@@ -107,6 +107,7 @@ var options = []struct {
 	{"wallet.batch_linger", time.Millisecond, "`wallet`: how long a grant request waits for its batch to fill"},
 	{"wallet.batchers", stack.Batchers, "`wallet`: grant batches in flight (with wallet.batch_size, fewer and larger produce requests: the broker's cost is per request more than per record)"},
 	{"wallet.gc_percent", stack.GCPercent, "`wallet`: Go's GC target (GOGC) for the wallet process, unless the GOGC environment variable is set; intake makes short-lived garbage per grant, and 400 against Go's 100 took about a tenth off its CPU per grant for about twice the peak memory (set GOMEMLIMIT to bound it)"},
+	{"wallet.rebuild_settle", 5 * time.Second, "`wallet`: budget and stock counters missing from Redis (it lost its data) are rebuilt from wallet.grants and wallet.tokens; the rebuild first waits this long, so grants that took from the lost counters are published by then (grants that need a missing counter answer 503 meanwhile)"},
 	{"wallet.backup_redis", "", "`wallet`: backup Redis of the live total (dual write); empty: none"},
 	{"wallet.namespace", "", "`wallet`: prefix of every wallet topic, group and Redis key (a unique one per test)"},
 	{"wallet.app_keys", "", "`wallet`: activity services' request keys, app:keyid:secret,... (base64 secrets of >= 16 bytes, `surge wallet keygen`; several per app for rotation); empty: one generated for app demo and logged at start"},

@@ -131,7 +131,7 @@ func cmdWallet(ctx context.Context, args []string) error {
 		Redis: rdb, BackupRedis: backup, Producer: cl, Apps: apps, Users: users, Advertise: advertise,
 		InstanceID: v.GetString("processor.instance_id"), ExpectedKeys: v.GetInt("wallet.ledger_keys"),
 		BatchSize: v.GetInt("wallet.batch_size"), BatchLinger: v.GetDuration("wallet.batch_linger"), Batchers: v.GetInt("wallet.batchers"),
-		Log: log, Metrics: metrics.Default})
+		RebuildSettle: v.GetDuration("wallet.rebuild_settle"), Log: log, Metrics: metrics.Default})
 	if err != nil {
 		return err
 	}

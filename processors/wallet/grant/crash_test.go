@@ -10,9 +10,10 @@ import (
 	"os"
 	"os/exec"
 	"strings"
-	wstack "surge/processors/wallet/stack"
 	"testing"
 	"time"
+
+	wstack "surge/processors/wallet/stack"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kgo"

@@ -26,6 +26,7 @@ import (
 	"surge/processors/wallet/config"
 	"surge/processors/wallet/internal/guard"
 	"surge/processors/wallet/internal/stock"
+	"surge/processors/wallet/internal/tally"
 	"surge/processors/wallet/order"
 	"surge/processors/wallet/token"
 	"surge/schemas"
@@ -41,6 +42,9 @@ var (
 	ErrOverBudget  = errors.New("activity budget exhausted")
 	ErrRateLimited = errors.New("rate limited")
 	ErrDegraded    = errors.New("switched off")
+	// ErrRebuilding: a budget or stock counter is missing from Redis (it
+	// lost its data) and is being rebuilt from the topics; retry shortly.
+	ErrRebuilding = errors.New("budget and stock counters are being rebuilt from the topics; retry shortly")
 	// ErrConflict: the order number was accepted before with a different
 	// grant (amount, scene, rain, app). An order number is an idempotency
 	// key: a retry must repeat the request, not change it.
@@ -56,14 +60,25 @@ type Config struct {
 	Keys     *token.Keyring
 	Redis    redis.UniversalClient
 	Producer *kgo.Client
+	// RebuildSettle is how long a rebuild of the counters waits before it
+	// reads the topics, so grants that took from the lost counters are
+	// published by then (default 5 s).
+	RebuildSettle time.Duration
 }
 
 // EnsureDefaults fills what the Config left out.
-func (c *Config) EnsureDefaults() { c.Env.EnsureDefaults() }
+func (c *Config) EnsureDefaults() {
+	c.Env.EnsureDefaults()
+	if c.RebuildSettle == 0 {
+		c.RebuildSettle = 5 * time.Second
+	}
+}
 
 // Intake accepts grants.
 type Intake struct {
 	cfg     Config
+	tally   tally.Counter
+	rebuild *rebuilder
 	live    lane
 	shadow  lane
 	local   *guard.Bucket
@@ -74,24 +89,32 @@ type Intake struct {
 // lane is where a kind of traffic goes: real, or load test (shadow prefix
 // on every topic and key, with a TTL on keys).
 type lane struct {
-	ns        string
-	keys      string
+	ns        string // topics
+	keys      string // Redis keys
 	ttl       time.Duration
 	tokens    *Tokens
 	stock     *stock.Control
 	keyedCash *keyedCashClaims
 }
 
+// budgetKey is the counter of the budget phase has spent.
+func (l *lane) budgetKey(phase string) string { return l.keys + "wbudget:" + phase }
+
 // New returns an intake.
 func New(cfg Config) *Intake {
 	cfg.EnsureDefaults()
+	// Budget and stock counters are a cache of the topics: rebuilt from
+	// them when missing. An intake with no cluster to read (tests of it
+	// alone) starts a missing counter at zero instead.
+	counters := tally.New(cfg.Redis, len(cfg.Kafka.Seeds) == 0)
 	mk := func(ns, keys string, ttl time.Duration) lane {
-		return lane{ns: ns, keys: keys, ttl: ttl, tokens: NewTokens(cfg.Redis, keys+"wtok:", ttl), stock: stock.New(cfg.Redis, keys+"wstock:", 8),
+		return lane{ns: ns, keys: keys, ttl: ttl, tokens: NewTokens(cfg.Redis, keys+"wtok:", ttl), stock: stock.New(cfg.Redis, counters, keys+"wstock:", 8),
 			keyedCash: &keyedCashClaims{marker: keys + "wgrant-cash-keyed"}}
 	}
 	ns := cfg.Namespace
-	in := &Intake{cfg: cfg, live: mk(ns, ns, 0), shadow: mk(schemas.ShadowPrefix+ns, "shadow:"+ns, 24*time.Hour),
+	in := &Intake{cfg: cfg, tally: counters, live: mk(ns, ns, 0), shadow: mk(schemas.ShadowPrefix+ns, "shadow:"+ns, 24*time.Hour),
 		local: guard.NewBucket(cfg.Source.Tree().RateLimits.GrantsPerInstance), global: guard.NewGlobal(cfg.Redis, ns+"wlimit:")}
+	in.rebuild = newRebuilder(in)
 	in.mResult = cfg.Metrics.NewCounterVec("surge_wallet_grants_total", "grants by outcome", "outcome")
 	return in
 }
@@ -545,7 +568,7 @@ func (in *Intake) undo(ctx context.Context, ps []*pending) {
 			pipe.Del(ctx, p.idem)
 		}
 		if p.spent {
-			pipe.DecrBy(ctx, p.l.keys+"wbudget:"+p.phase.ID, p.g.Amount)
+			_ = in.tally.Give(ctx, p.l.budgetKey(p.phase.ID), p.g.Amount)
 		}
 		if p.cached { // or the user would see a token that never books
 			p.l.tokens.release(ctx, pipe, p.tok, p.tokBytes)
@@ -555,13 +578,14 @@ func (in *Intake) undo(ctx context.Context, ps []*pending) {
 }
 
 // spendBudget takes the budget of a phase once for all its grants; if the
-// sum does not fit, it gives it back and takes grant by grant, so the
-// grants that fit still pass.
+// sum does not fit, it takes grant by grant, so the grants that fit still
+// pass. A budget counter that is missing (Redis lost it) refuses its
+// grants with ErrRebuilding and has it rebuilt from the topics.
 func (in *Intake) spendBudget(ctx context.Context, ps []*pending) []*pending {
 	groups := map[string][]*pending{}
 	for _, p := range ps {
 		if p.phase.Budget > 0 {
-			k := p.l.keys + "wbudget:" + p.phase.ID
+			k := p.l.budgetKey(p.phase.ID)
 			groups[k] = append(groups[k], p)
 		}
 	}
@@ -572,28 +596,31 @@ func (in *Intake) spendBudget(ctx context.Context, ps []*pending) []*pending {
 			sum += p.g.Amount
 		}
 		budget := group[0].phase.Budget
-		spent, err := in.cfg.Redis.IncrBy(ctx, key, sum).Result()
-		if err == nil && spent <= budget {
+		_, err := in.tally.Take(ctx, key, sum, budget)
+		if err == nil {
 			for _, p := range group {
 				p.spent = true
 			}
 			continue
 		}
-		if err == nil {
-			_ = in.cfg.Redis.DecrBy(context.WithoutCancel(ctx), key, sum).Err()
-		}
 		for _, p := range group { // slow path: one by one
-			spent, err := in.cfg.Redis.IncrBy(ctx, key, p.g.Amount).Result()
+			err := err
+			if errors.Is(err, tally.ErrOver) {
+				_, err = in.tally.Take(ctx, key, p.g.Amount, budget)
+			}
 			switch {
-			case err != nil:
-				*p.out = Outcome{Err: fmt.Errorf("grant: budget: %w", err)}
-			case spent > budget:
-				_ = in.cfg.Redis.DecrBy(context.WithoutCancel(ctx), key, p.g.Amount).Err()
-				_, e := in.refuse("over_budget", fmt.Errorf("%w: %s has %d of %d left", ErrOverBudget, p.phase.ID, budget-(spent-p.g.Amount), budget))
-				*p.out = Outcome{Err: e}
-			default:
+			case err == nil:
 				p.spent = true
 				continue
+			case errors.Is(err, tally.ErrOver):
+				_, e := in.refuse("over_budget", fmt.Errorf("%w: %s has less than %d of %d left", ErrOverBudget, p.phase.ID, p.g.Amount, budget))
+				*p.out = Outcome{Err: e}
+			case errors.Is(err, tally.ErrMissing):
+				in.rebuild.trigger()
+				_, e := in.refuse("rebuilding", fmt.Errorf("%w: budget of %s", ErrRebuilding, p.phase.ID))
+				*p.out = Outcome{Err: e}
+			default:
+				*p.out = Outcome{Err: fmt.Errorf("grant: budget: %w", err)}
 			}
 			failed[p] = true
 		}
@@ -631,11 +658,15 @@ func (in *Intake) takeStock(ctx context.Context, tree *config.Tree, ps []*pendin
 			if errors.Is(err, stock.ErrLow) {
 				in.mResult.With("stock_low").Inc()
 			}
-		} else if err = p.l.stock.Take(ctx, p.scene.Template, p.scene.Stock, p.g.Amount); err != nil {
+		} else if err = p.l.stock.Take(ctx, p.scene.Template, p.scene.Stock, p.g.Amount); err != nil && !errors.Is(err, tally.ErrMissing) {
 			in.mResult.With("out_of_stock").Inc()
 			if errors.Is(err, stock.ErrTimeout) {
 				p.idem = "" // a timed-out take may have counted: keep the order number spent
 			}
+		}
+		if errors.Is(err, tally.ErrMissing) {
+			in.rebuild.trigger()
+			_, err = in.refuse("rebuilding", fmt.Errorf("%w: stock of %s", ErrRebuilding, p.scene.Template))
 		}
 		if err != nil {
 			*p.out = Outcome{Err: err}

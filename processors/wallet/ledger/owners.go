@@ -150,12 +150,17 @@ func (o *owners) refresh(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	gs, err := o.adm.DescribeGroups(ctx, o.group)
-	if err != nil {
-		return fmt.Errorf("ledger: describe group %s: %w", o.group, err)
-	}
 	g, ok := gs[o.group]
-	if !ok || g.Err != nil {
-		return fmt.Errorf("ledger: describe group %s: %v", o.group, g.Err)
+	if err == nil && (!ok || g.Err != nil) {
+		err = fmt.Errorf("%v", g.Err)
+	}
+	if err != nil {
+		// The client keeps the group's coordinator it found; when that
+		// broker died, it would ask the dead one again and again. The
+		// next lookup starts from a new client, which finds the new one.
+		o.adm.Close()
+		o.adm = nil
+		return fmt.Errorf("ledger: describe group %s: %w", o.group, err)
 	}
 	owner := map[int32]string{}
 	for _, m := range g.Members {

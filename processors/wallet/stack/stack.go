@@ -99,8 +99,12 @@ type Options struct {
 	ExpectedKeys int
 	// NoTotal leaves the live total out (tests of other parts).
 	NoTotal bool
-	Log     *slog.Logger
-	Metrics *metrics.Registry
+	// RebuildSettle is how long a rebuild of the budget and stock
+	// counters waits for grants in flight before it reads the topics
+	// (0: the intake's default, 5 s).
+	RebuildSettle time.Duration
+	Log           *slog.Logger
+	Metrics       *metrics.Registry
 }
 
 // Wallet is one instance.
@@ -137,7 +141,8 @@ func New(o Options) (*Wallet, error) {
 		w.Total.FollowSwitch(func() bool { return o.Source.Tree().Degraded(guard.CounterPrimary) })
 	}
 	env := streams.Env{Kafka: o.Kafka, Namespace: o.Namespace, Log: o.Log, Metrics: o.Metrics}
-	w.Intake = grant.New(grant.Config{Env: env, Source: o.Source, Keys: o.Keys, Redis: o.Redis, Producer: o.Producer})
+	w.Intake = grant.New(grant.Config{Env: env, Source: o.Source, Keys: o.Keys, Redis: o.Redis, Producer: o.Producer,
+		RebuildSettle: o.RebuildSettle})
 	w.Ledger = ledger.New(ledger.Config{Env: env, Dir: o.Dir, Source: o.Source, Keys: o.Keys,
 		Tokens: w.Intake.Tokens(), ExpectedKeys: o.ExpectedKeys,
 		Advertise: o.Advertise, Total: w.Total, InstanceID: o.InstanceID})
@@ -164,6 +169,11 @@ func (w *Wallet) EnsureTopics(ctx context.Context, rep streams.Replication) erro
 // Start follows the withdrawal answers and starts the live total: what
 // the API needs before it serves.
 func (w *Wallet) Start(ctx context.Context) error {
+	// Budget and stock counters missing from Redis (a new deployment, or
+	// a Redis that lost its data) are rebuilt from the topics first.
+	if err := w.Intake.EnsureCounters(ctx); err != nil {
+		return err
+	}
 	if err := w.API.FollowResults(ctx); err != nil {
 		return err
 	}

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"surge/processors/wallet/internal/tally"
 )
 
 // Rules from the seed.
@@ -38,6 +40,7 @@ var ErrTimeout = errors.New("stock: timed out; not retried")
 // Control is the stock of templates in one Redis.
 type Control struct {
 	rdb    redis.UniversalClient
+	tally  tally.Counter
 	prefix string
 	splits int
 
@@ -58,9 +61,37 @@ type remainingSeen struct {
 const StopCheckEvery = 100 * time.Millisecond
 
 // New returns a stock control with keys under prefix, each template split
-// over splits keys.
-func New(rdb redis.UniversalClient, prefix string, splits int) *Control {
-	return &Control{rdb: rdb, prefix: prefix, splits: max(splits, 1), seen: map[string]remainingSeen{}}
+// over splits keys, counted by t (which says whether a missing key is
+// tally.ErrMissing, to rebuild with Restore, or starts at zero).
+func New(rdb redis.UniversalClient, t tally.Counter, prefix string, splits int) *Control {
+	return &Control{rdb: rdb, tally: t, prefix: prefix, splits: max(splits, 1), seen: map[string]remainingSeen{}}
+}
+
+// Restore sets tpl's keys (of total stock) to account for taken units, as
+// the topics say, unless a key exists: the taken units fill the keys'
+// shares in order. A key that survived keeps what it holds (at least what
+// it took), so a partly lost Redis oversells nothing.
+func (c *Control) Restore(ctx context.Context, pipe redis.Pipeliner, tpl string, total, taken int64) {
+	for i, share := range c.shares(total) {
+		n := min(share, taken)
+		taken -= n
+		if i == c.splits-1 {
+			n += taken // more than the sellable stock was taken (a timed-out take): keep it counted
+		}
+		c.tally.Init(ctx, pipe, c.key(tpl, i), n)
+	}
+	c.mu.Lock()
+	delete(c.seen, tpl)
+	c.mu.Unlock()
+}
+
+// Keys are the Redis keys of tpl's stock (to check they exist).
+func (c *Control) Keys(tpl string) []string {
+	out := make([]string, c.splits)
+	for i := range out {
+		out[i] = c.key(tpl, i)
+	}
+	return out
 }
 
 func (c *Control) key(tpl string, i int) string { return fmt.Sprintf("%s%s:%d", c.prefix, tpl, i) }
@@ -79,8 +110,10 @@ func (c *Control) shares(total int64) []int64 {
 }
 
 // Take consumes n units of tpl (of total stock). It tries the keys from a
-// random one on: a key over its share gives the units back and the next is
-// tried; all full means out of stock.
+// random one on: a key whose share n would pass is left as it is and the
+// next is tried (check and take are one script); all full means out of
+// stock. A missing key is tally.ErrMissing: nothing is taken until the
+// stock is restored from the topics.
 func (c *Control) Take(ctx context.Context, tpl string, total, n int64) error {
 	shares := c.shares(total)
 	start := rand.IntN(c.splits)
@@ -89,26 +122,25 @@ func (c *Control) Take(ctx context.Context, tpl string, total, n int64) error {
 		if shares[i] < n {
 			continue
 		}
-		v, err := c.rdb.IncrBy(ctx, c.key(tpl, i), n).Result()
-		if err != nil {
+		_, err := c.tally.Take(ctx, c.key(tpl, i), n, shares[i])
+		switch {
+		case errors.Is(err, tally.ErrOver):
+			continue // over this key's share: the next key
+		case errors.Is(err, tally.ErrMissing):
+			return err
+		case err != nil:
 			if errors.Is(err, context.DeadlineExceeded) || isTimeout(err) {
 				return ErrTimeout
 			}
 			return err
 		}
-		if v <= shares[i] {
-			c.mu.Lock()
-			if s, ok := c.seen[tpl]; ok {
-				s.remaining -= n
-				c.seen[tpl] = s
-			}
-			c.mu.Unlock()
-			return nil
+		c.mu.Lock()
+		if s, ok := c.seen[tpl]; ok {
+			s.remaining -= n
+			c.seen[tpl] = s
 		}
-		// Over this key's share: give back, try the next key.
-		if err := c.rdb.DecrBy(ctx, c.key(tpl, i), n).Err(); err != nil {
-			return err
-		}
+		c.mu.Unlock()
+		return nil
 	}
 	return ErrOut
 }
@@ -133,7 +165,10 @@ func (c *Control) Remaining(ctx context.Context, tpl string, total int64) (int64
 	var used int64
 	for _, g := range gets {
 		n, err := g.Int64()
-		if err != nil && !errors.Is(err, redis.Nil) {
+		switch {
+		case errors.Is(err, redis.Nil) && !c.tally.CreatesMissing():
+			return 0, tally.ErrMissing
+		case err != nil && !errors.Is(err, redis.Nil):
 			return 0, err
 		}
 		used += n

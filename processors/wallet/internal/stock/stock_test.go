@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"surge/processors/wallet/internal/tally"
 	"surge/streams/streamstest"
 )
 
@@ -22,7 +23,7 @@ func TestNeverOversold(t *testing.T) {
 		const total = 10_000
 		issuers := make([]*Control, 8) // separate instances, same Redis
 		for i := range issuers {
-			issuers[i] = New(rdb, "test:", 16)
+			issuers[i] = New(rdb, tally.New(rdb, true), "test:", 16)
 		}
 		var ok, out atomic.Int64
 		var wg sync.WaitGroup
@@ -64,7 +65,7 @@ func TestNeverOversold(t *testing.T) {
 
 func TestStopThreshold(t *testing.T) {
 	streamstest.EachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
-		c := New(rdb, "test:", 4)
+		c := New(rdb, tally.New(rdb, true), "test:", 4)
 		tpl := streamstest.Unique("tpl")
 		ctx := context.Background()
 		// 1000 total: 950 sellable; stop once fewer than 100 remain.

@@ -1,0 +1,294 @@
+package grant
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"surge/processors/wallet/config"
+	"surge/schemas"
+	pb "surge/schemas/surgev1"
+	"surge/streams"
+	"surge/streams/metrics"
+)
+
+// The budget each phase spent and the coupon stock each template gave out
+// live in Redis as counters (tally), a cache of what the intake published:
+// every accepted grant is on wallet.grants, or inside its token on
+// wallet.tokens. When Redis loses them, the intake does not start them
+// again at zero (that spends a budget twice): a missing counter refuses its
+// grants (ErrRebuilding, 503) and one instance rebuilds every counter from
+// the topics, then the grants go on.
+//
+// The rebuild waits RebuildSettle before it reads, so that grants which
+// took from the lost counters just before the loss are on the topics by
+// then; one published later than that would be missing from the sums.
+
+// rebuilder runs at most one rebuild at a time in this process; a lock in
+// Redis keeps instances from rebuilding side by side.
+type rebuilder struct {
+	in      *Intake
+	mu      sync.Mutex
+	running chan struct{} // open while a rebuild runs; nil otherwise
+	mRuns   metrics.CounterVec
+	seed    maphash.Seed
+}
+
+func newRebuilder(in *Intake) *rebuilder {
+	return &rebuilder{in: in, seed: maphash.MakeSeed(),
+		mRuns: in.cfg.Metrics.NewCounterVec("surge_wallet_counter_rebuilds_total", "rebuilds of the budget and stock counters from the topics, by outcome", "outcome")}
+}
+
+// trigger starts a rebuild in the background unless one runs.
+func (r *rebuilder) trigger() {
+	if len(r.in.cfg.Kafka.Seeds) == 0 {
+		return // no topics to read: counters start at zero (tally.New)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.running != nil {
+		return
+	}
+	done := make(chan struct{})
+	r.running = done
+	go func() {
+		defer func() {
+			r.mu.Lock()
+			r.running = nil
+			r.mu.Unlock()
+			close(done)
+		}()
+		if err := r.rebuild(context.Background()); err != nil {
+			r.in.cfg.Log.Error("wallet: counters not rebuilt; the next grant that needs one tries again", "err", err)
+		}
+	}()
+}
+
+// EnsureCounters returns once every budget and stock counter of the
+// activity tree exists, rebuilding them from the topics if any is missing:
+// a wallet calls it before it serves grants.
+func (in *Intake) EnsureCounters(ctx context.Context) error {
+	if len(in.cfg.Kafka.Seeds) == 0 {
+		return nil
+	}
+	missing, err := in.countersMissing(ctx)
+	if err != nil || !missing {
+		return err
+	}
+	return in.rebuild.rebuild(ctx)
+}
+
+// countersMissing reports whether any counter of the tree is missing.
+func (in *Intake) countersMissing(ctx context.Context) (bool, error) {
+	var keys []string
+	tree := in.cfg.Source.Tree()
+	for _, l := range []*lane{&in.live, &in.shadow} {
+		for _, ph := range budgeted(tree) {
+			keys = append(keys, l.budgetKey(ph.ID))
+		}
+		for tpl := range stocked(tree) {
+			keys = append(keys, l.stock.Keys(tpl)...)
+		}
+	}
+	pipe := in.cfg.Redis.Pipeline()
+	cmds := make([]*redis.IntCmd, len(keys))
+	for i, k := range keys {
+		cmds[i] = pipe.Exists(ctx, k)
+	}
+	if len(keys) == 0 {
+		return false, nil
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return false, err
+	}
+	for _, c := range cmds {
+		if c.Val() == 0 {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// rebuild takes the lock, waits for grants in flight, reads both lanes'
+// topics and sets every missing counter; another instance's rebuild is
+// waited for instead.
+func (r *rebuilder) rebuild(ctx context.Context) error {
+	in := r.in
+	lock := in.cfg.Namespace + "wrebuild-lock"
+	mark := make([]byte, 8)
+	_, _ = rand.Read(mark)
+	owner := hex.EncodeToString(mark)
+	for {
+		ok, err := in.cfg.Redis.SetNX(ctx, lock, owner, 5*time.Minute).Result()
+		if err != nil {
+			r.mRuns.With("failed").Inc()
+			return err
+		}
+		if ok {
+			break
+		}
+		// Another instance rebuilds: done when its lock is gone.
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+		if n, err := in.cfg.Redis.Exists(ctx, lock).Result(); err == nil && n == 0 {
+			if missing, err := in.countersMissing(ctx); err == nil && !missing {
+				return nil
+			}
+		}
+	}
+	defer releaseClaimScript.Run(context.WithoutCancel(ctx), in.cfg.Redis, []string{lock}, owner)
+	began := time.Now()
+	in.cfg.Log.Warn("wallet: budget or stock counters missing from Redis; rebuilding them from the topics (grants that need them answer 503 meanwhile)",
+		"settle", in.cfg.RebuildSettle)
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(in.cfg.RebuildSettle):
+	}
+	tree := in.cfg.Source.Tree()
+	pipe := in.cfg.Redis.Pipeline()
+	var read, claimed int
+	for _, l := range []*lane{&in.live, &in.shadow} {
+		s, err := r.sums(ctx, l)
+		if err != nil {
+			r.mRuns.With("failed").Inc()
+			return err
+		}
+		read += s.records
+		claimed += s.claims
+		for _, ph := range budgeted(tree) {
+			in.tally.Init(ctx, pipe, l.budgetKey(ph.ID), s.budget[ph.ID])
+		}
+		for tpl, total := range stocked(tree) {
+			l.stock.Restore(ctx, pipe, tpl, total, s.stock[tpl])
+		}
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		r.mRuns.With("failed").Inc()
+		return fmt.Errorf("wallet: write rebuilt counters: %w", err)
+	}
+	r.mRuns.With("done").Inc()
+	in.cfg.Log.Warn("wallet: counters rebuilt from the topics", "records", read, "order_claims", claimed, "took", time.Since(began).Round(time.Millisecond))
+	return nil
+}
+
+// laneSums is what one lane's topics say was spent.
+type laneSums struct {
+	budget  map[string]int64 // phase -> cents granted
+	stock   map[string]int64 // coupon template -> units granted
+	records int
+	claims  int // order claims of coupons and pendants set again
+}
+
+// sums reads a lane's grants and tokens to their ends, each order once.
+func (r *rebuilder) sums(ctx context.Context, l *lane) (laneSums, error) {
+	s := laneSums{budget: map[string]int64{}, stock: map[string]int64{}}
+	seen := map[uint64]struct{}{} // order numbers (hashed: a 10M-order rebuild fits in memory)
+	add := func(g *pb.RewardGrant) {
+		if g == nil {
+			return
+		}
+		h := maphash.String(r.seed, g.OrderNo)
+		if _, dup := seen[h]; dup {
+			return // a grant published again (a retried produce) counts once
+		}
+		seen[h] = struct{}{}
+		s.budget[g.ActivityId] += g.Amount
+		if g.AwardType == pb.AwardType_COUPON && g.TemplateId != "" {
+			s.stock[g.TemplateId] += g.Amount
+		}
+	}
+	// A topic that does not exist (the shadow lane's, before any load
+	// test) holds nothing.
+	absent := func(err error) bool { return errors.Is(err, kerr.UnknownTopicOrPartition) }
+	// Grants claimed by key (coupons, pendants) get their claims back, so
+	// a retry after the loss is a duplicate, not a second take of budget
+	// and stock; written as the topic is read, a pipeline at a time.
+	claims := r.in.cfg.Redis.Pipeline()
+	flush := func() error {
+		if claims.Len() == 0 {
+			return nil
+		}
+		_, err := claims.Exec(ctx)
+		return err
+	}
+	now := r.in.cfg.Now()
+	err := streams.ReadToEnd(ctx, r.in.cfg.Kafka, l.ns+schemas.TopicGrants, func(rec *kgo.Record) error {
+		var g pb.RewardGrant
+		if streams.Decode(rec, &g) != nil {
+			return nil
+		}
+		s.records++
+		add(&g)
+		if left := claimTTL - now.Sub(time.UnixMilli(g.AtMs)); left > 0 && g.OrderNo != "" {
+			// As claim writes it; "rebuilt" for the batch, and the grant's
+			// time, so a retry publishes it again (harmless: its
+			// consumers take an order number once).
+			mark := g.ActivityId + " rebuilt " + fingerprint(&g) + " " + strconv.FormatInt(g.AtMs, 10)
+			claims.SetNX(ctx, l.keys+"wgrant:"+g.OrderNo, mark, left)
+			s.claims++
+			if claims.Len() >= 5000 {
+				return flush()
+			}
+		}
+		return nil
+	})
+	if err == nil {
+		err = flush()
+	}
+	if err != nil && !absent(err) {
+		return s, fmt.Errorf("wallet: read %s: %w", l.ns+schemas.TopicGrants, err)
+	}
+	err = streams.ReadToEnd(ctx, r.in.cfg.Kafka, l.ns+schemas.TopicTokens, func(rec *kgo.Record) error {
+		var t pb.Token
+		if streams.Decode(rec, &t) == nil {
+			s.records++
+			add(t.Grant)
+		}
+		return nil
+	})
+	if err != nil && !absent(err) {
+		return s, fmt.Errorf("wallet: read %s: %w", l.ns+schemas.TopicTokens, err)
+	}
+	return s, nil
+}
+
+// budgeted is every phase of the tree with a budget.
+func budgeted(t *config.Tree) []config.Child {
+	var out []config.Child
+	for _, a := range t.Activities {
+		for _, c := range a.Children {
+			if c.Budget > 0 {
+				out = append(out, c)
+			}
+		}
+	}
+	return out
+}
+
+// stocked is every stock-controlled coupon template of the tree, with its
+// total stock (the first scene naming it).
+func stocked(t *config.Tree) map[string]int64 {
+	out := map[string]int64{}
+	for _, a := range t.Activities {
+		for _, sc := range a.Scenes {
+			if _, ok := out[sc.Template]; !ok && sc.Template != "" && sc.Switches.StockControl {
+				out[sc.Template] = sc.Stock
+			}
+		}
+	}
+	return out
+}
