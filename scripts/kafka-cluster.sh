@@ -8,7 +8,10 @@
 #   scripts/kafka-cluster.sh restart N    start node N again on its data
 # Env: KAFKA_CLUSTER_PORT (19192: brokers on it and the next two ports,
 # controllers on +100), KAFKA_CLUSTER_HOME (.cache/kafka-cluster),
-# KAFKA_CLUSTER_HEAP (384m each). The jars are scripts/kafka.sh's.
+# KAFKA_CLUSTER_HEAP (384m each), KAFKA_CLUSTER_SESSION_MS (the
+# controller's broker.session.timeout.ms: how soon a dead broker's
+# partitions get new leaders; Kafka's default 9000). The jars are
+# scripts/kafka.sh's.
 # $KAFKA_CLUSTER_HOME/client.env holds SURGE_KAFKA_BROKERS for a client.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -54,6 +57,8 @@ group.initial.rebalance.delay.ms=0
 auto.create.topics.enable=false
 message.max.bytes=2097152
 unclean.leader.election.enable=false
+broker.session.timeout.ms=${KAFKA_CLUSTER_SESSION_MS:-9000}
+broker.heartbeat.interval.ms=$(( ${KAFKA_CLUSTER_SESSION_MS:-9000} / 4 ))
 PROPS
 }
 
@@ -89,7 +94,9 @@ start() {
     done
     touch "$home/formatted"
   fi
-  for n in "${nodes[@]}"; do running "$n" || launch "$n"; done
+  for n in "${nodes[@]}"; do
+    if ! running "$n"; then configure "$n"; launch "$n"; fi # settings from the environment of this start
+  done
   wait_up "${nodes[@]}"
   local bs=()
   for n in "${nodes[@]}"; do bs+=("127.0.0.1:$(bport "$n")"); done
