@@ -183,6 +183,7 @@ var commandKeys = map[string][]string{
 	"produce":      {},
 	"consume":      {},
 	"replay":       {},
+	"rebuild":      {"wallet.", "redis."},
 }
 
 // takesKey reports whether command name takes key as a flag.

@@ -249,10 +249,29 @@ func TestWalletRedisLossDrill(t *testing.T) {
 			time.Sleep(100 * time.Millisecond)
 		}
 	}
+	// On demand, every counter again from the topics: the budget stays
+	// spent (a new grant is refused over it).
+	out, code := runToEnd(t, env, "rebuild", "wallet", "--force")
+	if code != 0 || !strings.Contains(out, "rebuilt the wallet's counters from") {
+		t.Fatalf("surge rebuild wallet --force: exit %d\n%s", code, out)
+	}
+	t.Logf("surge rebuild wallet --force: %s", lastLine(out))
+	waitFor(t, ctx, "a grant past the budget refused after the forced rebuild", func() bool {
+		code, _, err := c.do("POST", "/v1/grants", `{"orderNo":"u1_rain_rx_1_1","actId":"u1","activityId":"spring","sceneId":"rain","rainId":"rx","awardType":"CASH","stage":1,"amount":1000}`, c.asApp)
+		if err == nil && code == 200 {
+			t.Fatal("a grant past the budget was accepted after the forced rebuild")
+		}
+		return err == nil && code == 409
+	})
 	wallet.mu.Lock()
 	log := wallet.log.String()
 	wallet.mu.Unlock()
 	if !strings.Contains(log, "counters rebuilt from the topics") {
 		t.Errorf("the wallet never said it rebuilt its counters:\n%s", log)
 	}
+}
+
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return lines[len(lines)-1]
 }

@@ -57,6 +57,8 @@ commands:
   consume    print a topic's records as JSON: --topic T [--max N]
   replay     re-read a topic from --offset N or --since TIME into --into TOPIC
              (or print it)
+  rebuild    rebuild a system's Redis state from its topics: "rebuild wallet
+             [--force]" (budget and stock counters, order claims)
   config     print the effective configuration
   completion bash|zsh: shell completion of commands and each command's flags
              (source <(surge completion bash))
@@ -99,6 +101,8 @@ func main() {
 		err = cmdConsume(ctx, args)
 	case "replay":
 		err = cmdReplay(ctx, args)
+	case "rebuild":
+		err = cmdRebuild(ctx, args)
 	case "config":
 		var v *viper.Viper
 		if v, _, err = loadConfig("config", args, nil); err == nil {

@@ -42,6 +42,11 @@ type rebuilder struct {
 	running chan struct{} // open while a rebuild runs; nil otherwise
 	mRuns   metrics.CounterVec
 	seed    maphash.Seed
+	// progress, when set (RebuildCounters), hears of the records read;
+	// last is what the latest rebuild did.
+	progress func(records int)
+	read     int // records read by the rebuild under way
+	last     RebuildSummary
 }
 
 func newRebuilder(in *Intake) *rebuilder {
@@ -74,6 +79,39 @@ func (r *rebuilder) trigger() {
 	}()
 }
 
+// RebuildSummary is what a rebuild did.
+type RebuildSummary struct {
+	Records     int           // grant and token records read
+	Counters    int           // budget and stock keys set (or kept: they existed)
+	OrderClaims int           // coupon and pendant order claims set again
+	Took        time.Duration // with the settle wait
+}
+
+// RebuildCounters rebuilds the budget and stock counters and the order
+// claims from the topics on demand (`surge rebuild wallet`), calling
+// progress every 10,000 records read. With force it first deletes the
+// counters, so every one is set from the topics (grants that need them
+// answer 503 meanwhile); without, only missing ones are set.
+func (in *Intake) RebuildCounters(ctx context.Context, force bool, progress func(records int)) (RebuildSummary, error) {
+	if len(in.cfg.Kafka.Seeds) == 0 {
+		return RebuildSummary{}, errors.New("wallet: no Kafka cluster to rebuild the counters from")
+	}
+	if force {
+		pipe := in.cfg.Redis.Pipeline()
+		for _, k := range in.counterKeys() {
+			pipe.Del(ctx, k)
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			return RebuildSummary{}, err
+		}
+	}
+	r := in.rebuild
+	r.progress = progress
+	defer func() { r.progress = nil }()
+	err := r.rebuild(ctx)
+	return r.last, err
+}
+
 // EnsureCounters returns once every budget and stock counter of the
 // activity tree exists, rebuilding them from the topics if any is missing:
 // a wallet calls it before it serves grants.
@@ -88,8 +126,8 @@ func (in *Intake) EnsureCounters(ctx context.Context) error {
 	return in.rebuild.rebuild(ctx)
 }
 
-// countersMissing reports whether any counter of the tree is missing.
-func (in *Intake) countersMissing(ctx context.Context) (bool, error) {
+// counterKeys are the Redis keys of every counter of the tree.
+func (in *Intake) counterKeys() []string {
 	var keys []string
 	tree := in.cfg.Source.Tree()
 	for _, l := range []*lane{&in.live, &in.shadow} {
@@ -100,6 +138,12 @@ func (in *Intake) countersMissing(ctx context.Context) (bool, error) {
 			keys = append(keys, l.stock.Keys(tpl)...)
 		}
 	}
+	return keys
+}
+
+// countersMissing reports whether any counter of the tree is missing.
+func (in *Intake) countersMissing(ctx context.Context) (bool, error) {
+	keys := in.counterKeys()
 	pipe := in.cfg.Redis.Pipeline()
 	cmds := make([]*redis.IntCmd, len(keys))
 	for i, k := range keys {
@@ -160,6 +204,7 @@ func (r *rebuilder) rebuild(ctx context.Context) error {
 	}
 	tree := in.cfg.Source.Tree()
 	pipe := in.cfg.Redis.Pipeline()
+	r.read = 0
 	var read, claimed int
 	for _, l := range []*lane{&in.live, &in.shadow} {
 		s, err := r.sums(ctx, l)
@@ -181,6 +226,7 @@ func (r *rebuilder) rebuild(ctx context.Context) error {
 		return fmt.Errorf("wallet: write rebuilt counters: %w", err)
 	}
 	r.mRuns.With("done").Inc()
+	r.last = RebuildSummary{Records: read, Counters: len(in.counterKeys()), OrderClaims: claimed, Took: time.Since(began)}
 	in.cfg.Log.Warn("wallet: counters rebuilt from the topics", "records", read, "order_claims", claimed, "took", time.Since(began).Round(time.Millisecond))
 	return nil
 }
@@ -231,7 +277,7 @@ func (r *rebuilder) sums(ctx context.Context, l *lane) (laneSums, error) {
 		if streams.Decode(rec, &g) != nil {
 			return nil
 		}
-		s.records++
+		r.count(&s)
 		add(&g)
 		if left := claimTTL - now.Sub(time.UnixMilli(g.AtMs)); left > 0 && g.OrderNo != "" {
 			// As claim writes it; "rebuilt" for the batch, and the grant's
@@ -255,7 +301,7 @@ func (r *rebuilder) sums(ctx context.Context, l *lane) (laneSums, error) {
 	err = streams.ReadToEnd(ctx, r.in.cfg.Kafka, l.ns+schemas.TopicTokens, func(rec *kgo.Record) error {
 		var t pb.Token
 		if streams.Decode(rec, &t) == nil {
-			s.records++
+			r.count(&s)
 			add(t.Grant)
 		}
 		return nil
@@ -291,4 +337,13 @@ func stocked(t *config.Tree) map[string]int64 {
 		}
 	}
 	return out
+}
+
+// count counts a record read, and tells progress every 10,000.
+func (r *rebuilder) count(s *laneSums) {
+	s.records++
+	r.read++
+	if r.progress != nil && r.read%10_000 == 0 {
+		r.progress(r.read)
+	}
 }
