@@ -5,7 +5,7 @@ WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
-RUN CGO_ENABLED=0 go build -tags nochdb -o /out/surge ./cmd/surge
+RUN CGO_ENABLED=0 go build -o /out/surge ./cmd/surge
 
 FROM debian:bookworm-slim
 COPY --from=build /out/surge /usr/local/bin/surge

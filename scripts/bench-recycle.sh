@@ -4,6 +4,7 @@
 # against redis-server, on kfake and (if running) the real broker.
 # Writes bench/recycle.txt.
 set -euo pipefail
+export GOFLAGS="${GOFLAGS:+$GOFLAGS }-tags=chdb" # chDB, the embedded ClickHouse, is opt-in
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 scripts/redis.sh start >/dev/null

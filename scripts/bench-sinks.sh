@@ -2,6 +2,7 @@
 # ClickHouse figures on chDB: sink rows per second, one hourly
 # reconciliation over 10M grants. Writes bench/sinks.txt.
 set -euo pipefail
+export GOFLAGS="${GOFLAGS:+$GOFLAGS }-tags=chdb" # chDB, the embedded ClickHouse, is opt-in
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 CHDB_LIB_PATH="$(scripts/chdb.sh)"

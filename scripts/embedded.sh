@@ -9,7 +9,7 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 CHDB_LIB_PATH="$(scripts/chdb.sh)"
 export CHDB_LIB_PATH
-go build -o bin/surge ./cmd/surge
+go build -tags chdb -o bin/surge ./cmd/surge
 bin/surge embedded "$@"
 case " $* " in *" --demo.users 0 "*|*" --demo.users=0 "*) exit 0 ;; esac
 # Mass push under generated load, on its own embedded broker.

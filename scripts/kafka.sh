@@ -11,6 +11,7 @@
 # password is made at start too). What a client needs for the secured
 # listener is written to $KAFKA_HOME/secure/client.env (SURGE_KAFKA_* keys).
 set -euo pipefail
+. "$(dirname "$0")/certs.sh"
 root="$(cd "$(dirname "$0")/.." && pwd)"
 home="${KAFKA_HOME:-$root/.cache/kafka}"
 port="${KAFKA_PORT:-19092}"
@@ -42,13 +43,7 @@ make_secrets() {
   local store_pw
   store_pw=$(openssl rand -hex 16)
   user_pw=$(openssl rand -hex 16)
-  openssl req -x509 -newkey rsa:2048 -nodes -days 30 -subj "/CN=surge test CA" \
-    -keyout "$secure/ca.key" -out "$secure/ca.crt" 2>/dev/null
-  openssl req -newkey rsa:2048 -nodes -subj "/CN=127.0.0.1" \
-    -keyout "$secure/broker.key" -out "$secure/broker.csr" 2>/dev/null
-  printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\n' > "$secure/san.ext"
-  openssl x509 -req -in "$secure/broker.csr" -CA "$secure/ca.crt" -CAkey "$secure/ca.key" -CAcreateserial \
-    -days 30 -extfile "$secure/san.ext" -out "$secure/broker.crt" 2>/dev/null
+  make_server_cert "$secure" broker
   openssl pkcs12 -export -in "$secure/broker.crt" -inkey "$secure/broker.key" -name broker \
     -out "$secure/broker.p12" -passout "pass:$store_pw"
   printf '%s' "$user_pw" > "$secure/password"

@@ -12,6 +12,7 @@
 # (SURGE_REDIS_* keys).
 #   scripts/redis.sh start|stop
 set -euo pipefail
+. "$(dirname "$0")/certs.sh"
 root="$(cd "$(dirname "$0")/.." && pwd)"
 port="${REDIS_PORT:-16379}"
 sport=$((port + 1))
@@ -39,13 +40,7 @@ start_secure() {
     echo "redis.sh: secure server already running on $sport"; return
   fi
   rm -rf "$secure"; mkdir -p "$secure"; chmod 700 "$secure"
-  openssl req -x509 -newkey rsa:2048 -nodes -days 30 -subj "/CN=surge redis test CA" \
-    -keyout "$secure/ca.key" -out "$secure/ca.crt" 2>/dev/null
-  openssl req -newkey rsa:2048 -nodes -subj "/CN=127.0.0.1" \
-    -keyout "$secure/redis.key" -out "$secure/redis.csr" 2>/dev/null
-  printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\n' > "$secure/san.ext"
-  openssl x509 -req -in "$secure/redis.csr" -CA "$secure/ca.crt" -CAkey "$secure/ca.key" -CAcreateserial \
-    -days 30 -extfile "$secure/san.ext" -out "$secure/redis.crt" 2>/dev/null
+  make_server_cert "$secure" redis
   local pw
   pw=$(openssl rand -hex 16)
   printf '%s' "$pw" > "$secure/password"

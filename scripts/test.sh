@@ -20,6 +20,8 @@ export SURGE_TEST_KAFKA_SECURE="${KAFKA_HOME:-$root/.cache/kafka}/secure/client.
 export SURGE_TEST_KAFKA_CLUSTER="${KAFKA_CLUSTER_HOME:-$root/.cache/kafka-cluster}/client.env"
 export SURGE_TEST_REDIS_SECURE="$root/.cache/redis/secure/client.env" SURGE_TEST_REDIS_CLUSTER="$root/.cache/redis/cluster/client.env"
 export SURGE_TEST_REQUIRE_REAL=1
+# The embedded ClickHouse (chDB) is opt-in at build time; the tests use it.
+export GOFLAGS="${GOFLAGS:+$GOFLAGS }-tags=chdb"
 unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './.git/*'))
 if [ -n "$unformatted" ]; then echo "test.sh: not gofmt-ed: $unformatted" >&2; exit 1; fi
 go vet ./...

@@ -235,20 +235,7 @@ func TestWalletRedisLossDrill(t *testing.T) {
 		t.Error("no grant was held back while the counters were rebuilt")
 	}
 	// Every balance is what was granted: nothing lost, nothing twice.
-	deadline := time.Now().Add(90 * time.Second)
-	for u := range users {
-		act := fmt.Sprintf("u%d", u)
-		for {
-			code, out, err := c.do("GET", "/v1/users/"+act+"/balance", "", c.asUser(act))
-			if err == nil && code == 200 && int64(out["balance"].(float64)) == cash[act] {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: %d %v %v, want balance %d", act, code, out, err, cash[act])
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-	}
+	c.waitBalances(users, func(act string) int64 { return cash[act] })
 	// On demand, every counter again from the topics: the budget stays
 	// spent (a new grant is refused over it).
 	out, code := runToEnd(t, env, "rebuild", "wallet", "--force")

@@ -133,20 +133,7 @@ func TestBrokerKill9(t *testing.T) {
 	wg.Wait()
 
 	// Every balance is exactly what was granted.
-	deadline := time.Now().Add(90 * time.Second)
-	for u := range users {
-		act := fmt.Sprintf("u%d", u)
-		for {
-			code, out, err := c.do("GET", "/v1/users/"+act+"/balance", "", c.asUser(act))
-			if err == nil && code == 200 && int64(out["balance"].(float64)) == granted[act] {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: %d %v %v, want balance %d", act, code, out, err, granted[act])
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-	}
+	c.waitBalances(users, func(act string) int64 { return granted[act] })
 	// Every acknowledged login reached the presence output.
 	n := uint32(logins.Load())
 	seen := map[uint64]bool{}

@@ -53,6 +53,27 @@ func (c walletClient) do(method, path, body string, sign func(*http.Request, []b
 
 func (c walletClient) asApp(r *http.Request, body []byte) { auth.Sign(r, body, c.app, time.Now()) }
 
+// waitBalances waits (at most 90 s) until each of users' balance, read
+// through the API, is what want says, and fails the test with the first
+// that never is.
+func (c walletClient) waitBalances(users int, want func(act string) int64) {
+	c.t.Helper()
+	deadline := time.Now().Add(90 * time.Second)
+	for u := range users {
+		act := fmt.Sprintf("u%d", u)
+		for {
+			code, out, err := c.do("GET", "/v1/users/"+act+"/balance", "", c.asUser(act))
+			if b, ok := out["balance"].(float64); err == nil && code == 200 && ok && int64(b) == want(act) {
+				break
+			}
+			if time.Now().After(deadline) {
+				c.t.Fatalf("%s: %d %v %v, want balance %d", act, code, out, err, want(act))
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+}
+
 func (c walletClient) asUser(act string) func(*http.Request, []byte) {
 	return func(r *http.Request, _ []byte) {
 		tok, _ := c.users.Issue(act, time.Hour, time.Now())

@@ -1,4 +1,4 @@
-//go:build !nochdb
+//go:build chdb
 
 package clickhouse
 

@@ -1,4 +1,4 @@
-//go:build nochdb
+//go:build !chdb
 
 package clickhouse
 
@@ -7,13 +7,19 @@ import (
 	"errors"
 )
 
-// ChDB is absent from this build (-tags nochdb, for server deployments that
-// use a ClickHouse server and ship no libchdb.so).
+// ChDB is absent from this build. chdb-go loads libchdb.so when the
+// program starts and panics without it, so it is opt-in (-tags chdb):
+// a plain `go build ./cmd/surge` runs every command that needs no
+// embedded ClickHouse on a machine without the library.
 type ChDB struct{}
 
-// OpenChDB always fails in a nochdb build.
+// ErrNoChDB says how to get the embedded ClickHouse.
+var ErrNoChDB = errors.New("this surge was built without chDB, the embedded ClickHouse: set clickhouse.dsn to a ClickHouse server, " +
+	"or build with -tags chdb (scripts/chdb.sh installs libchdb.so; scripts/embedded.sh does both)")
+
+// OpenChDB always fails in a build without chDB.
 func OpenChDB(string, ...ChDBOption) (*ChDB, error) {
-	return nil, errors.New("built with -tags nochdb: set clickhouse.dsn to a ClickHouse server")
+	return nil, ErrNoChDB
 }
 
 func (*ChDB) Exec(context.Context, string) error { return errors.ErrUnsupported }
@@ -33,8 +39,8 @@ type ChDBOption func(*chdbConfig)
 
 type chdbConfig struct{}
 
-// ChDBConnections is accepted and ignored in a nochdb build.
+// ChDBConnections is accepted and ignored in a build without chDB.
 func ChDBConnections(int) ChDBOption { return func(*chdbConfig) {} }
 
-// Connections is 0: there is no pool in a nochdb build.
+// Connections is 0: there is no pool in a build without chDB.
 func (*ChDB) Connections() int { return 0 }
