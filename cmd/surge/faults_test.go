@@ -35,7 +35,8 @@ import (
 // both services went on without a restart. The recovery times are logged
 // as "fault:" lines (scripts/bench-faults.sh keeps them in bench/).
 func TestBrokerKill9(t *testing.T) {
-	t.Parallel()
+	// Not parallel: it loads both cores for a while, and the kill -9 tests
+	// beside it count on answers within their clients' timeouts.
 	conf := streamstest.KafkaCluster(t)
 	rdb, ok := streamstest.RedisClient(t)
 	if !ok {

@@ -12,7 +12,8 @@ import (
 // machine without libchdb.so: every command that needs no embedded
 // ClickHouse works, and one that does says how to get it.
 func TestPlainBuildRunsWithoutChDB(t *testing.T) {
-	t.Parallel()
+	// Not parallel: it loads both cores for a while, and the kill -9 tests
+	// beside it count on answers within their clients' timeouts.
 	bin := filepath.Join(t.TempDir(), "surge")
 	build := exec.Command("go", "build", "-o", bin, ".")
 	build.Env = append(os.Environ(), "GOFLAGS=-buildvcs=false") // no -tags chdb

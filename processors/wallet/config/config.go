@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/fsnotify/fsnotify"
+	"github.com/go-viper/mapstructure/v2"
 	"github.com/spf13/viper"
 
 	pb "surge/schemas/surgev1"
@@ -216,7 +217,11 @@ func Load(path string, log *slog.Logger) (*Source, error) {
 			return nil, err
 		}
 		var t Tree
-		if err := v.Unmarshal(&t); err != nil {
+		// Times may be written quoted too ("2026-01-20T00:00:00Z"), as
+		// JSON has them: a string is parsed as RFC 3339.
+		hooks := viper.DecodeHook(mapstructure.ComposeDecodeHookFunc(
+			mapstructure.StringToTimeHookFunc(time.RFC3339), mapstructure.StringToTimeDurationHookFunc(), mapstructure.StringToSliceHookFunc(",")))
+		if err := v.Unmarshal(&t, hooks); err != nil {
 			return nil, err
 		}
 		return &t, t.Validate()

@@ -90,3 +90,33 @@ func TestValidateRefusesOverlap(t *testing.T) {
 		t.Fatal("overlapping phases accepted")
 	}
 }
+
+// Times quoted as strings (as JSON files have them) load like YAML's
+// own timestamps.
+func TestQuotedTimesLoad(t *testing.T) {
+	for name, body := range map[string]string{
+		"wallet.yaml": `activities:
+  - id: spring
+    children:
+      - {id: live, phase: official, start: "2026-01-20T00:00:00Z", end: "2026-03-01T00:00:00Z", budget: 100}
+    scenes:
+      - {id: rain, award: cash, max_amount: 5}
+`,
+		"wallet.json": `{"activities": [{"id": "spring",
+  "children": [{"id": "live", "phase": "official", "start": "2026-01-20T00:00:00Z", "end": "2026-03-01T00:00:00Z", "budget": 100}],
+  "scenes": [{"id": "rain", "award": "cash", "max_amount": 5}]}]}`,
+	} {
+		path := filepath.Join(t.TempDir(), name)
+		if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		src, err := Load(path, nil)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		at, _ := time.Parse(time.RFC3339, "2026-02-01T00:00:00Z")
+		if c, _, err := src.Tree().Resolve("spring", "rain", at); err != nil || c.ID != "live" {
+			t.Fatalf("%s: %s %v", name, c.ID, err)
+		}
+	}
+}
