@@ -2,6 +2,7 @@ package presence
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"strconv"
 	"strings"
@@ -163,7 +164,18 @@ func (m *RedisMirror) Dirty() bool {
 
 func (m *RedisMirror) key(shard uint32) string { return m.prefix + strconv.Itoa(int(shard)) }
 
-// Apply sets the bits of changed users in one pipeline.
+// generationKey marks a Redis that holds the whole mirror: a full
+// rewrite sets it, and a Redis that lost its data lost it too. It lies
+// outside the shards' pattern (prefix*), which Count and Resync scan.
+func (m *RedisMirror) generationKey() string { return "generation:" + m.prefix }
+
+// errMirrorLost is a Redis that no longer holds the mirror's generation
+// marker: it restarted empty (or was flushed) between two writes, which
+// then succeeded on a new connection. A full rewrite mends it.
+var errMirrorLost = errors.New("presence: redis lost the mirror (no generation marker); rewriting it from the committed bitmap")
+
+// Apply sets the bits of changed users in one pipeline, and checks in the
+// same round trip that Redis still holds the mirror.
 func (m *RedisMirror) Apply(ctx context.Context, changes map[uint32]bool) error {
 	pipe := m.rdb.Pipeline()
 	for uin, on := range changes {
@@ -173,8 +185,14 @@ func (m *RedisMirror) Apply(ctx context.Context, changes map[uint32]bool) error 
 		}
 		pipe.SetBit(ctx, m.key(uin>>shardBits), int64(uin&(1<<shardBits-1)), v)
 	}
-	_, err := pipe.Exec(ctx)
-	return err
+	held := pipe.Exists(ctx, m.generationKey())
+	if _, err := pipe.Exec(ctx); err != nil {
+		return err
+	}
+	if held.Val() == 0 {
+		return errMirrorLost
+	}
+	return nil
 }
 
 // Resync rewrites Redis from online: every non-empty shard is SET whole,
@@ -207,6 +225,7 @@ func (m *RedisMirror) Resync(ctx context.Context, online *roaring.Bitmap) error 
 	for s, buf := range shards {
 		pipe.Set(ctx, m.key(s), buf, 0)
 	}
+	pipe.Set(ctx, m.generationKey(), strconv.FormatInt(time.Now().UnixNano(), 36), 0)
 	_, err = pipe.Exec(ctx)
 	return err
 }

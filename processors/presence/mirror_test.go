@@ -128,3 +128,37 @@ func TestRedisOutageDoesNotBlockAndIsRepaired(t *testing.T) {
 		t.Fatalf("after repair redis counts %d online (%v), want 999", n, err)
 	}
 }
+
+// Redis loses its data between two writes without an error the writer
+// sees (flushed, or restarted and reconnected before the next write): the
+// next write finds the generation marker gone and the mirror is rewritten
+// in full, not left with only the bits written since.
+func TestRedisLossBetweenWritesIsNoticed(t *testing.T) {
+	srv := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	defer rdb.Close()
+	m := NewRedisMirror(rdb, "online:", metrics.NewRegistry(), quiet)
+	m.resyncEvery = 50 * time.Millisecond
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	p := New(Config{Output: "presence"}).WithMirror(ctx, m)
+	for u := uint64(1); u <= 500; u++ {
+		feed(t, p, &surgev1.LoginEvent{Uin: u, Online: true})
+	}
+	if err := m.WaitSynced(ctx); err != nil {
+		t.Fatal(err)
+	}
+	srv.FlushAll() // no error reaches the writer
+	feed(t, p, &surgev1.LoginEvent{Uin: 501, Online: true})
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		n, err := m.Count(ctx)
+		if err == nil && n == 501 && !m.Dirty() {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("redis counts %d online after the loss (%v), want 501: the mirror was not rewritten", n, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
