@@ -2,7 +2,7 @@
 # Runs a three-broker Apache Kafka cluster in KRaft mode on loopback, as a
 # platform runs one: every node a broker and a voter of the controller
 # quorum, internal topics with three copies (min.insync.replicas 2).
-#   scripts/kafka-cluster.sh start        format (first time) and start every node, wait until all are up
+#   scripts/kafka-cluster.sh start        format anew and start every node (unless running), wait until all are up
 #   scripts/kafka-cluster.sh stop         stop every node
 #   scripts/kafka-cluster.sh kill N       kill -9 node N (1-3), as a machine dying would
 #   scripts/kafka-cluster.sh restart N    start node N again on its data
@@ -83,6 +83,10 @@ wait_up() { # nodes...
 
 start() {
   lib="$("$root/scripts/kafka.sh" jars | tail -1)"
+  # A fresh cluster at every start, as scripts/kafka.sh's broker: the
+  # tests' topics would otherwise pile up run after run (thousands of
+  # partitions in a small heap) and slow every broker down.
+  if ! running 1 && ! running 2 && ! running 3; then rm -f "$home/formatted"; fi
   if [ ! -f "$home/formatted" ]; then
     rm -rf "$home"; mkdir -p "$home"
     local id

@@ -226,7 +226,7 @@ func EachStack(t *testing.T, fn func(t *testing.T, b Backend, rdb *redis.Client)
 			t.Fatal(err)
 		}
 		t.Cleanup(k.Close)
-		rdb := redis.NewClient(&redis.Options{Addr: liveMiniredis(t).Addr()})
+		rdb := redis.NewClient(miniredisOptions(liveMiniredis(t).Addr()))
 		t.Cleanup(func() { rdb.Close() })
 		fn(t, Backend{Name: "kfake", Kafka: streams.Seeds(k.Brokers()...)}, rdb)
 	})
@@ -266,6 +266,15 @@ func EachStackOnEveryRedis(t *testing.T, fn func(t *testing.T, b Backend, rdb re
 	}
 }
 
+// miniredisOptions are a client's of the in-process miniredis. It runs
+// Lua in Go on the test's own cores: a pipeline of many scripts can take
+// seconds while the whole suite runs, and go-redis sends a timed-out
+// pipeline again, which is not what the tests mean to test (a real
+// server runs the same pipeline in milliseconds).
+func miniredisOptions(addr string) *redis.Options {
+	return &redis.Options{Addr: addr, ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second}
+}
+
 // liveMiniredis is a miniredis whose clock moves with the wall clock, so
 // keys expire as on a real server: miniredis otherwise only expires keys
 // on FastForward, and a lock left by a killed process would live forever.
@@ -299,7 +308,7 @@ func EachRedis(t *testing.T, fn func(t *testing.T, rdb redis.UniversalClient), m
 	t.Helper()
 	t.Run("miniredis", func(t *testing.T) {
 		parallel(t, modes)
-		rdb := redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr()})
+		rdb := redis.NewClient(miniredisOptions(miniredis.RunT(t).Addr()))
 		t.Cleanup(func() { rdb.Close() })
 		fn(t, rdb)
 	})
