@@ -251,16 +251,11 @@ func loadConfig(name string, args []string, extra func(*pflag.FlagSet)) (*viper.
 	return v, fs, nil
 }
 
-// kafkaCluster is the configured cluster (kafka.*); no seeds if none is.
-func kafkaCluster(v *viper.Viper) (streams.Cluster, error) {
-	return connect.Kafka(v.GetString)
-}
-
 // needKafka is the configured cluster, which must be set, checked once:
 // a wrong password or an untrusted certificate stops the command within
 // kafka.connect_timeout with the reason, instead of a silent retry loop.
 func needKafka(ctx context.Context, v *viper.Viper) (streams.Cluster, error) {
-	kc, err := kafkaCluster(v)
+	kc, err := connect.Kafka(v.GetString)
 	if err != nil {
 		return kc, err
 	}
@@ -290,16 +285,13 @@ func printConfig(v *viper.Viper) {
 // does) or, when none is, starts kfake in process (its data in
 // kafka.embedded_dir). The returned stop closes what was started.
 func kafkaOrEmbedded(ctx context.Context, v *viper.Viper, log *slog.Logger) (streams.Cluster, func(), error) {
-	kc, err := kafkaCluster(v)
-	if err != nil {
-		return kc, nil, err
-	}
-	if len(kc.Seeds) > 0 {
-		return kc, func() {}, kc.Check(ctx, v.GetDuration("kafka.connect_timeout"))
+	if len(connect.List(v.GetString, connect.KafkaKeys.Brokers)) > 0 {
+		kc, err := needKafka(ctx, v)
+		return kc, func() {}, err
 	}
 	k, err := embedded.StartKafka(embedded.DataDir(v.GetString("kafka.embedded_dir")))
 	if err != nil {
-		return kc, nil, err
+		return streams.Cluster{}, nil, err
 	}
 	log.Info("embedded kafka (kfake) started", "brokers", k.Brokers())
 	return streams.Seeds(k.Brokers()...), k.Close, nil

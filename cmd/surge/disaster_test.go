@@ -96,13 +96,7 @@ func freeLowPort(t *testing.T) int {
 func TestWalletRedisLossDrill(t *testing.T) {
 	// Not parallel: it loads both cores for a while, and the kill -9 tests
 	// beside it count on answers within their clients' timeouts.
-	b, ok := streamstest.Real()
-	if !ok {
-		if os.Getenv("SURGE_TEST_REQUIRE_REAL") == "1" {
-			t.Fatal("SURGE_TEST_REQUIRE_REAL=1 but SURGE_TEST_KAFKA is not set")
-		}
-		t.Skip("no real broker")
-	}
+	b := streamstest.RealBroker(t)
 	const (
 		budget     = 40_000
 		cashEach   = 100

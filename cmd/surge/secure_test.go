@@ -34,9 +34,7 @@ func securedCluster(t *testing.T) ([]string, streams.Cluster) {
 	for k, v := range conf {
 		env = append(env, k+"="+v)
 	}
-	kc, err := connect.Kafka(func(key string) string {
-		return conf["SURGE_"+strings.ToUpper(strings.ReplaceAll(key, ".", "_"))]
-	})
+	kc, err := connect.Kafka(connect.Vars(conf))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,9 +23,16 @@ type Getter func(key string) string
 
 // Env reads key from the environment as SURGE_<KEY> (dots as _), as the
 // commands do, for programs without a config file (benches).
-func Env(key string) string {
-	return os.Getenv("SURGE_" + strings.ToUpper(strings.ReplaceAll(key, ".", "_")))
+func Env(key string) string { return os.Getenv(envName(key)) }
+
+// Vars reads keys from a set of SURGE_* variables (a client.env file's),
+// named as Env names them.
+func Vars(vars map[string]string) Getter {
+	return func(key string) string { return vars[envName(key)] }
 }
+
+// envName is key's variable: SURGE_ and the key in upper case, dots as _.
+func envName(key string) string { return "SURGE_" + strings.ToUpper(strings.ReplaceAll(key, ".", "_")) }
 
 // Secret reads a secret key: its value, or the content of the file its
 // _file twin names (trailing newline dropped), but not both.

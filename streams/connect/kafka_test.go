@@ -23,13 +23,6 @@ import (
 	"surge/streams/streamstest"
 )
 
-// getter reads keys from SURGE_* entries, as the commands' environment.
-func getter(env map[string]string) connect.Getter {
-	return func(key string) string {
-		return env["SURGE_"+strings.ToUpper(strings.ReplaceAll(key, ".", "_"))]
-	}
-}
-
 func with(env map[string]string, kv ...string) map[string]string {
 	out := map[string]string{}
 	for k, v := range env {
@@ -49,7 +42,7 @@ func with(env map[string]string, kv ...string) map[string]string {
 // naming the cause (not "not reachable within") shows it did not wait.
 func checkErr(t *testing.T, env map[string]string) error {
 	t.Helper()
-	kc, err := connect.Kafka(getter(env))
+	kc, err := connect.Kafka(connect.Vars(env))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,7 +54,7 @@ func TestSecuredListenerEveryMechanism(t *testing.T) {
 	env := streamstest.Secured(t)
 	for _, mech := range []string{"PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"} {
 		t.Run(mech, func(t *testing.T) {
-			kc, err := connect.Kafka(getter(with(env, "SURGE_KAFKA_SASL_MECHANISM", mech)))
+			kc, err := connect.Kafka(connect.Vars(with(env, "SURGE_KAFKA_SASL_MECHANISM", mech)))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -164,7 +157,7 @@ func TestKafkaConfigMistakes(t *testing.T) {
 		{"CA file without PEM", with(base, "SURGE_KAFKA_TLS_CA_FILE", pw), "no PEM certificate"},
 		{"bool nonsense", with(base, "SURGE_KAFKA_TLS_ENABLED", "yes please"), "not true or false"},
 	} {
-		kc, err := connect.Kafka(getter(c.env))
+		kc, err := connect.Kafka(connect.Vars(c.env))
 		switch {
 		case c.want == "" && err != nil:
 			t.Errorf("%s: %v", c.name, err)

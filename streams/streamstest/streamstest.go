@@ -16,7 +16,6 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
-
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"surge/schemas"
@@ -75,15 +74,22 @@ func Each(t *testing.T, fn func(t *testing.T, b Backend), modes ...Mode) {
 	})
 	t.Run("kafka", func(t *testing.T) {
 		parallel(t, modes)
-		b, ok := Real()
-		if !ok {
-			if os.Getenv("SURGE_TEST_REQUIRE_REAL") == "1" {
-				t.Fatal("SURGE_TEST_REQUIRE_REAL=1 but SURGE_TEST_KAFKA is not set")
-			}
-			t.Skip("no real broker: set SURGE_TEST_KAFKA (scripts/kafka.sh start)")
-		}
-		fn(t, b)
+		fn(t, RealBroker(t))
 	})
+}
+
+// RealBroker is the real broker backend; without one the test is skipped,
+// or fails under SURGE_TEST_REQUIRE_REAL=1.
+func RealBroker(t testing.TB) Backend {
+	t.Helper()
+	b, ok := Real()
+	if !ok {
+		if os.Getenv("SURGE_TEST_REQUIRE_REAL") == "1" {
+			t.Fatal("SURGE_TEST_REQUIRE_REAL=1 but SURGE_TEST_KAFKA is not set")
+		}
+		t.Skip("no real broker: set SURGE_TEST_KAFKA (scripts/kafka.sh start)")
+	}
+	return b
 }
 
 // Real returns the real broker backend if one is configured.
@@ -254,14 +260,7 @@ func EachStackOnEveryRedis(t *testing.T, fn func(t *testing.T, b Backend, rdb re
 	for _, shape := range []string{"secure", "cluster"} {
 		t.Run("kafka+redis-"+shape, func(t *testing.T) {
 			parallel(t, modes)
-			b, ok := Real()
-			if !ok {
-				if os.Getenv("SURGE_TEST_REQUIRE_REAL") == "1" {
-					t.Fatal("SURGE_TEST_REQUIRE_REAL=1 but SURGE_TEST_KAFKA is not set")
-				}
-				t.Skip("no real broker: set SURGE_TEST_KAFKA")
-			}
-			fn(t, b, RedisOf(t, shape))
+			fn(t, RealBroker(t), RedisOf(t, shape))
 		})
 	}
 }
@@ -343,9 +342,7 @@ func RedisEnv(t testing.TB, shape string) map[string]string {
 // test.
 func RedisOf(t testing.TB, shape string) redis.UniversalClient {
 	t.Helper()
-	env := RedisEnv(t, shape)
-	get := func(key string) string { return env["SURGE_"+strings.ToUpper(strings.ReplaceAll(key, ".", "_"))] }
-	rdb, err := connect.Redis(context.Background(), get, 30*time.Second)
+	rdb, err := connect.Redis(context.Background(), connect.Vars(RedisEnv(t, shape)), 30*time.Second)
 	if err != nil {
 		t.Fatalf("redis %s: %v", shape, err)
 	}

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/maphash"
-	"strconv"
 	"sync"
 	"time"
 
@@ -39,14 +38,9 @@ import (
 type rebuilder struct {
 	in      *Intake
 	mu      sync.Mutex
-	running chan struct{} // open while a rebuild runs; nil otherwise
+	running bool // a triggered rebuild runs
 	mRuns   metrics.CounterVec
 	seed    maphash.Seed
-	// progress, when set (RebuildCounters), hears of the records read;
-	// last is what the latest rebuild did.
-	progress func(records int)
-	read     int // records read by the rebuild under way
-	last     RebuildSummary
 }
 
 func newRebuilder(in *Intake) *rebuilder {
@@ -61,19 +55,17 @@ func (r *rebuilder) trigger() {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.running != nil {
+	if r.running {
 		return
 	}
-	done := make(chan struct{})
-	r.running = done
+	r.running = true
 	go func() {
 		defer func() {
 			r.mu.Lock()
-			r.running = nil
+			r.running = false
 			r.mu.Unlock()
-			close(done)
 		}()
-		if err := r.rebuild(context.Background()); err != nil {
+		if _, err := r.rebuild(context.Background(), nil); err != nil {
 			r.in.cfg.Log.Error("wallet: counters not rebuilt; the next grant that needs one tries again", "err", err)
 		}
 	}()
@@ -105,11 +97,7 @@ func (in *Intake) RebuildCounters(ctx context.Context, force bool, progress func
 			return RebuildSummary{}, err
 		}
 	}
-	r := in.rebuild
-	r.progress = progress
-	defer func() { r.progress = nil }()
-	err := r.rebuild(ctx)
-	return r.last, err
+	return in.rebuild.rebuild(ctx, progress)
 }
 
 // EnsureCounters returns once every budget and stock counter of the
@@ -123,7 +111,8 @@ func (in *Intake) EnsureCounters(ctx context.Context) error {
 	if err != nil || !missing {
 		return err
 	}
-	return in.rebuild.rebuild(ctx)
+	_, err = in.rebuild.rebuild(ctx, nil)
+	return err
 }
 
 // counterKeys are the Redis keys of every counter of the tree.
@@ -144,13 +133,13 @@ func (in *Intake) counterKeys() []string {
 // countersMissing reports whether any counter of the tree is missing.
 func (in *Intake) countersMissing(ctx context.Context) (bool, error) {
 	keys := in.counterKeys()
+	if len(keys) == 0 {
+		return false, nil
+	}
 	pipe := in.cfg.Redis.Pipeline()
 	cmds := make([]*redis.IntCmd, len(keys))
 	for i, k := range keys {
 		cmds[i] = pipe.Exists(ctx, k)
-	}
-	if len(keys) == 0 {
-		return false, nil
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		return false, err
@@ -165,8 +154,9 @@ func (in *Intake) countersMissing(ctx context.Context) (bool, error) {
 
 // rebuild takes the lock, waits for grants in flight, reads both lanes'
 // topics and sets every missing counter; another instance's rebuild is
-// waited for instead.
-func (r *rebuilder) rebuild(ctx context.Context) error {
+// waited for instead (and its summary is the zero one). progress, when
+// not nil, hears of the records read every 10,000.
+func (r *rebuilder) rebuild(ctx context.Context, progress func(records int)) (RebuildSummary, error) {
 	in := r.in
 	lock := in.cfg.Namespace + "wrebuild-lock"
 	mark := make([]byte, 8)
@@ -176,7 +166,7 @@ func (r *rebuilder) rebuild(ctx context.Context) error {
 		ok, err := in.cfg.Redis.SetNX(ctx, lock, owner, 5*time.Minute).Result()
 		if err != nil {
 			r.mRuns.With("failed").Inc()
-			return err
+			return RebuildSummary{}, err
 		}
 		if ok {
 			break
@@ -184,12 +174,12 @@ func (r *rebuilder) rebuild(ctx context.Context) error {
 		// Another instance rebuilds: done when its lock is gone.
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return RebuildSummary{}, ctx.Err()
 		case <-time.After(200 * time.Millisecond):
 		}
 		if n, err := in.cfg.Redis.Exists(ctx, lock).Result(); err == nil && n == 0 {
 			if missing, err := in.countersMissing(ctx); err == nil && !missing {
-				return nil
+				return RebuildSummary{}, nil
 			}
 		}
 	}
@@ -199,21 +189,24 @@ func (r *rebuilder) rebuild(ctx context.Context) error {
 		"settle", in.cfg.RebuildSettle)
 	select {
 	case <-ctx.Done():
-		return ctx.Err()
+		return RebuildSummary{}, ctx.Err()
 	case <-time.After(in.cfg.RebuildSettle):
 	}
 	tree := in.cfg.Source.Tree()
 	pipe := in.cfg.Redis.Pipeline()
-	r.read = 0
-	var read, claimed int
+	var sum RebuildSummary
+	counted := func() { // every record read, of both lanes
+		if sum.Records++; progress != nil && sum.Records%10_000 == 0 {
+			progress(sum.Records)
+		}
+	}
 	for _, l := range []*lane{&in.live, &in.shadow} {
-		s, err := r.sums(ctx, l)
+		s, err := r.sums(ctx, l, counted)
 		if err != nil {
 			r.mRuns.With("failed").Inc()
-			return err
+			return sum, err
 		}
-		read += s.records
-		claimed += s.claims
+		sum.OrderClaims += s.claims
 		for _, ph := range budgeted(tree) {
 			in.tally.Init(ctx, pipe, l.budgetKey(ph.ID), s.budget[ph.ID])
 		}
@@ -223,24 +216,24 @@ func (r *rebuilder) rebuild(ctx context.Context) error {
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		r.mRuns.With("failed").Inc()
-		return fmt.Errorf("wallet: write rebuilt counters: %w", err)
+		return sum, fmt.Errorf("wallet: write rebuilt counters: %w", err)
 	}
 	r.mRuns.With("done").Inc()
-	r.last = RebuildSummary{Records: read, Counters: len(in.counterKeys()), OrderClaims: claimed, Took: time.Since(began)}
-	in.cfg.Log.Warn("wallet: counters rebuilt from the topics", "records", read, "order_claims", claimed, "took", time.Since(began).Round(time.Millisecond))
-	return nil
+	sum.Counters, sum.Took = len(in.counterKeys()), time.Since(began)
+	in.cfg.Log.Warn("wallet: counters rebuilt from the topics", "records", sum.Records, "order_claims", sum.OrderClaims, "took", sum.Took.Round(time.Millisecond))
+	return sum, nil
 }
 
 // laneSums is what one lane's topics say was spent.
 type laneSums struct {
-	budget  map[string]int64 // phase -> cents granted
-	stock   map[string]int64 // coupon template -> units granted
-	records int
-	claims  int // order claims of coupons and pendants set again
+	budget map[string]int64 // phase -> cents granted
+	stock  map[string]int64 // coupon template -> units granted
+	claims int              // order claims of coupons and pendants set again
 }
 
-// sums reads a lane's grants and tokens to their ends, each order once.
-func (r *rebuilder) sums(ctx context.Context, l *lane) (laneSums, error) {
+// sums reads a lane's grants and tokens to their ends, each order once,
+// calling counted for every record read.
+func (r *rebuilder) sums(ctx context.Context, l *lane, counted func()) (laneSums, error) {
 	s := laneSums{budget: map[string]int64{}, stock: map[string]int64{}}
 	seen := map[uint64]struct{}{} // order numbers (hashed: a 10M-order rebuild fits in memory)
 	add := func(g *pb.RewardGrant) {
@@ -277,14 +270,13 @@ func (r *rebuilder) sums(ctx context.Context, l *lane) (laneSums, error) {
 		if streams.Decode(rec, &g) != nil {
 			return nil
 		}
-		r.count(&s)
+		counted()
 		add(&g)
 		if left := claimTTL - now.Sub(time.UnixMilli(g.AtMs)); left > 0 && g.OrderNo != "" {
 			// As claim writes it; "rebuilt" for the batch, and the grant's
 			// time, so a retry publishes it again (harmless: its
 			// consumers take an order number once).
-			mark := g.ActivityId + " rebuilt " + fingerprint(&g) + " " + strconv.FormatInt(g.AtMs, 10)
-			claims.SetNX(ctx, l.keys+"wgrant:"+g.OrderNo, mark, left)
+			claims.SetNX(ctx, l.claimKey(g.OrderNo), claimMark(g.ActivityId, "rebuilt", &g, g.AtMs), left)
 			s.claims++
 			if claims.Len() >= 5000 {
 				return flush()
@@ -301,7 +293,7 @@ func (r *rebuilder) sums(ctx context.Context, l *lane) (laneSums, error) {
 	err = streams.ReadToEnd(ctx, r.in.cfg.Kafka, l.ns+schemas.TopicTokens, func(rec *kgo.Record) error {
 		var t pb.Token
 		if streams.Decode(rec, &t) == nil {
-			r.count(&s)
+			counted()
 			add(t.Grant)
 		}
 		return nil
@@ -337,13 +329,4 @@ func stocked(t *config.Tree) map[string]int64 {
 		}
 	}
 	return out
-}
-
-// count counts a record read, and tells progress every 10,000.
-func (r *rebuilder) count(s *laneSums) {
-	s.records++
-	r.read++
-	if r.progress != nil && r.read%10_000 == 0 {
-		r.progress(r.read)
-	}
 }

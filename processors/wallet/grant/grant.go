@@ -100,6 +100,17 @@ type lane struct {
 // budgetKey is the counter of the budget phase has spent.
 func (l *lane) budgetKey(phase string) string { return l.keys + "wbudget:" + phase }
 
+// claimKey is the claim of an order number claimed by key (coupons,
+// pendants, and cash while token Redis is switched off).
+func (l *lane) claimKey(orderNo string) string { return l.keys + "wgrant:" + orderNo }
+
+// claimMark is what a claim key holds: the phase, the batch that set it,
+// the grant's fingerprint (a retry with other fields is a conflict) and
+// when (a retry of an old claim publishes the grant again).
+func claimMark(phase, batch string, g *pb.RewardGrant, atMs int64) string {
+	return phase + " " + batch + " " + fingerprint(g) + " " + strconv.FormatInt(atMs, 10)
+}
+
 // New returns an intake.
 func New(cfg Config) *Intake {
 	cfg.EnsureDefaults()
@@ -228,7 +239,7 @@ func (in *Intake) GrantBatch(ctx context.Context, gs []*pb.RewardGrant) []Outcom
 		if g.AwardType == pb.AwardType_CASH && !tree.Degraded(guard.TokenRedis) {
 			tokened = append(tokened, p)
 		} else {
-			p.idem = p.l.keys + "wgrant:" + g.OrderNo
+			p.idem = p.l.claimKey(g.OrderNo)
 			keyed = append(keyed, p)
 		}
 	}
@@ -348,7 +359,7 @@ func (in *Intake) claim(ctx context.Context, ps []*pending, now time.Time) error
 	held := make([]*redis.StringCmd, len(ps))
 	marked := map[*keyedCashClaims]bool{}
 	for i, p := range ps {
-		p.mark = p.phase.ID + " " + batch + " " + fingerprint(p.g) + " " + strconv.FormatInt(now.UnixMilli(), 10)
+		p.mark = claimMark(p.phase.ID, batch, p.g, now.UnixMilli())
 		cmds[i] = pipe.SetNX(ctx, p.idem, p.mark, claimTTL)
 		held[i] = pipe.Get(ctx, p.idem)                                           // ours if fresh, the first grant's if not
 		if k := p.l.keyedCash; p.g.AwardType == pb.AwardType_CASH && !marked[k] { // token Redis is switched off
@@ -528,7 +539,7 @@ func (in *Intake) claimedByKey(ctx context.Context, tokened []*pending, now time
 	pipe := in.cfg.Redis.Pipeline()
 	cmds := make(map[*pending]*redis.StringCmd, len(look))
 	for _, p := range look {
-		cmds[p] = pipe.Get(ctx, p.l.keys+"wgrant:"+p.g.OrderNo)
+		cmds[p] = pipe.Get(ctx, p.l.claimKey(p.g.OrderNo))
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		for _, p := range look {
@@ -568,7 +579,7 @@ func (in *Intake) undo(ctx context.Context, ps []*pending) {
 			pipe.Del(ctx, p.idem)
 		}
 		if p.spent {
-			_ = in.tally.Give(ctx, p.l.budgetKey(p.phase.ID), p.g.Amount)
+			in.tally.Give(ctx, pipe, p.l.budgetKey(p.phase.ID), p.g.Amount)
 		}
 		if p.cached { // or the user would see a token that never books
 			p.l.tokens.release(ctx, pipe, p.tok, p.tokBytes)

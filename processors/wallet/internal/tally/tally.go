@@ -26,8 +26,9 @@ var ErrOver = errors.New("tally: over the limit")
 // at zero) and the sum stays within ARGV[2]; -1 missing, -2 over, else
 // the new value.
 var take = redis.NewScript(`
-if redis.call('EXISTS', KEYS[1]) == 0 and ARGV[3] ~= '1' then return -1 end
-local v = tonumber(redis.call('GET', KEYS[1]) or '0') + tonumber(ARGV[1])
+local cur = redis.call('GET', KEYS[1])
+if not cur and ARGV[3] ~= '1' then return -1 end
+local v = tonumber(cur or '0') + tonumber(ARGV[1])
 if v > tonumber(ARGV[2]) then return -2 end
 redis.call('SET', KEYS[1], v)
 return v`)
@@ -73,9 +74,10 @@ func (c Counter) Take(ctx context.Context, key string, n, limit int64) (int64, e
 	return v, nil
 }
 
-// Give gives n back to key, if it exists.
-func (c Counter) Give(ctx context.Context, key string, n int64) error {
-	return give.Run(ctx, c.rdb, []string{key}, n).Err()
+// Give queues on pipe the return of n to key, if it exists. (Eval, not
+// EvalSha: a refund is rare, and a pipeline cannot load a missing script.)
+func (c Counter) Give(ctx context.Context, pipe redis.Pipeliner, key string, n int64) {
+	give.Eval(ctx, pipe, []string{key}, n)
 }
 
 // Init sets key to v unless it exists: a counter that survived holds at
