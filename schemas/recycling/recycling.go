@@ -36,13 +36,25 @@ func Request(done *pb.RecycleStep, to pb.RecycleStepKind) *pb.RecycleStep {
 		Category: done.Category, Username: done.Username}
 }
 
-// Grant is the request that opens a ticket for uin: what a check sends
-// once it finds the uin recyclable. lastLogin is the newest login the
-// check saw; the controller refuses the ticket if it knows a newer one.
-func Grant(uin uint32, category, username, reason string, lastLogin int64, at time.Time) *pb.RecycleStep {
-	return &pb.RecycleStep{Uin: uint64(uin), Step: pb.RecycleStepKind_TICKET_GRANTED, Category: category,
-		Username: username, Reason: reason, LastLoginMs: lastLogin, AtMs: at.UnixMilli(),
-		TicketId: fmt.Sprintf("%s-%d-%d", category, uin, at.UnixMilli())}
+// Finding is what a check found recyclable: the uin, the registration it
+// judged and the login evidence it saw.
+type Finding struct {
+	Uin            uint32
+	Category       string // abandoned, spam, inactive
+	Username       string
+	Reason         string
+	LastLoginMs    int64 // the newest login the check saw (either source)
+	RegisteredAtMs int64 // when the judged registration was made
+}
+
+// Grant is the request that opens a ticket for a finding: what a check
+// sends once it finds the uin recyclable. The controller refuses it if it
+// knows a login newer than LastLoginMs, or if the uin was deleted after
+// RegisteredAtMs (that registration was recycled already).
+func Grant(f Finding, at time.Time) *pb.RecycleStep {
+	return &pb.RecycleStep{Uin: uint64(f.Uin), Step: pb.RecycleStepKind_TICKET_GRANTED, Category: f.Category,
+		Username: f.Username, Reason: f.Reason, LastLoginMs: f.LastLoginMs, RegisteredAtMs: f.RegisteredAtMs,
+		AtMs: at.UnixMilli(), TicketId: fmt.Sprintf("%s-%d-%d", f.Category, f.Uin, at.UnixMilli())}
 }
 
 // MaxBatch is the most tickets a producer puts in one record's batch

@@ -23,7 +23,7 @@ func TestBatchesPerPartition(t *testing.T) {
 		batches = append(batches, uins)
 	}
 	for u := uint32(1); u <= n; u++ {
-		if full := b.Add(Grant(u, Inactive, "", "", 0, time.Unix(0, 0))); full != nil {
+		if full := b.Add(Grant(Finding{Uin: u, Category: Inactive}, time.Unix(0, 0))); full != nil {
 			if len(full) != max {
 				t.Fatalf("a full batch of %d, want %d", len(full), max)
 			}

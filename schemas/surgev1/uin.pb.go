@@ -691,7 +691,17 @@ type RecycleStep struct {
 	// entry's uin). Entries carry no batch of their own. The checks send
 	// their grants so, and the controller answers a batch with batches: a
 	// stock recycle moves a record per partition and step, not per uin.
-	Batch         []*RecycleStep `protobuf:"bytes,12,rep,name=batch,proto3" json:"batch,omitempty"`
+	Batch []*RecycleStep `protobuf:"bytes,12,rep,name=batch,proto3" json:"batch,omitempty"`
+	// On a grant: when the registration the check judged was made (the
+	// newest record of the uin's registration). The controller refuses a
+	// grant for a registration older than the uin's last deletion: that
+	// account is gone and the uin was recycled already (a re-run of the
+	// classification over the same facts). Carried by every later step.
+	RegisteredAtMs int64 `protobuf:"varint,13,opt,name=registered_at_ms,json=registeredAtMs,proto3" json:"registered_at_ms,omitempty"`
+	// When the uin's account was last deleted by recycling (set by DELETE,
+	// carried by the steps after it and by the uin's later tickets): the
+	// bound a grant's registered_at_ms is judged against.
+	DeletedAtMs   int64 `protobuf:"varint,14,opt,name=deleted_at_ms,json=deletedAtMs,proto3" json:"deleted_at_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -808,6 +818,20 @@ func (x *RecycleStep) GetBatch() []*RecycleStep {
 		return x.Batch
 	}
 	return nil
+}
+
+func (x *RecycleStep) GetRegisteredAtMs() int64 {
+	if x != nil {
+		return x.RegisteredAtMs
+	}
+	return 0
+}
+
+func (x *RecycleStep) GetDeletedAtMs() int64 {
+	if x != nil {
+		return x.DeletedAtMs
+	}
+	return 0
 }
 
 type PoolChange struct {
@@ -1113,7 +1137,7 @@ const file_surge_v1_uin_proto_rawDesc = "" +
 	"\busername\x18\x02 \x01(\tR\busername\x12\x1b\n" +
 	"\tticket_id\x18\x03 \x01(\tR\bticketId\x12\x1a\n" +
 	"\bcategory\x18\x04 \x01(\tR\bcategory\x12\x13\n" +
-	"\x05at_ms\x18\x05 \x01(\x03R\x04atMs\"\xae\x03\n" +
+	"\x05at_ms\x18\x05 \x01(\x03R\x04atMs\"\xfc\x03\n" +
 	"\vRecycleStep\x12\x10\n" +
 	"\x03uin\x18\x01 \x01(\x04R\x03uin\x12\x1b\n" +
 	"\tticket_id\x18\x02 \x01(\tR\bticketId\x12-\n" +
@@ -1127,7 +1151,9 @@ const file_surge_v1_uin_proto_rawDesc = "" +
 	"\rlast_login_ms\x18\n" +
 	" \x01(\x03R\vlastLoginMs\x12\x1a\n" +
 	"\tdue_at_ms\x18\v \x01(\x03R\adueAtMs\x12+\n" +
-	"\x05batch\x18\f \x03(\v2\x15.surge.v1.RecycleStepR\x05batch\"\xda\x01\n" +
+	"\x05batch\x18\f \x03(\v2\x15.surge.v1.RecycleStepR\x05batch\x12(\n" +
+	"\x10registered_at_ms\x18\r \x01(\x03R\x0eregisteredAtMs\x12\"\n" +
+	"\rdeleted_at_ms\x18\x0e \x01(\x03R\vdeletedAtMs\"\xda\x01\n" +
 	"\n" +
 	"PoolChange\x12\x10\n" +
 	"\x03uin\x18\x01 \x01(\x04R\x03uin\x12'\n" +

@@ -34,6 +34,7 @@ import (
 	"surge/schemas"
 	pb "surge/schemas/surgev1"
 	"surge/streams"
+	"surge/streams/admission"
 	"surge/streams/metrics"
 )
 
@@ -47,6 +48,10 @@ type Config struct {
 	Local    []pool.AllocatorOption
 	Central  *pool.Central  // the central pool in Redis (required)
 	Accounts *account.Store // who holds a uin, checked on release (required)
+	// Admission bounds the requests in flight and queued (zero: the
+	// defaults); Limits the server's timeouts and connections.
+	Admission admission.Config
+	Limits    admission.Limits
 }
 
 // MaxCount is the most uins one call allocates.
@@ -115,9 +120,12 @@ func (s *Service) Run(ctx context.Context, opts ...streams.Option) error {
 	go func() { errs <- s.alloc.Run(ctx) }()
 	go func() { errs <- s.watch(ctx) }()
 	go func() { errs <- s.consumeReleases(ctx, opts...) }()
-	srv := &http.Server{Handler: s.cfg.Metrics.InstrumentHTTP("uin-pool", s.Handler()), ReadHeaderTimeout: 5 * time.Second, Protocols: protocols()}
+	adm := s.cfg.Admission
+	adm.Name, adm.Metrics = "uin-pool", s.cfg.Metrics
+	srv := admission.Server(s.cfg.Metrics.InstrumentHTTP("uin-pool", admission.New(adm).Wrap(s.Handler())), s.cfg.Limits)
+	srv.Protocols = protocols()
 	go func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := srv.Serve(admission.LimitListener(ln, s.cfg.Limits)); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			errs <- err
 		}
 	}()

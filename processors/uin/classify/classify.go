@@ -5,7 +5,7 @@
 // (category, and so ban and cool-down), and every candidate then passes a
 // last check of its online state before a ticket is requested:
 //
-//	never_completed  registration never finished                      -> abandoned
+//	never_completed  registration never finished, no login since      -> abandoned
 //	never_logged_in  finished, but no login by either source, and no
 //	                 usage within InactiveFor                           -> spam
 //	inactive         newest login (auth and device merged) and newest
@@ -76,6 +76,9 @@ type Candidate struct {
 	Group     string
 	Category  string
 	LastLogin int64 // auth and device merged
+	// RegisteredAt is the newest registration record's time: the
+	// controller refuses the ticket when the uin was recycled after it.
+	RegisteredAt int64
 }
 
 // Query returns the SQL that picks the candidates.
@@ -83,11 +86,14 @@ func Query(now time.Time, minAge, inactiveFor time.Duration) string {
 	born := now.Add(-minAge).UnixMilli()
 	idle := now.Add(-inactiveFor).UnixMilli()
 	// uin_registrations keeps the newest record per uin (ReplacingMergeTree
-	// by at_ms); usage is aggregated per uin, one scan.
+	// by at_ms); usage is aggregated per uin, one scan. An unfinished
+	// registration whose user logged in since is not abandoned (its
+	// ticket was stopped by that login before; it is judged as inactive
+	// like any other account).
 	return fmt.Sprintf(`
 SELECT r.uin, r.username,
-       multiIf(r.completed = 0, '%[3]s', greatest(u.auth, u.device) = 0, '%[4]s', '%[5]s') AS grp,
-       greatest(u.auth, u.device) AS last_login
+       multiIf(r.completed = 0 AND greatest(u.auth, u.device) = 0, '%[3]s', greatest(u.auth, u.device) = 0, '%[4]s', '%[5]s') AS grp,
+       greatest(u.auth, u.device) AS last_login, r.reg_at
 FROM (SELECT uin, argMax(username, at_ms) AS username, argMax(completed, at_ms) AS completed, max(at_ms) AS reg_at
       FROM uin_registrations GROUP BY uin HAVING reg_at < %[1]d) AS r
 LEFT JOIN (SELECT uin,
@@ -95,7 +101,7 @@ LEFT JOIN (SELECT uin,
                   maxIf(at_ms, kind = 'login' AND source = 'device') AS device,
                   max(at_ms) AS last_usage
            FROM uin_usage GROUP BY uin) AS u ON u.uin = r.uin
-WHERE r.completed = 0
+WHERE (r.completed = 0 AND greatest(u.auth, u.device) = 0)
    OR (greatest(u.auth, u.device) < %[2]d AND u.last_usage < %[2]d)
 ORDER BY r.uin`, born, idle, GroupNeverCompleted, GroupNeverLoggedIn, GroupInactive)
 }
@@ -121,7 +127,7 @@ func Candidates(ctx context.Context, st clickhouse.Store, o Options) ([]Candidat
 	}
 	out := make([]Candidate, 0, len(rows))
 	for _, r := range rows {
-		if len(r) != 4 {
+		if len(r) != 5 {
 			return nil, 0, fmt.Errorf("classify: unexpected row %q", r)
 		}
 		uin, err := strconv.ParseUint(r[0], 10, 32)
@@ -129,7 +135,8 @@ func Candidates(ctx context.Context, st clickhouse.Store, o Options) ([]Candidat
 			return nil, 0, fmt.Errorf("classify: uin %q: %w", r[0], err)
 		}
 		last, _ := strconv.ParseInt(r[3], 10, 64)
-		out = append(out, Candidate{Uin: uint32(uin), Username: r[1], Group: r[2], Category: categoryOf[r[2]], LastLogin: last})
+		regAt, _ := strconv.ParseInt(r[4], 10, 64)
+		out = append(out, Candidate{Uin: uint32(uin), Username: r[1], Group: r[2], Category: categoryOf[r[2]], LastLogin: last, RegisteredAt: regAt})
 	}
 	n := 0
 	if len(total) == 1 && len(total[0]) == 1 {
@@ -207,7 +214,8 @@ func Run(ctx context.Context, st clickhouse.Store, cl *kgo.Client, o Options) (R
 				continue
 			}
 		}
-		if full := batches.Add(recycling.Grant(c.Uin, c.Category, c.Username, "stock group "+c.Group, c.LastLogin, now)); full != nil {
+		if full := batches.Add(recycling.Grant(recycling.Finding{Uin: c.Uin, Category: c.Category, Username: c.Username,
+			Reason: "stock group " + c.Group, LastLoginMs: c.LastLogin, RegisteredAtMs: c.RegisteredAt}, now)); full != nil {
 			if err := send(full); err != nil {
 				return rep, err
 			}

@@ -98,7 +98,9 @@ func TestStockClassification(t *testing.T) {
 		login(7006, "auth", ago(300))
 		regd(7007, true, ago(400)) // inactive in ClickHouse; logs in after the snapshot
 		login(7007, "auth", ago(300))
-		regd(7008, true, ago(30)) // too young: the registration checks' own
+		regd(7008, true, ago(30))   // too young: the registration checks' own
+		regd(7009, false, ago(200)) // never completed, but logged in since (a stopped ticket): not abandoned
+		login(7009, "auth", ago(100))
 		cl := streamstest.Client(t, b.Kafka)
 		streamstest.ProduceSync(t, cl, recs...)
 
@@ -111,8 +113,8 @@ func TestStockClassification(t *testing.T) {
 					streams.DeadLetterTopic(ns+schemas.TopicDeadLetter))
 			}()
 		}
-		waitRows(t, st, "uin_registrations", 8)
-		waitRows(t, st, "uin_usage", 7)
+		waitRows(t, st, "uin_registrations", 9)
+		waitRows(t, st, "uin_usage", 8)
 		stopSinks()
 
 		cctx, stop := context.WithCancel(ctx)
@@ -139,8 +141,8 @@ func TestStockClassification(t *testing.T) {
 			t.Fatal(err)
 		}
 		wantGroups := map[string]int{classify.GroupNeverCompleted: 1, classify.GroupNeverLoggedIn: 1, classify.GroupInactive: 3}
-		if rep.Scanned != 7 || !maps.Equal(rep.Groups, wantGroups) || rep.Online != 1 || rep.Requested != 4 {
-			t.Fatalf("report %+v, want 7 scanned, groups %v, 1 online, 4 requested", rep, wantGroups)
+		if rep.Scanned != 8 || !maps.Equal(rep.Groups, wantGroups) || rep.Online != 1 || rep.Requested != 4 {
+			t.Fatalf("report %+v, want 8 scanned, groups %v, 1 online, 4 requested", rep, wantGroups)
 		}
 		// The grants come in batches, and so do the steps: 7 entries in all.
 		var got map[uint64][]*pb.RecycleStep
@@ -166,11 +168,16 @@ func TestStockClassification(t *testing.T) {
 			if !slices.Equal(kinds, granted) || got[uin][0].Category != cat {
 				t.Errorf("uin %d: %v, want %v as %s", uin, got[uin], granted, cat)
 			}
+			// The grant names the registration it judged: a later run over
+			// the same rows is refused once the uin was deleted.
+			if want := map[uint64]int64{7001: ago(200), 7002: ago(200), 7003: ago(400)}[uin]; len(got[uin]) > 0 && got[uin][0].RegisteredAtMs != want {
+				t.Errorf("uin %d granted for the registration at %d, want %d", uin, got[uin][0].RegisteredAtMs, want)
+			}
 		}
 		if s7 := got[7007]; len(s7) != 1 || s7[0].Step != pb.RecycleStepKind_STOPPED || !strings.Contains(s7[0].Reason, "refused: logged in") {
 			t.Errorf("uin 7007 (logged in after the snapshot): %v", s7)
 		}
-		for _, uin := range []uint64{7004, 7005, 7006, 7008} {
+		for _, uin := range []uint64{7004, 7005, 7006, 7008, 7009} {
 			if len(got[uin]) != 0 {
 				t.Errorf("active or young uin %d got steps %v", uin, got[uin])
 			}

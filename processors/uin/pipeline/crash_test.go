@@ -79,7 +79,7 @@ func TestEveryStepOnceAcrossCrashesAndCompetingInstances(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		recs = append(recs, batchedGrants(t, ns+schemas.TopicRecycleReqs, parts, 20_001, 20_000+batched, recycling.Inactive, now-int64(400*24*time.Hour/time.Millisecond))...)
+		recs = append(recs, batchedGrants(t, ns+schemas.TopicRecycleReqs, parts, 20_001, 20_000+batched, recycling.Inactive, now-int64(400*24*time.Hour/time.Millisecond), now-int64(500*24*time.Hour/time.Millisecond))...)
 		cl := streamstest.Client(t, b.Kafka)
 		streamstest.ProduceSync(t, cl, recs...)
 

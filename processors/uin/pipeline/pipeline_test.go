@@ -109,11 +109,11 @@ func entries(r *kgo.Record) int {
 
 // batchedGrants are grants for uins from..to as a stock check sends them:
 // a record per partition of uin.recycle-requests, keyed by its first uin.
-func batchedGrants(t *testing.T, topic string, partitions int, from, to uint64, category string, lastLogin int64) []*kgo.Record {
+func batchedGrants(t *testing.T, topic string, partitions int, from, to uint64, category string, lastLogin, registeredAt int64) []*kgo.Record {
 	t.Helper()
 	batches := recycling.NewBatches(partitions, int(to-from+2)) // never full: a record per partition
 	for u := from; u <= to; u++ {
-		batches.Add(recycling.Grant(uint32(u), category, "", "stock group test", lastLogin, time.Now()))
+		batches.Add(recycling.Grant(recycling.Finding{Uin: uint32(u), Category: category, Reason: "stock group test", LastLoginMs: lastLogin, RegisteredAtMs: registeredAt}, time.Now()))
 	}
 	var recs []*kgo.Record
 	for _, g := range batches.Rest() {
@@ -335,7 +335,7 @@ func TestRecyclingStopsForLiveUsers(t *testing.T) {
 			time.Sleep(20 * time.Millisecond)
 		}
 		streamstest.ProduceSync(t, cl, rec(t, ns+schemas.TopicRecycleReqs, 5004,
-			recycling.Grant(5004, recycling.Inactive, "user5004", "test", now.Add(-200*24*time.Hour).UnixMilli(), now)))
+			recycling.Grant(recycling.Finding{Uin: 5004, Category: recycling.Inactive, Username: "user5004", Reason: "test", LastLoginMs: now.Add(-200 * 24 * time.Hour).UnixMilli()}, now)))
 		for _, u := range []uint32{5001, 5002, 5003} {
 			waitStep(t, s, u, pb.RecycleStepKind_BAN)
 		}
@@ -405,7 +405,7 @@ func TestLoginIndexSurvivesARestart(t *testing.T) {
 		time.Sleep(500 * time.Millisecond)
 		c := s.StartController(ctx, 0) // a fresh store
 		streamstest.ProduceSync(t, cl, rec(t, ns+schemas.TopicRecycleReqs, 5100,
-			recycling.Grant(5100, recycling.Inactive, "user5100", "stale check", now.Add(-300*24*time.Hour).UnixMilli(), now)))
+			recycling.Grant(recycling.Finding{Uin: 5100, Category: recycling.Inactive, Username: "user5100", Reason: "stale check", LastLoginMs: now.Add(-300 * 24 * time.Hour).UnixMilli()}, now)))
 		got := steps(t, s, 1, 2*time.Second)
 		if k := kinds(got[5100]); !slices.Equal(k, []pb.RecycleStepKind{pb.RecycleStepKind_STOPPED}) {
 			t.Fatalf("uin 5100 after the restart: %v, want the ticket refused", got[5100])

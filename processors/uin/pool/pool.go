@@ -162,27 +162,6 @@ func (c *Central) InsertIfFree(ctx context.Context, uins []uint32) ([]uint32, er
 	return refused, nil
 }
 
-// putBits sets the uins' bits in each of keys to bit, with BITFIELD, a
-// thousand per command: one command object per thousand uins, not one per
-// uin.
-func (c *Central) putBits(ctx context.Context, uins []uint32, bit int, keys ...string) error {
-	pipe := c.rdb.Pipeline()
-	for _, key := range keys {
-		if c.noBitfield.Load() {
-			for _, u := range uins {
-				pipe.SetBit(ctx, key, int64(u), bit)
-			}
-		} else {
-			bitfields(ctx, pipe, key, uins, func(args []any, u uint32) []any { return append(args, "SET", "u1", u, bit) })
-		}
-	}
-	_, err := pipe.Exec(ctx)
-	if c.lacksBitfield(err) {
-		return c.putBits(ctx, uins, bit, keys...)
-	}
-	return err
-}
-
 // getBits reads the uins' bits in key, with BITFIELD, a thousand per
 // command.
 func (c *Central) getBits(ctx context.Context, key string, uins []uint32) ([]bool, error) {
@@ -271,13 +250,68 @@ func (c *Central) Size(ctx context.Context) (int64, error) {
 // Free records that the accounts on uins are deleted: the uins are
 // neither in use nor held, so a later insertion may pool them. Only the
 // recycle controller calls it, after its DELETE step won the
-// compare-and-set; it is idempotent.
-func (c *Central) Free(ctx context.Context, uins ...uint32) error {
+// compare-and-set; it is idempotent. A uin that is pooled or leased (held
+// and not used) keeps its bits: no account can hold it, so the deletion is
+// of an account recycled before, and clearing the held bit would let it
+// into a bucket a second time while a local pool holds it. It returns the
+// uins it left alone.
+func (c *Central) Free(ctx context.Context, uins ...uint32) (kept []uint32, err error) {
 	if len(uins) == 0 {
-		return nil
+		return nil, nil
 	}
-	return c.putBits(ctx, uins, 0, c.used(), c.held())
+	var codes []int64
+	err = luascript.Pipelined(ctx, c.rdb, freeScript, func() error {
+		pipe := c.rdb.Pipeline()
+		var cmds []*redis.Cmd
+		for lo := 0; lo < len(uins); lo += freeChunk {
+			chunk := uins[lo:min(lo+freeChunk, len(uins))]
+			args := make([]any, len(chunk))
+			for i, u := range chunk {
+				args[i] = u
+			}
+			cmds = append(cmds, freeScript.EvalSha(ctx, pipe, []string{c.used(), c.held()}, args...))
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			return err
+		}
+		codes = codes[:0]
+		for _, cmd := range cmds {
+			cs, err := cmd.Int64Slice()
+			if err != nil {
+				return err
+			}
+			codes = append(codes, cs...)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	for i, code := range codes {
+		if code == 0 {
+			kept = append(kept, uins[i])
+		}
+	}
+	return kept, nil
 }
+
+// freeChunk is the most uins one freeScript call frees.
+const freeChunk = 1000
+
+// freeScript clears the used and held bits (KEYS) of each uin (ARGV)
+// unless it is pooled or leased (held, not used); 1 freed, 0 left alone.
+var freeScript = redis.NewScript(`
+local codes = {}
+for i, u in ipairs(ARGV) do
+  if redis.call('GETBIT', KEYS[1], u) == 0 and redis.call('GETBIT', KEYS[2], u) == 1 then
+    codes[i] = 0
+  else
+    redis.call('SETBIT', KEYS[1], u, 0)
+    redis.call('SETBIT', KEYS[2], u, 0)
+    codes[i] = 1
+  end
+end
+return codes`)
 
 // Status reports, per uin, whether it is in use, in one round trip.
 func (c *Central) Status(ctx context.Context, uins []uint32) (used []bool, err error) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -403,11 +404,42 @@ func TestScriptsLoadedWhenTheServerLostThem(t *testing.T) {
 				t.Fatalf("round %d: uin %d used %v", round, uins[i], u)
 			}
 		}
-		if err := c.Free(ctx, uins...); err != nil {
+		// Deleting the accounts frees the used half; the pooled half
+		// (held, no account) keeps its bits: a stale deletion must not
+		// let a pooled or leased uin into a bucket twice.
+		kept, err := c.Free(ctx, uins...)
+		if err != nil {
 			t.Fatal(err)
+		}
+		if !slices.Equal(kept, uins[600:]) {
+			t.Fatalf("round %d: Free kept %d uins, want the %d pooled ones", round, len(kept), len(uins[600:]))
 		}
 		if used, _ := c.Status(ctx, uins[:1]); used[0] {
 			t.Fatalf("round %d: freed uin still used", round)
 		}
+		if codes, err := c.insert(ctx, uins[600:601]); err != nil || codes[0] != 2 {
+			t.Fatalf("round %d: pooled uin inserted again after a stale deletion: code %v, %v", round, codes, err)
+		}
 	}
+}
+
+// putBits (accounts taking uins, in the tests) sets the uins' bits in each of keys to bit, with BITFIELD, a
+// thousand per command: one command object per thousand uins, not one per
+// uin.
+func (c *Central) putBits(ctx context.Context, uins []uint32, bit int, keys ...string) error {
+	pipe := c.rdb.Pipeline()
+	for _, key := range keys {
+		if c.noBitfield.Load() {
+			for _, u := range uins {
+				pipe.SetBit(ctx, key, int64(u), bit)
+			}
+		} else {
+			bitfields(ctx, pipe, key, uins, func(args []any, u uint32) []any { return append(args, "SET", "u1", u, bit) })
+		}
+	}
+	_, err := pipe.Exec(ctx)
+	if c.lacksBitfield(err) {
+		return c.putBits(ctx, uins, bit, keys...)
+	}
+	return err
 }

@@ -108,7 +108,11 @@ func TestTicketDataDriven(t *testing.T) {
 				mr.SetTime(now)
 				return "now +" + now.Sub(epoch).String() + "\n"
 			case "grant":
-				err = s.request(recycling.Grant(uint32(uin), str("category"), str("username"), "scripted", offset("last-login"), now))
+				f := recycling.Finding{Uin: uint32(uin), Category: str("category"), Username: str("username"), Reason: "scripted", LastLoginMs: offset("last-login")}
+				if d.HasArg("registered") {
+					f.RegisteredAtMs = offset("registered")
+				}
+				err = s.request(recycling.Grant(f, now))
 			case "request":
 				ticket := str("ticket")
 				if ticket == "" {
@@ -126,7 +130,7 @@ func TestTicketDataDriven(t *testing.T) {
 				req := &pb.RecycleStep{}
 				for _, u := range uins {
 					if d.Cmd == "batch-grant" {
-						req.Batch = append(req.Batch, recycling.Grant(uint32(u), str("category"), "", "scripted", offset("last-login"), now))
+						req.Batch = append(req.Batch, recycling.Grant(recycling.Finding{Uin: uint32(u), Category: str("category"), Reason: "scripted", LastLoginMs: offset("last-login")}, now))
 						continue
 					}
 					e := &pb.RecycleStep{Uin: uint64(u), Step: kind("step"), ExpectedPrev: kind("prev")}

@@ -132,8 +132,13 @@ func (c *Controller) applyEffects(ctx context.Context) error {
 		for i, d := range e.deletes {
 			uins[i] = d.Uin
 		}
-		if err := c.cfg.Pool.Free(ctx, uins...); err != nil {
+		kept, err := c.cfg.Pool.Free(ctx, uins...)
+		if err != nil {
 			return fmt.Errorf("recycle: free uins: %w", err)
+		}
+		for _, u := range kept { // the grant's check lets none through; a second guard
+			c.mRefused.With("free_pooled").Inc()
+			c.cfg.Log.Warn("recycle: deleted account's uin is pooled or leased; its pool bits kept", "uin", u)
 		}
 	}
 	if len(e.releases) > 0 {

@@ -267,6 +267,27 @@ var stoppable = map[pb.RecycleStepKind]bool{
 	pb.RecycleStepKind_COOL_DOWN:      true,
 }
 
+// deletedAt is when the uin's account was last deleted by recycling (0:
+// never). Steps written before deleted_at_ms existed carry only their own
+// time, which is later than the deletion: the safe side.
+func deletedAt(cur *pb.RecycleStep) int64 {
+	if cur == nil {
+		return 0
+	}
+	if cur.DeletedAtMs != 0 {
+		return cur.DeletedAtMs
+	}
+	switch cur.Step {
+	case pb.RecycleStepKind_DELETE, pb.RecycleStepKind_COOL_DOWN, pb.RecycleStepKind_RELEASE:
+		return cur.AtMs
+	case pb.RecycleStepKind_STOPPED:
+		if cur.ExpectedPrev == pb.RecycleStepKind_COOL_DOWN { // a restore took it back after the deletion
+			return cur.AtMs
+		}
+	}
+	return 0
+}
+
 func validUin(u uint64) error {
 	if u == 0 || u > math.MaxUint32 {
 		return streams.Reject(fmt.Sprintf("uin out of range: %d (uins are 1..%d)", u, uint32(math.MaxUint32)), nil)
@@ -505,6 +526,14 @@ func (s *step) grant(cur, req *pb.RecycleStep) error {
 		c.mRefused.With("ticket_open").Inc()
 		return nil // another check granted it first; one ticket per uin
 	}
+	if deleted := deletedAt(cur); deleted != 0 && req.RegisteredAtMs <= deleted {
+		// The account this check judged was deleted and its uin recycled:
+		// a re-run of a classification over the same facts (ClickHouse
+		// keeps the old registration rows). Quiet, like a lost
+		// compare-and-set: the uin may be pooled, leased or handed out.
+		c.mRefused.With("already_recycled").Inc()
+		return nil
+	}
 	l, err := c.staged.login(uint32(req.Uin))
 	if err != nil {
 		return err
@@ -512,11 +541,12 @@ func (s *step) grant(cur, req *pb.RecycleStep) error {
 	if l.Newest() > req.LastLoginMs {
 		c.mRefused.With("logged_in_since_check").Inc()
 		return s.apply(&pb.RecycleStep{Uin: req.Uin, TicketId: req.TicketId, Step: pb.RecycleStepKind_STOPPED,
-			Category: req.Category, Username: req.Username,
+			Category: req.Category, Username: req.Username, RegisteredAtMs: req.RegisteredAtMs, DeletedAtMs: deletedAt(cur),
 			Reason: fmt.Sprintf("refused: logged in at %d (auth %d, device %d), after the check saw %d", l.Newest(), l.Auth, l.Device, req.LastLoginMs)})
 	}
 	g := &pb.RecycleStep{Uin: req.Uin, TicketId: req.TicketId, Step: pb.RecycleStepKind_TICKET_GRANTED,
 		Category: req.Category, Username: req.Username, Reason: req.Reason, LastLoginMs: req.LastLoginMs,
+		RegisteredAtMs: req.RegisteredAtMs, DeletedAtMs: deletedAt(cur), // the uin's last deletion stays the bound
 		TicketExpiresAtMs: s.now.Add(c.cfg.Policy.TicketTTL).UnixMilli()}
 	if err := s.apply(g); err != nil {
 		return err
@@ -578,6 +608,7 @@ func (s *step) delete(cur *pb.RecycleStep) error {
 		return err
 	}
 	d := s.advance(cur, pb.RecycleStepKind_DELETE, time.Time{})
+	d.DeletedAtMs = s.now.UnixMilli()
 	if err := s.apply(d); err != nil {
 		return err
 	}
@@ -641,7 +672,7 @@ func (s *step) advance(cur *pb.RecycleStep, to pb.RecycleStepKind, due time.Time
 	}
 	n := &pb.RecycleStep{Uin: cur.Uin, TicketId: cur.TicketId, Step: to, ExpectedPrev: cur.Step,
 		Category: cur.Category, Username: cur.Username, LastLoginMs: cur.LastLoginMs,
-		TicketExpiresAtMs: renewed.UnixMilli()}
+		RegisteredAtMs: cur.RegisteredAtMs, DeletedAtMs: cur.DeletedAtMs, TicketExpiresAtMs: renewed.UnixMilli()}
 	if !due.IsZero() {
 		n.DueAtMs = due.UnixMilli()
 	}

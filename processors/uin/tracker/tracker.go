@@ -361,7 +361,8 @@ func (t *Tracker) check(c *pb.RegistrationCheck, out *streams.Output) error {
 	switch {
 	case category != "":
 		cur.Verdict = category
-		g := recycling.Grant(uint32(c.Uin), category, cur.Username, reason, cur.LastLoginMs, t.cfg.Now())
+		g := recycling.Grant(recycling.Finding{Uin: uint32(c.Uin), Category: category, Username: cur.Username, Reason: reason,
+			LastLoginMs: cur.LastLoginMs, RegisteredAtMs: cur.RegisteredAtMs}, t.cfg.Now())
 		if err := out.EmitMsg(t.topic(schemas.TopicRecycleReqs), schemas.UinKey(uint32(c.Uin)), g); err != nil {
 			return err
 		}
