@@ -147,3 +147,29 @@ func OffsetsReadable(ctx context.Context, cl *kgo.Client, topic string, next map
 func ReadToEnd(ctx context.Context, cluster Cluster, topic string, fn func(*kgo.Record) error) error {
 	return Replay(ctx, cluster, topic, ReplayFrom{}, fn)
 }
+
+// ReadRanges reads, read-committed, the records of each topic and
+// partition from from[topic][partition] up to (not including)
+// to[topic][partition], in partition order, with one client for all of
+// them: a view reading ahead of its own consumer to offsets it was asked
+// to have seen.
+func ReadRanges(ctx context.Context, cluster Cluster, from, to map[string]map[int32]int64, fn func(*kgo.Record) error) error {
+	offsets := map[string]map[int32]kgo.Offset{}
+	ends := map[string]map[int32]int64{}
+	for topic, ps := range to {
+		for p, end := range ps {
+			begin := from[topic][p]
+			if begin >= end {
+				continue
+			}
+			if offsets[topic] == nil {
+				offsets[topic], ends[topic] = map[int32]kgo.Offset{}, map[int32]int64{}
+			}
+			offsets[topic][p], ends[topic][p] = kgo.NewOffset().At(begin), end
+		}
+	}
+	if len(offsets) == 0 {
+		return nil
+	}
+	return readRangesOf(ctx, cluster, offsets, ends, false, fn)
+}

@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/protobuf/proto"
 
@@ -53,6 +54,11 @@ type Directory struct {
 	// the planner consumes again after Restore read past it is not applied
 	// twice (an older value must not overwrite a newer one).
 	applied map[topicPartition]int64
+	// readTo is where CatchUp last read each partition up to: the
+	// offsets past the last record there are transaction markers (a
+	// publisher writing in transactions), which a read ahead would
+	// otherwise wait out again at every job.
+	readTo map[topicPartition]int64
 }
 
 type topicPartition struct {
@@ -75,6 +81,7 @@ func (d *Directory) clear() {
 	d.blacklists = filter.NewBlacklists()
 	d.lastDelivery = map[uint64]*pb.JobClicks{}
 	d.applied = map[topicPartition]int64{}
+	d.readTo = map[topicPartition]int64{}
 }
 
 // Topics are the directory's input topics (namespaced).
@@ -154,6 +161,72 @@ func (d *Directory) Restore(ctx context.Context, kc streams.Cluster) error {
 		}
 	}
 	return nil
+}
+
+// CatchUp makes the views read-your-writes for a job: it applies, ahead
+// of the planner's own consumer, every record of the directory's topics
+// below the committed end offsets listed now (adm lists them), so a job
+// sees every follow, account, tag and blacklist change published before
+// it. The planner consumes jobs and these topics in one group with no
+// order between them; without this a job published right after 50,000
+// follows could be planned with part of them. Records read ahead are not
+// applied again when the consumer reaches them (applied); those it cannot
+// read are skipped here and dead-lettered there. It returns how many
+// records it read ahead.
+func (d *Directory) CatchUp(ctx context.Context, kc streams.Cluster, adm *kadm.Client) (int, error) {
+	ends, err := adm.ListCommittedOffsets(ctx, d.changeTopics()...)
+	if err == nil {
+		err = ends.Error()
+	}
+	if err != nil {
+		return 0, fmt.Errorf("directory: end offsets: %w", err)
+	}
+	from := map[string]map[int32]int64{}
+	to := map[string]map[int32]int64{}
+	d.mu.RLock()
+	ends.Each(func(o kadm.ListedOffset) {
+		tp := topicPartition{o.Topic, o.Partition}
+		next := d.readTo[tp] // nothing applied: from the start (Restore read it, or it is empty)
+		if last, ok := d.applied[tp]; ok {
+			next = max(next, last+1)
+		}
+		if next >= o.Offset {
+			return
+		}
+		if from[o.Topic] == nil {
+			from[o.Topic], to[o.Topic] = map[int32]int64{}, map[int32]int64{}
+		}
+		from[o.Topic][o.Partition], to[o.Topic][o.Partition] = next, o.Offset
+	})
+	d.mu.RUnlock()
+	if len(to) == 0 {
+		return 0, nil
+	}
+	n := 0
+	err = streams.ReadRanges(ctx, kc, from, to, func(r *kgo.Record) error {
+		if d.Apply(r) == nil {
+			n++
+		}
+		return nil
+	})
+	if err != nil {
+		return n, fmt.Errorf("directory: catch up: %w", err)
+	}
+	d.mu.Lock()
+	for topic, ps := range to {
+		for p, end := range ps {
+			d.readTo[topicPartition{topic, p}] = end
+		}
+	}
+	d.mu.Unlock()
+	return n, nil
+}
+
+// changeTopics are the topics whose changes a job must see: the platform's
+// accounts, follows, tags and blacklists (not the planner's own
+// click-through feedback).
+func (d *Directory) changeTopics() []string {
+	return []string{d.ns + schemas.TopicAccounts, d.ns + schemas.TopicFanDelta, d.ns + schemas.TopicTags, d.ns + schemas.TopicBlacklists}
 }
 
 // Apply applies one record of an input topic. A record that cannot be

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/RoaringBitmap/roaring/v2"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"surge/processors/push/directory"
@@ -146,8 +147,13 @@ type Planner struct {
 	ckpt         checkpoints
 	restoreStats RestoreStats
 
+	// lister lists the directory topics' end offsets for read-your-writes
+	// (made on first use, closed when Run ends).
+	lister *kgo.Client
+
 	mUnits, mJobs, mRejected metrics.CounterVec
 	mCheckpointBytes         metrics.GaugeVec
+	mReadAhead               metrics.CounterVec
 }
 
 // New returns a planner.
@@ -159,6 +165,7 @@ func New(cfg Config) *Planner {
 	p.mJobs = reg.NewCounterVec("surge_push_job_transitions_total", "job transitions written", "to")
 	p.mRejected = reg.NewCounterVec("surge_push_jobs_refused_total", "jobs refused", "reason")
 	p.mCheckpointBytes = reg.NewGaugeVec("surge_push_planner_checkpoint_bytes", "size of the planner's last checkpoint")
+	p.mReadAhead = reg.NewCounterVec("surge_push_directory_read_ahead_total", "directory records a job's intake read ahead of the consumer")
 	p.reset()
 	return p
 }
@@ -283,6 +290,9 @@ func (p *Planner) intake(ctx context.Context, e emitter, j *pb.SendJob) error {
 	if j.CreatedAtMs == 0 {
 		j.CreatedAtMs = e.now.UnixMilli()
 	}
+	if err := p.catchUpDirectory(ctx); err != nil {
+		return err
+	}
 	if err := e.move(j.JobId, pb.JobState_CREATED, "", nil); err != nil {
 		return err
 	}
@@ -325,6 +335,27 @@ func (p *Planner) intake(ctx context.Context, e emitter, j *pb.SendJob) error {
 		return e.move(j.JobId, pb.JobState_WAITING_SCHEDULE, "", func(t *pb.JobTransition) { t.Job, t.Targets = j, n })
 	}
 	return p.filterAndQueue(ctx, e, j, acc, targets)
+}
+
+// catchUpDirectory brings the directory up to every change committed on
+// its topics before now, so a job sees what was published before it
+// ("follow, then send"), whatever order the consumer reads the topics in.
+func (p *Planner) catchUpDirectory(ctx context.Context) error {
+	if p.lister == nil {
+		cl, err := p.cfg.Kafka.NewClient()
+		if err != nil {
+			return fmt.Errorf("%w: directory lister: %v", errTransient, err)
+		}
+		p.lister = cl
+	}
+	n, err := p.cfg.Directory.CatchUp(ctx, p.cfg.Kafka, kadm.NewClient(p.lister))
+	if err != nil {
+		return fmt.Errorf("%w: %v", errTransient, err)
+	}
+	if n > 0 {
+		p.mReadAhead.With().Add(float64(n))
+	}
+	return nil
 }
 
 // release is a job whose timer fired: a scheduled job at its time, or one

@@ -264,6 +264,14 @@ func (p *Planner) Run(ctx context.Context, opts ...streams.Option) error {
 	if err != nil {
 		return err
 	}
+	defer func() {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if p.lister != nil {
+			p.lister.Close()
+			p.lister = nil
+		}
+	}()
 	return r.Run(ctx)
 }
 
