@@ -32,7 +32,9 @@ type Runner struct {
 	// Waits of a transaction's first request for the previous
 	// transaction's end (txnCommitter.awaitPreviousEnd).
 	mSettled metrics.Counter
-	mLag     metrics.GaugeVec
+	// Open transactions of departed instances this one fenced.
+	mFenced metrics.Counter
+	mLag    metrics.GaugeVec
 }
 
 type recordID struct {
@@ -79,6 +81,7 @@ func New(name string, h Handler, opts ...Option) (*Runner, error) {
 		mRetries:   reg.NewCounterVec("surge_errors_total", "errors by kind", "processor", "kind").With(name, "handler_retry"),
 		mRestarts:  reg.NewCounterVec("surge_errors_total", "errors by kind", "processor", "kind").With(name, "session_restart"),
 		mSettled:   reg.NewCounterVec("surge_txn_settle_waits_total", "waits of a transaction's first request for the previous transaction to finish", "processor").With(name),
+		mFenced:    reg.NewCounterVec("surge_txn_fenced_total", "open transactions of departed instances fenced", "processor").With(name),
 		mLag:       reg.NewGaugeVec("surge_consumer_lag", "records behind the high watermark", "processor", "topic", "partition"),
 		mBatchTime: reg.NewHistogramVec("surge_batch_duration_seconds", "time from a batch's first record to its commit (or abort)",
 			metrics.LatencyBuckets, "processor").With(name),
@@ -113,7 +116,7 @@ func (r *Runner) Run(ctx context.Context) error {
 
 func (r *Runner) clientOpts() []kgo.Opt {
 	opts := r.cfg.cluster.Opts(
-		kgo.ClientID("surge-"+r.cfg.name+"-"+r.cfg.instanceID), // operators (and tests) tell the members apart
+		kgo.ClientID(r.clientID(r.cfg.instanceID)), // operators (and tests) tell the members apart
 		kgo.ConsumerGroup(r.cfg.group),
 		kgo.ConsumeTopics(r.cfg.inputs...),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
@@ -158,6 +161,17 @@ func (r *Runner) session(ctx context.Context) error {
 		if err := r.waitForBroker(ctx, sess.Client()); err != nil {
 			return err
 		}
+		// Fence a dead predecessor under this transactional id now (a
+		// restart after kill -9), not at the first batch: a standby gets
+		// none, and the survivor that took over would wait out the dead
+		// one's open transaction. See fence.go.
+		if _, _, err := sess.Client().ProducerID(ctx); err != nil && ctx.Err() == nil {
+			r.log.Warn("could not initialise the producer id; the first transaction will", "err", err)
+		}
+		fctx, stopFencer := context.WithCancel(ctx)
+		defer stopFencer()
+		go (&orphanFencer{cl: sess.Client(), adm: kadm.NewClient(sess.Client()), group: r.cfg.group, own: r.txnID(),
+			clientID: r.clientID, log: r.log, fenced: r.mFenced}).run(fctx)
 		return r.loop(ctx, sess.Client(), &txnCommitter{s: sess, adm: kadm.NewClient(sess.Client()), txnID: r.txnID(), settled: r.mSettled})
 	}
 	cl, err := kgo.NewClient(r.clientOpts()...)
@@ -550,6 +564,10 @@ func sleep(ctx context.Context, d time.Duration) bool {
 }
 
 func (r *Runner) txnID() string { return r.cfg.group + "-" + r.cfg.instanceID }
+
+// clientID is the client id of the group's member with instance id
+// instance: how the fencer tells a live instance from a departed one.
+func (r *Runner) clientID(instance string) string { return "surge-" + r.cfg.name + "-" + instance }
 
 // kgoLogger forwards franz-go's warnings and errors to slog.
 type kgoLogger struct{ l *slog.Logger }

@@ -631,3 +631,49 @@ func TestBatchesWithoutOutputAreNotAborted(t *testing.T) {
 		}
 	})
 }
+
+// TestTakeOverFencesADeadInstancesTransaction: an instance killed with -9
+// in the middle of a transaction leaves it open, and its output holds back
+// every read-committed reader of that partition until the broker times it
+// out (here 60 s). The instance that takes over fences it within seconds:
+// the outputs are readable again, and the dead one's record was aborted.
+func TestTakeOverFencesADeadInstancesTransaction(t *testing.T) {
+	b := streamstest.RealBroker(t)
+	in, out := streamstest.Unique("in"), streamstest.Unique("out")
+	streamstest.CreateTopics(t, b.Kafka, 1, in, out)
+	name := streamstest.Unique("fence")
+	dead, err := b.Kafka.NewClient(kgo.TransactionalID(name+"-dead"), kgo.TransactionTimeout(60*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(dead.Close) // never ends its transaction: as good as killed
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := dead.BeginTransaction(); err != nil {
+		t.Fatal(err)
+	}
+	if err := dead.ProduceSync(ctx, loginRecord(t, out, 1_000_000)).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	cl := streamstest.Client(t, b.Kafka)
+	const n = 100
+	for u := range n {
+		streamstest.ProduceSync(t, cl, loginRecord(t, in, uint64(u)))
+	}
+	start := time.Now()
+	r, err := streams.New(name, echo(out), streams.Kafka(b.Kafka), streams.Inputs(in),
+		streams.WithGuarantee(streams.ExactlyOnce), streams.InstanceID("survivor"),
+		streams.Metrics(metrics.NewRegistry()), streams.Logger(quiet))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runInBackground(t, r)
+	got := streamstest.ReadN(t, b.Kafka, out, true, n, 20*time.Second, time.Second)
+	took := time.Since(start)
+	seen := countUins(t, got)
+	if seen[1_000_000] != 0 {
+		t.Fatal("the dead instance's open transaction was committed, not aborted")
+	}
+	assertExactlyOnce(t, seen, n)
+	t.Logf("outputs readable %s after the survivor started (the dead transaction's timeout is 60 s)", took.Round(100*time.Millisecond))
+}
