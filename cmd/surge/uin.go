@@ -132,7 +132,8 @@ func poolConfig(v *viper.Viper, log *slog.Logger) (allocation.Config, error) {
 		inst, _ = os.Hostname()
 	}
 	local := max(v.GetInt("uin.pool_local"), 1)
-	return allocation.Config{Instance: inst, Addr: v.GetString("uin.pool_addr"), Keys: keys,
+	gates, limits := httpLimits(v, "uin-pool")
+	return allocation.Config{Instance: inst, Addr: v.GetString("uin.pool_addr"), Keys: keys, Admission: gates, Limits: limits,
 		LowWater: int64(v.GetInt("uin.pool_low_water")),
 		Local:    []pool.AllocatorOption{pool.LowWater(local), pool.Chunk(2 * local), pool.LeaseTTL(v.GetDuration("uin.pool_lease_ttl"))}}, nil
 }

@@ -26,6 +26,7 @@ import (
 	"surge/processors/wallet/stack"
 	"surge/processors/wallet/token"
 	"surge/streams"
+	"surge/streams/admission"
 	"surge/streams/metrics"
 )
 
@@ -156,19 +157,19 @@ func cmdWallet(ctx context.Context, args []string) error {
 		return err
 	}
 	serveMetrics(ctx, v, log)
-	hs := &http.Server{Addr: v.GetString("wallet.http_addr"), Handler: w.Handler(), ReadHeaderTimeout: 5 * time.Second}
-	go func() {
-		<-ctx.Done()
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = hs.Shutdown(sctx)
-	}()
-	log.Info("wallet API", "url", fmt.Sprintf("http://%s/v1/", hs.Addr))
-	err = hs.ListenAndServe()
-	if errors.Is(err, http.ErrServerClosed) {
-		err = nil
-	}
+	gates, limits := httpLimits(v, "wallet")
+	err = admission.Serve(ctx, v.GetString("wallet.http_addr"), admission.Server(admission.New(gates).Wrap(w.Handler()), limits), limits,
+		func(a net.Addr) { log.Info("wallet API", "url", fmt.Sprintf("http://%s/v1/", a)) })
 	return errors.Join(err, <-ledDone)
+}
+
+// httpLimits are the admission bounds and the server limits of an HTTP
+// API, from the http.* keys.
+func httpLimits(v *viper.Viper, service string) (admission.Config, admission.Limits) {
+	return admission.Config{Name: service, MaxInFlight: v.GetInt("http.max_in_flight"),
+			MaxQueue: v.GetInt("http.max_queue"), Timeout: v.GetDuration("http.request_timeout")},
+		admission.Limits{Read: v.GetDuration("http.read_timeout"), Idle: v.GetDuration("http.idle_timeout"),
+			MaxConns: v.GetInt("http.max_conns")}
 }
 
 // walletGCPercent is the GC target to set for the wallet process:

@@ -77,9 +77,7 @@ func (d *Dashboard) authenticate(next http.Handler) http.Handler {
 			http.SetCookie(w, &http.Cookie{Name: keyCookie, Value: k, Path: "/", HttpOnly: true, SameSite: http.SameSiteStrictMode})
 			q := r.URL.Query()
 			q.Del("key")
-			u := *r.URL
-			u.RawQuery = q.Encode()
-			http.Redirect(w, r, u.RequestURI(), http.StatusSeeOther)
+			http.Redirect(w, r, localTarget(r.URL.Path, q), http.StatusSeeOther)
 			return
 		}
 		secret, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
@@ -235,11 +233,13 @@ func (d *Dashboard) lags(ctx context.Context) ([]groupLag, string) {
 	defer cancel()
 	listed, err := d.Admin.ListGroups(ctx)
 	if err != nil {
-		return nil, "Kafka: " + err.Error()
+		d.Log.Warn("recon: consumer groups", "err", err)
+		return nil, "Kafka did not answer; the reason is in the recon service's log"
 	}
 	lags, err := d.Admin.Lag(ctx, listed.Groups()...)
 	if err != nil {
-		return nil, "Kafka: " + err.Error()
+		d.Log.Warn("recon: consumer lag", "err", err)
+		return nil, "Kafka did not answer; the reason is in the recon service's log"
 	}
 	var out []groupLag
 	lags.Each(func(l kadm.DescribedGroupLag) {
@@ -377,10 +377,26 @@ func (d *Dashboard) render(w http.ResponseWriter, page string, data any) {
 	}
 }
 
+// fail answers a page whose query failed: the error goes to the log, the
+// page says only that (a store's error text can quote the query and the
+// caller's input back).
 func (d *Dashboard) fail(w http.ResponseWriter, err error) {
 	d.Log.Warn("recon: page", "err", err)
 	w.WriteHeader(http.StatusServiceUnavailable)
-	d.render(w, "error.html", "ClickHouse did not answer: "+err.Error())
+	d.render(w, "error.html", "ClickHouse did not answer; the reason is in the recon service's log")
+}
+
+// localTarget is a redirect to this page's own path with query q: a path
+// that a browser would read as another host (//host, /\host) or that is
+// not absolute goes to the overview instead (no open redirect).
+func localTarget(path string, q url.Values) string {
+	if !strings.HasPrefix(path, "/") || strings.HasPrefix(path, "//") || strings.HasPrefix(path, "/\\") {
+		path = "/"
+	}
+	if len(q) == 0 {
+		return path
+	}
+	return path + "?" + q.Encode()
 }
 
 // mismatchURL links an open mismatch to its drill-down.

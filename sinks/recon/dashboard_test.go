@@ -152,6 +152,20 @@ func TestDashboardOverHTTP(t *testing.T) {
 	if code, _ := get(browser, fmt.Sprintf("/mismatch?check=granted_vs_booked&hour=%d&scope=%s", dashboardHour.UnixMilli(), inject)); code != http.StatusNotFound {
 		t.Errorf("a quote in the scope: %d, want 404 (matched as text, nothing found)", code)
 	}
+	// The key's redirect stays on this page's host, whatever the path.
+	noFollow := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	for path, want := range map[string]string{"/?key=" + key: "/", "//evil.example/?key=" + key: "/", "/%5C%5Cevil.example/?key=" + key: "/",
+		"/mismatch?check=c&key=" + key: "/mismatch?check=c"} {
+		req, _ := http.NewRequest("GET", srv.URL+path, nil)
+		resp, err := noFollow.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if loc := resp.Header.Get("Location"); resp.StatusCode != http.StatusSeeOther || loc != want {
+			t.Errorf("%s redirects (%d) to %q, want %q", path, resp.StatusCode, loc, want)
+		}
+	}
 	code, body := get(plain, "/api/report", "Authorization", "Bearer "+key)
 	var rep recon.Report
 	if code != http.StatusOK || json.Unmarshal([]byte(body), &rep) != nil || len(rep.Open) == 0 {

@@ -123,7 +123,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("POST /v1/users/{act}/packets", s.user(s.packet))
 	mux.HandleFunc("GET /v1/total", s.anyone(s.total))
 	mux.HandleFunc("GET /v1/stock/{template}", s.anyone(s.stock))
-	mux.HandleFunc("GET /v1/identities/{app}/{user}", s.anyone(s.identity))
+	mux.HandleFunc("GET /v1/identities/{app}/{user}", s.app(s.identity))
 	return mux
 }
 
@@ -178,6 +178,31 @@ func (s *Server) user(next http.HandlerFunc) http.HandlerFunc {
 			err = fmt.Errorf("%w: the token is %s's, not %s's", auth.ErrForbidden, sub, r.PathValue("act"))
 		}
 		if err != nil {
+			denied(w, err)
+			return
+		}
+		next(w, r)
+	}
+}
+
+// app lets through only a signed activity service (an app key): an
+// identity links one person's accounts across apps, which no user token
+// may ask for, not even its own holder's.
+func (s *Server) app(next http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if s.authOff() {
+			next(w, r)
+			return
+		}
+		if r.Header.Get(auth.HeaderSignature) == "" {
+			err := fmt.Errorf("%w: only signed activity services (app keys) may read identities", auth.ErrForbidden)
+			if auth.Bearer(r) == "" {
+				err = fmt.Errorf("%w: no app signature", auth.ErrUnauthenticated)
+			}
+			denied(w, err)
+			return
+		}
+		if _, err := s.appOf(r, nil); err != nil {
 			denied(w, err)
 			return
 		}
@@ -494,12 +519,17 @@ func (s *Server) balance(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) flow(w http.ResponseWriter, r *http.Request) {
-	page, _ := strconv.Atoi(r.URL.Query().Get("page"))
-	size, _ := strconv.Atoi(r.URL.Query().Get("size"))
-	if size <= 0 || size > 100 {
-		size = 20
+	page, err := intParam(r, "page", 0, 0, maxFlowPage)
+	if err != nil {
+		fail(w, http.StatusBadRequest, err)
+		return
 	}
-	items, v, err := s.cfg.Ledger.Flow(r.Context(), r.PathValue("act"), max(page, 0), size)
+	size, err := intParam(r, "size", 20, 1, 100)
+	if err != nil {
+		fail(w, http.StatusBadRequest, err)
+		return
+	}
+	items, v, err := s.cfg.Ledger.Flow(r.Context(), r.PathValue("act"), page, size)
 	if err != nil {
 		s.readFailed(w, r, err)
 		return
@@ -509,6 +539,24 @@ func (s *Server) flow(w http.ResponseWriter, r *http.Request) {
 		out[i] = map[string]any{"order_no": it.OrderNo, "kind": it.Kind.String(), "amount": it.Amount, "at_ms": it.AtMs, "booked": it.Booked}
 	}
 	reply(w, http.StatusOK, map[string]any{"items": out, "balance": v.Balance, "page": page, "size": size})
+}
+
+// maxFlowPage is the last page a flow read may ask for (a wallet's flow
+// holds far fewer items than 100 a page times this).
+const maxFlowPage = 1_000_000
+
+// intParam reads query parameter name: def when absent, else a decimal
+// integer within [lo, hi], or an error that says what is wrong.
+func intParam(r *http.Request, name string, def, lo, hi int) (int, error) {
+	raw := r.URL.Query().Get(name)
+	if raw == "" {
+		return def, nil
+	}
+	n, err := strconv.Atoi(raw)
+	if err != nil || n < lo || n > hi {
+		return 0, fmt.Errorf("%s=%q: want an integer from %d to %d", name, raw, lo, hi)
+	}
+	return n, nil
 }
 
 func (s *Server) total(w http.ResponseWriter, _ *http.Request) {

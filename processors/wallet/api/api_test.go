@@ -57,7 +57,7 @@ func credentials(t *testing.T) func(*http.Request, []byte) {
 	return func(req *http.Request, body []byte) {
 		p := req.URL.Path
 		switch {
-		case p == "/v1/grants", p == "/v1/grants/batch":
+		case p == "/v1/grants", p == "/v1/grants/batch", strings.HasPrefix(p, "/v1/identities/"):
 			auth.Sign(req, body, appKey, time.Now())
 		case strings.HasPrefix(p, "/v1/users/"):
 			act := strings.SplitN(strings.TrimPrefix(p, "/v1/users/"), "/", 2)[0]
@@ -369,6 +369,13 @@ func refusals(t *testing.T, srv *httptest.Server) {
 		{"withdrawal with another user's token", "POST", "/v1/users/u1/withdrawals", `{"withdraw_id":"steal","amount":100}`, bearer(tokenFor("u2", 3*time.Hour, userKey)), 403},
 		{"withdrawal with a forged token", "POST", "/v1/users/u1/withdrawals", `{"withdraw_id":"steal2","amount":100}`, bearer(tokenFor("u1", 3*time.Hour, forgedKey)), 401},
 		{"total without credentials", "GET", "/v1/total", "", nil, 401},
+		{"identity with a user token", "GET", "/v1/identities/douyin/42", "", bearer(tokenFor("u2", 3*time.Hour, userKey)), 403},
+		{"identity signed by an unknown app", "GET", "/v1/identities/douyin/42", "", func(r *http.Request, b []byte) { auth.Sign(r, b, otherApp, time.Now()) }, 401},
+		{"flow page past int64", "GET", "/v1/users/u1/flow?page=99999999999999999999", "", credentials(t), 400},
+		{"flow page that overflows page*size", "GET", "/v1/users/u1/flow?page=999999999999&size=100", "", credentials(t), 400},
+		{"flow page negative", "GET", "/v1/users/u1/flow?page=-1", "", credentials(t), 400},
+		{"flow size zero", "GET", "/v1/users/u1/flow?size=0", "", credentials(t), 400},
+		{"flow size not a number", "GET", "/v1/users/u1/flow?size=ten", "", credentials(t), 400},
 		{"grant of 100 KiB, signed", "POST", "/v1/grants", strings.Repeat(" ", 100<<10) + grant, credentials(t), 413},
 		{"batch of 5 MiB, signed", "POST", "/v1/grants/batch", strings.Repeat(" ", 5<<20) + "{}", credentials(t), 413},
 	} {

@@ -692,7 +692,10 @@ func (l *Ledger) Flow(ctx context.Context, actID string, page, size int) ([]Item
 	if err != nil {
 		return nil, v, err
 	}
-	lo := min(page*size, len(items))
+	if page < 0 || size <= 0 || page > len(items)/size { // also where page*size would overflow
+		return nil, v, nil
+	}
+	lo := page * size
 	return items[lo:min(lo+size, len(items))], v, nil
 }
 

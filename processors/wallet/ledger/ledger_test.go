@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -279,6 +280,13 @@ func TestBacklogInvisibleAndBookedEqualsGranted(t *testing.T) {
 				t.Fatalf("u3's flow item %+v; granted %d", it, amount)
 			}
 			delete(u3Orders, it.OrderNo)
+		}
+		// Pages past the end, and pages whose first index overflows, are
+		// empty, never a panic.
+		for _, page := range []int{len(items), 1 << 40, math.MaxInt / 3, math.MaxInt} {
+			if got, _, err := w.led.Flow(ctx, "u3", page, 1000); err != nil || len(got) != 0 {
+				t.Fatalf("u3's flow page %d: %d items, %v", page, len(got), err)
+			}
 		}
 	})
 }
