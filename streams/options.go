@@ -10,6 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"surge/schemas"
+	"surge/streams/health"
 	"surge/streams/metrics"
 )
 
@@ -62,6 +63,7 @@ type config struct {
 	clientOpts     []kgo.Opt
 	onCommit       func(in, out int)
 	static         bool
+	health         *health.Checks
 	onBatchEnd     func(committed bool)
 	onRetry        func()
 	beforeBatch    func(ctx context.Context, recs []*kgo.Record)
@@ -92,6 +94,7 @@ func defaults(name string) config {
 		deliveryTO:     2 * time.Minute,
 		shutdownTO:     30 * time.Second,
 		registry:       metrics.Default,
+		health:         health.Default,
 		logger:         slog.Default(),
 	}
 }
@@ -159,6 +162,10 @@ func ClientOpts(opts ...kgo.Opt) Option {
 // OnCommit is called after each committed batch with its input and output
 // counts (progress reporting).
 func OnCommit(fn func(in, out int)) Option { return func(c *config) { c.onCommit = fn } }
+
+// Health sets where the runner's readiness check is added (default
+// health.Default, served at /readyz).
+func Health(c *health.Checks) Option { return func(cfg *config) { cfg.health = c } }
 
 // StaticMembership joins the group with a static group.instance.id (the
 // instance ID): a restarted instance takes its partitions back at once

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -35,6 +36,8 @@ type Runner struct {
 	// Open transactions of departed instances this one fenced.
 	mFenced metrics.Counter
 	mLag    metrics.GaugeVec
+
+	client atomic.Pointer[kgo.Client] // the session's, for readiness
 }
 
 type recordID struct {
@@ -93,10 +96,15 @@ func New(name string, h Handler, opts ...Option) (*Runner, error) {
 // commits it and leaves the group. Broker failures restart the session with
 // back-off from the last commit; Run returns only on shutdown.
 func (r *Runner) Run(ctx context.Context) error {
+	remove := r.cfg.health.Add(fmt.Sprintf("processor %s (group %s, instance %s)", r.cfg.name, r.cfg.group, r.cfg.instanceID), r.ready)
+	defer remove()
 	backoff := r.cfg.backoffMin
 	for {
 		err := r.session(ctx)
 		if ctx.Err() != nil {
+			if r.cfg.static {
+				r.leaveStatic()
+			}
 			r.log.Info("processor stopped")
 			return nil
 		}
@@ -114,8 +122,39 @@ func (r *Runner) Run(ctx context.Context) error {
 	}
 }
 
+// staticInstanceID is the group.instance.id of a static member.
+func (r *Runner) staticInstanceID() string { return r.cfg.group + "-" + r.cfg.instanceID }
+
+// leaveStatic takes this static member out of its group on a graceful
+// stop. A static member does not leave when its client closes (so a
+// restart after kill -9 takes its place back at once), which would leave
+// its partitions unserved until the session timeout after a deliberate
+// stop or scale-down; the explicit leave hands them over now.
+func (r *Runner) leaveStatic() {
+	cl, err := r.cfg.cluster.NewClient()
+	if err != nil {
+		return
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp, err := kadm.NewClient(cl).LeaveGroup(ctx, kadm.LeaveGroup(r.cfg.group).InstanceIDs(r.staticInstanceID()).Reason("graceful stop"))
+	if err == nil {
+		err = resp.Error()
+	}
+	if err != nil {
+		r.log.Warn("static member did not leave its group; its partitions move after the session timeout", "err", err)
+	}
+}
+
+// DefaultSessionTimeout is how long a group waits for a member that
+// stopped heartbeating (kill -9, a lost machine) before its partitions
+// move: franz-go's default is 45 s.
+const DefaultSessionTimeout = 10 * time.Second
+
 func (r *Runner) clientOpts() []kgo.Opt {
 	opts := r.cfg.cluster.Opts(
+		kgo.SessionTimeout(DefaultSessionTimeout), kgo.HeartbeatInterval(time.Second), // options given later win
 		kgo.ClientID(r.clientID(r.cfg.instanceID)), // operators (and tests) tell the members apart
 		kgo.ConsumerGroup(r.cfg.group),
 		kgo.ConsumeTopics(r.cfg.inputs...),
@@ -130,7 +169,7 @@ func (r *Runner) clientOpts() []kgo.Opt {
 		kgo.WithLogger(kgoLogger{r.log}),
 	)
 	if r.cfg.static {
-		opts = append(opts, kgo.InstanceID(r.cfg.group+"-"+r.cfg.instanceID))
+		opts = append(opts, kgo.InstanceID(r.staticInstanceID()))
 	}
 	if r.cfg.guarantee == ExactlyOnce {
 		opts = append(opts,
@@ -207,6 +246,19 @@ func (r *Runner) waitForBroker(ctx context.Context, cl *kgo.Client) error {
 	}
 }
 
+// ready is the runner's readiness: a session that has joined its group
+// (a standby with no partitions is ready too).
+func (r *Runner) ready(context.Context) error {
+	cl := r.client.Load()
+	if cl == nil {
+		return errors.New("not connected to Kafka")
+	}
+	if _, gen := cl.GroupMetadata(); gen <= 0 {
+		return fmt.Errorf("joining group %s", r.cfg.group)
+	}
+	return nil
+}
+
 // committer ends a batch: commit outputs and offsets, or abort.
 type committer interface {
 	begin() error
@@ -219,6 +271,8 @@ type committer interface {
 }
 
 func (r *Runner) loop(ctx context.Context, cl *kgo.Client, c committer) error {
+	r.client.Store(cl)
+	defer r.client.Store(nil)
 	for {
 		pctx, cancelPoll := ctx, context.CancelFunc(func() {})
 		if r.cfg.onIdle != nil {

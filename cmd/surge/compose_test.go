@@ -1,8 +1,10 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"slices"
+	"strings"
 	"testing"
 
 	"go.yaml.in/yaml/v3"
@@ -56,8 +58,8 @@ func TestComposeFileParsesAndNamesRealComponents(t *testing.T) {
 				t.Errorf("%s: SURGE_WALLET_REQUIRE_KEYS must be \"true\"", name)
 			}
 			for _, k := range []string{"SURGE_WALLET_KEY_SEED", "SURGE_WALLET_APP_KEYS", "SURGE_WALLET_USER_KEYS"} {
-				if want := "${" + k + ":-}"; s.Env[k] != want {
-					t.Errorf("%s: %s is %v, want %s (from the environment)", name, k, s.Env[k], want)
+				if want := "${" + k + ":?"; !strings.HasPrefix(fmt.Sprint(s.Env[k]), want) {
+					t.Errorf("%s: %s is %v, want %s...} (required, from the environment)", name, k, s.Env[k], want)
 				}
 			}
 		case "uin":

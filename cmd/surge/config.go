@@ -7,16 +7,19 @@ import (
 	"os"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"surge/processors/wallet/stack"
 	"surge/streams"
 	"surge/streams/connect"
 	"surge/streams/embedded"
+	"surge/streams/health"
 )
 
 // Every option, its default and what it does. Each is settable in the
@@ -48,8 +51,8 @@ var options = []struct {
 	{"processor.max_batch", 10000, "records per batch / transaction"},
 	{"processor.max_record_bytes", 1 << 20, "larger inputs are dead-lettered"},
 	{"processor.max_attempts", 5, "transient failures per record before it is dead-lettered"},
-	{"processor.session_timeout", time.Duration(0), "consumer group session timeout: how soon a killed instance's partitions move to the others (0: the client default, 45s)"},
-	{"processor.static_membership", false, "join with processor.instance_id as a static member: a restarted instance takes its partitions back at once (restarts in place, not scaling)"},
+	{"processor.session_timeout", time.Duration(0), "consumer group session timeout: how soon a killed instance's partitions move to the others (0: the service's own, 10s for most, 6s for the push planner)"},
+	{"processor.static_membership", true, "join with processor.instance_id (configured, or this host's slot) as a static member: a restarted instance takes its partitions back at once; a graceful stop leaves the group so its partitions move at once"},
 	{"processor.shutdown_timeout", 30 * time.Second, "how long shutdown may take to finish the batch in flight"},
 	{"redis.addr", "", "Redis: the wallet's balances and claims, the uin pool and accounts, the online bitmap's mirror; comma-separated for cluster and sentinel modes; empty: an in-process miniredis in `embedded`, `wallet` and `uin demo`, no mirror in `run`"},
 	{"redis.mode", "single", "single (one server or a proxy), cluster (Redis Cluster; any nodes seed it) or sentinel (redis.addr lists the sentinels)"},
@@ -142,6 +145,7 @@ var options = []struct {
 	{"uin.pool_keys", "", "`run uin-pool`: callers' API keys, name:secret,... (secret >= 32 chars; several for rotation); empty: one generated and logged at start"},
 	{"uin.pool_low_water", 100000, "`run uin-pool`: central pool size under which the pool reports low"},
 	{"uin.pool_local", 2000, "`run uin-pool`: uins a pool instance keeps leased locally (it refills below this)"},
+	{"uin.pool_refill_wait", 2 * time.Second, "`run uin-pool`: how long a call waits for a refill of a dry local pool before answering 503 (only while the central pool has uins)"},
 	{"uin.pool_lease_ttl", 10 * time.Second, "`run uin-pool`: a dead instance's lease returns to the central pool this long after its last heartbeat"},
 	{"uin.min_age", 90 * 24 * time.Hour, "`uin classify`: accounts younger belong to the registration checks"},
 	{"uin.inactive_for", 180 * 24 * time.Hour, "`uin classify`: no login (either source) nor usage for this long is inactive"},
@@ -179,10 +183,11 @@ func replication(v *viper.Viper) streams.Replication {
 var commandKeys = map[string][]string{
 	"embedded":     {"demo.", "clickhouse.", "redis.", "metrics.", "processor.", "sink.", "push.", "uin.", "loadgen."},
 	"loadgen":      {"loadgen.", "push.", "metrics.", "processor."},
-	"wallet":       {"wallet.", "redis.", "metrics.", "processor."},
+	"wallet":       {"wallet.", "redis.", "metrics.", "processor.", "http."},
 	"wallet token": {"wallet."},
 	"wallet sign":  {"wallet."},
-	"uin":          {"uin.", "redis.", "clickhouse.", "metrics.", "processor."},
+	"uin":          {"uin.", "redis.", "clickhouse.", "metrics.", "processor.", "http."},
+	"probe":        {"metrics.addr"},
 	"push":         {"push.namespace"},
 	"recon":        {"recon.", "clickhouse.", "metrics.", "processor.", "sink.", "wallet.namespace"},
 	"topics":       {},
@@ -268,7 +273,27 @@ func needKafka(ctx context.Context, v *viper.Viper) (streams.Cluster, error) {
 	if len(kc.Seeds) == 0 {
 		return kc, fmt.Errorf("no brokers: set --kafka.brokers, SURGE_KAFKA_BROKERS or kafka.brokers in the config file")
 	}
-	return kc, kc.Check(ctx, v.GetDuration("kafka.connect_timeout"))
+	if err := kc.Check(ctx, v.GetDuration("kafka.connect_timeout")); err != nil {
+		return kc, err
+	}
+	addKafkaReadiness(kc)
+	return kc, nil
+}
+
+// addKafkaReadiness makes /readyz ask the brokers once per probe.
+func addKafkaReadiness(kc streams.Cluster) {
+	var (
+		once sync.Once
+		cl   *kgo.Client
+		err  error
+	)
+	health.Default.Add("kafka "+kc.String(), func(ctx context.Context) error {
+		once.Do(func() { cl, err = kc.NewClient() })
+		if err != nil {
+			return err
+		}
+		return cl.Ping(ctx)
+	})
 }
 
 // printConfig shows the effective configuration, sorted.
@@ -334,7 +359,12 @@ func needRedis(ctx context.Context, v *viper.Viper, what string) (redis.Universa
 	if v.GetString("redis.addr") == "" {
 		return nil, fmt.Errorf("%s needs Redis: set --redis.addr, SURGE_REDIS_ADDR or redis.addr in the config file", what)
 	}
-	return connect.Redis(ctx, v.GetString, v.GetDuration("redis.connect_timeout"))
+	rdb, err := connect.Redis(ctx, v.GetString, v.GetDuration("redis.connect_timeout"))
+	if err != nil {
+		return nil, err
+	}
+	health.Default.Add("redis "+v.GetString("redis.addr"), func(ctx context.Context) error { return rdb.Ping(ctx).Err() })
+	return rdb, nil
 }
 
 // redisOrEmbedded is needRedis or, when redis.addr is empty, a client of

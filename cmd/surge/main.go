@@ -19,6 +19,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"surge/streams"
+	"surge/streams/health"
 	"surge/streams/metrics"
 )
 
@@ -60,6 +61,8 @@ commands:
   rebuild    rebuild a system's Redis state from its topics: "rebuild wallet
              [--force]" (budget and stock counters, order claims)
   config     print the effective configuration
+  probe      ask this host's service if it is ready (/readyz on metrics.addr;
+             --live: /healthz): exit 0 when it is; the image's HEALTHCHECK
   completion bash|zsh: shell completion of commands and each command's flags
              (source <(surge completion bash))
 
@@ -103,6 +106,8 @@ func main() {
 		err = cmdReplay(ctx, args)
 	case "rebuild":
 		err = cmdRebuild(ctx, args)
+	case "probe":
+		err = cmdProbe(ctx, args)
 	case "config":
 		var v *viper.Viper
 		if v, _, err = loadConfig("config", args, nil); err == nil {
@@ -140,6 +145,7 @@ func serveMetrics(ctx context.Context, v *viper.Viper, log *slog.Logger) {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", metrics.Default.Handler())
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	mux.Handle("/readyz", health.Default.Handler()) // joined its groups; brokers and Redis answer
 	srv := &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -170,10 +176,10 @@ func runnerOptions(v *viper.Viper, log *slog.Logger) ([]streams.Option, error) {
 	if d := v.GetDuration("processor.session_timeout"); d > 0 {
 		opts = append(opts, streams.ClientOpts(kgo.SessionTimeout(d), kgo.HeartbeatInterval(max(d/10, 100*time.Millisecond))))
 	}
-	if v.GetBool("processor.static_membership") {
-		if v.GetString("processor.instance_id") == "" {
-			return nil, fmt.Errorf("processor.static_membership needs a stable processor.instance_id")
-		}
+	// Static membership under the stable instance id (configured, or the
+	// host's slot that claimInstanceID set): a restart after kill -9
+	// takes its place back at once instead of waiting out its dead self.
+	if v.GetBool("processor.static_membership") && v.GetString("processor.instance_id") != "" {
 		opts = append(opts, streams.StaticMembership())
 	}
 	if g := v.GetString("processor.guarantee"); g != "" {

@@ -35,13 +35,9 @@ var executorName = regexp.MustCompile(`^[A-Za-z0-9_-]{1,100}$`)
 // startPushStack starts the push components named (all when none) with
 // the push.* configuration; stop removes its temporary directory.
 func startPushStack(ctx context.Context, v *viper.Viper, log *slog.Logger, bs streams.Cluster, components []string) (*push.Stack, func(), error) {
-	dir, stop := v.GetString("push.dir"), func() {}
-	if dir == "" {
-		d, err := os.MkdirTemp("", "surge-push-")
-		if err != nil {
-			return nil, nil, err
-		}
-		dir, stop = d, func() { _ = os.RemoveAll(d) }
+	dir, stop, err := stateDir(v.GetString("push.dir"), "surge-push-", log)
+	if err != nil {
+		return nil, nil, err
 	}
 	cfg := planner.DefaultConfig()
 	cfg.UnitSize, cfg.MaxBacklog, cfg.MinLead = uint64(v.GetInt("push.unit_size")), v.GetInt("push.max_backlog"), v.GetDuration("push.min_lead")

@@ -101,9 +101,25 @@ func uinOptions(v *viper.Viper, log *slog.Logger) (uinpipe.Options, error) {
 		Buckets: v.GetInt("uin.buckets"), Controllers: v.GetInt("uin.controllers"), Log: log, Metrics: metrics.Default}, nil
 }
 
-func tempDirIfEmpty(dir, pattern string) (string, func(), error) {
+// stateDir is a service's local state directory: dir, made if missing,
+// or a temporary one (removed by cleanup) when dir is empty or cannot be
+// written (a container whose user may not create it and no volume is
+// mounted on it). Local state is a cache of the topics, rebuilt at start,
+// so the service runs either way; the warning says that the cache does
+// not outlive the process then.
+func stateDir(dir, pattern string, log *slog.Logger) (string, func(), error) {
 	if dir != "" {
-		return dir, func() {}, nil
+		err := os.MkdirAll(dir, 0o750)
+		if err == nil {
+			var f *os.File
+			if f, err = os.CreateTemp(dir, ".writable-"); err == nil {
+				f.Close()
+				os.Remove(f.Name())
+				return dir, func() {}, nil
+			}
+		}
+		log.Warn("state directory not writable; using a temporary one (the local cache is rebuilt from the topics at every start)",
+			"dir", dir, "err", err)
 	}
 	d, err := os.MkdirTemp("", pattern)
 	if err != nil {
@@ -135,7 +151,7 @@ func poolConfig(v *viper.Viper, log *slog.Logger) (allocation.Config, error) {
 	gates, limits := httpLimits(v, "uin-pool")
 	return allocation.Config{Instance: inst, Addr: v.GetString("uin.pool_addr"), Keys: keys, Admission: gates, Limits: limits,
 		LowWater: int64(v.GetInt("uin.pool_low_water")),
-		Local:    []pool.AllocatorOption{pool.LowWater(local), pool.Chunk(2 * local), pool.LeaseTTL(v.GetDuration("uin.pool_lease_ttl"))}}, nil
+		Local:    []pool.AllocatorOption{pool.LowWater(local), pool.Chunk(2 * local), pool.LeaseTTL(v.GetDuration("uin.pool_lease_ttl")), pool.RefillWait(v.GetDuration("uin.pool_refill_wait"))}}, nil
 }
 
 // apiKeys reads the callers' keys at name, or generates one and logs it
@@ -173,7 +189,7 @@ func runUin(ctx context.Context, v *viper.Viper, log *slog.Logger, bs streams.Cl
 		}
 		defer rdb.Close()
 	}
-	dir, cleanup, err := tempDirIfEmpty(o.Dir, "surge-uin-")
+	dir, cleanup, err := stateDir(o.Dir, "surge-uin-", log)
 	if err != nil {
 		return err
 	}
@@ -205,7 +221,7 @@ func uinRun(ctx context.Context, v *viper.Viper, log *slog.Logger) error {
 		return err
 	}
 	defer stop()
-	dir, cleanup, err := tempDirIfEmpty(o.Dir, "surge-uin-")
+	dir, cleanup, err := stateDir(o.Dir, "surge-uin-", log)
 	if err != nil {
 		return err
 	}
@@ -402,7 +418,7 @@ func uinDemo(ctx context.Context, v *viper.Viper, log *slog.Logger) error {
 		return err
 	}
 	defer st.Close()
-	dir, cleanup, err := tempDirIfEmpty(v.GetString("uin.dir"), "surge-uin-demo-")
+	dir, cleanup, err := stateDir(v.GetString("uin.dir"), "surge-uin-demo-", log)
 	if err != nil {
 		return err
 	}

@@ -81,7 +81,6 @@ func cmdWallet(ctx context.Context, args []string) error {
 		return err
 	}
 	defer stop()
-	configuredID := v.GetString("processor.instance_id") != ""
 	release, err := claimInstanceID(v, "wallet", log)
 	if err != nil {
 		return err
@@ -103,13 +102,11 @@ func cmdWallet(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	dir := v.GetString("wallet.dir")
-	if dir == "" {
-		if dir, err = os.MkdirTemp("", "surge-wallet-"); err != nil {
-			return err
-		}
-		defer os.RemoveAll(dir)
+	dir, cleanup, err := stateDir(v.GetString("wallet.dir"), "surge-wallet-", log)
+	if err != nil {
+		return err
 	}
+	defer cleanup()
 	cl, err := bs.NewClient(kgo.ProducerLinger(time.Millisecond))
 	if err != nil {
 		return err
@@ -143,13 +140,6 @@ func cmdWallet(ctx context.Context, args []string) error {
 	opts, err := runnerOptions(v, log)
 	if err != nil {
 		return err
-	}
-	if configuredID && !v.GetBool("processor.static_membership") {
-		// A wallet instance restarts in place (kill -9, upgrade): as a
-		// static member it takes its partitions back at once and serves
-		// reads within seconds, instead of after the old session's timeout
-		// and a rebalance of every instance.
-		opts = append(opts, streams.StaticMembership())
 	}
 	ledDone := make(chan error, 1)
 	go func() { ledDone <- w.Run(ctx, opts...) }()

@@ -1,0 +1,252 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"surge/schemas"
+	"surge/streams"
+	"surge/streams/streamstest"
+)
+
+// composeService is a surge service of docker-compose.yml, anchors and
+// merge keys resolved.
+type composeService struct {
+	Image   string            `yaml:"image"`
+	Command []string          `yaml:"command"`
+	Env     map[string]string `yaml:"environment"`
+	Profile []string          `yaml:"profiles"`
+}
+
+// TestComposeServicesStartAsTheImageUser runs every long-running surge
+// service of docker-compose.yml with its own command and environment, as
+// the image's user (uid 65534, when the test runs as root) and with the
+// image's binary (a plain build, no chDB), against the real broker and
+// redis-server: the compose host names are mapped to them, the secrets
+// the compose file requires are given as a deployer would, and each
+// service's listen addresses are moved to free loopback ports. Each must
+// become ready (/readyz, what the image's HEALTHCHECK asks). The sinks
+// and recon need a ClickHouse server, which this machine has not; they
+// are left out.
+func TestComposeServicesStartAsTheImageUser(t *testing.T) {
+	b := streamstest.RealBroker(t)
+	rdb, ok := streamstest.RedisClient(t)
+	if !ok {
+		t.Skip("no redis-server (SURGE_TEST_REDIS)")
+	}
+	raw, err := os.ReadFile("../../docker-compose.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var f struct {
+		Services map[string]composeService `yaml:"services"`
+	}
+	if err := yaml.Unmarshal(raw, &f); err != nil {
+		t.Fatal(err)
+	}
+	asImageUser := os.Geteuid() == 0
+	bin := imageBinary(t, asImageUser)
+	stateRoot := mkdirFor(t, asImageUser) // where the image's volume would be mounted
+
+	ns := streamstest.Unique("compose") + "."
+	secrets := map[string]string{
+		"SURGE_REDIS_PASSWORD":      "", // the test's redis-server has none
+		"SURGE_CLICKHOUSE_PASSWORD": "unused-here",
+		"SURGE_WALLET_KEY_SEED":     base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{3}, 32)),
+		"SURGE_WALLET_APP_KEYS":     "rain:rain-1:" + base64.RawURLEncoding.EncodeToString(bytes.Repeat([]byte{4}, 32)),
+		"SURGE_WALLET_USER_KEYS":    "u-1:" + base64.RawURLEncoding.EncodeToString(bytes.Repeat([]byte{6}, 32)),
+		"SURGE_UIN_POOL_KEYS":       "registration:" + strings.Repeat("k", 32),
+		"SURGE_RECON_KEYS":          "ops:" + strings.Repeat("r", 32),
+	}
+	hosts := strings.NewReplacer("kafka:9092", strings.Join(b.Kafka.Seeds, ","), "redis:6379", rdb.Options().Addr)
+	// Unnamespaced topics for presence (it has none); namespaced ones for
+	// the rest, made by the compose file's own topics service.
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cl := streamstest.Client(t, b.Kafka)
+	if err := streams.EnsureTopics(ctx, cl, streams.OneCopy, schemas.Topics...); err != nil {
+		t.Fatal(err)
+	}
+
+	port := 21000 + int(time.Now().UnixNano()%2000)*4
+	nextAddr := func() string { port++; return fmt.Sprintf("127.0.0.1:%d", port) }
+	envOf := func(name string, s composeService) ([]string, map[string]string) {
+		env := []string{"PATH=" + os.Getenv("PATH"), "HOME=" + stateRoot, "TMPDIR=" + stateRoot,
+			"SURGE_PUSH_NAMESPACE=" + ns, "SURGE_UIN_NAMESPACE=" + ns, "SURGE_WALLET_NAMESPACE=" + ns, "SURGE_LOG_LEVEL=info"}
+		moved := map[string]string{}
+		for k, v := range s.Env {
+			v = interpolate(t, name, k, v, secrets)
+			v = hosts.Replace(v)
+			if strings.HasPrefix(v, "/var/lib/surge") {
+				v = filepath.Join(stateRoot, name, strings.TrimPrefix(v, "/var/lib/surge"))
+			}
+			if strings.HasPrefix(v, "0.0.0.0:") {
+				v = nextAddr()
+				moved[k] = v
+			}
+			env = append(env, k+"="+v)
+		}
+		return env, moved
+	}
+
+	// The topics service first, as compose orders it.
+	topicsEnv, _ := envOf("topics", f.Services["topics"])
+	if out, err := imageUserCommand(bin, asImageUser, topicsEnv, f.Services["topics"].Command...).CombinedOutput(); err != nil {
+		t.Fatalf("compose topics service: %v\n%s", err, out)
+	}
+
+	type running struct {
+		name, ready string
+		cmd         *exec.Cmd
+		log         *syncWriter
+	}
+	var started []*running
+	var names []string
+	for name, s := range f.Services {
+		if s.Image != "surge:latest" || len(s.Profile) > 0 || name == "topics" || name == "recon" ||
+			len(s.Command) > 1 && strings.HasPrefix(s.Command[1], "sink-") {
+			continue
+		}
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		s := f.Services[name]
+		env, moved := envOf(name, s)
+		args := append([]string(nil), s.Command...)
+		for i, a := range args {
+			if strings.HasPrefix(a, "0.0.0.0:") {
+				args[i] = nextAddr()
+			}
+		}
+		metricsAddr, ok := moved["SURGE_METRICS_ADDR"]
+		if !ok {
+			t.Fatalf("%s: no SURGE_METRICS_ADDR on 0.0.0.0 (the HEALTHCHECK probes it)", name)
+		}
+		r := &running{name: name, ready: metricsAddr, log: &syncWriter{b: &bytes.Buffer{}}}
+		r.cmd = imageUserCommand(bin, asImageUser, env, args...)
+		r.cmd.Stdout, r.cmd.Stderr = r.log, r.log
+		if err := r.cmd.Start(); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		started = append(started, r)
+	}
+	defer func() {
+		for _, r := range started {
+			_ = r.cmd.Process.Kill()
+			_ = r.cmd.Wait()
+		}
+	}()
+
+	// Each becomes ready, as the image's HEALTHCHECK (surge probe) sees it.
+	begun := time.Now()
+	deadline := begun.Add(3 * time.Minute)
+	var took []string
+	for _, r := range started {
+		for {
+			probe := imageUserCommand(bin, asImageUser, []string{"PATH=" + os.Getenv("PATH"), "SURGE_METRICS_ADDR=" + r.ready}, "probe")
+			out, err := probe.CombinedOutput()
+			if err == nil {
+				break
+			}
+			if r.cmd.ProcessState != nil || time.Now().After(deadline) {
+				t.Fatalf("%s never became ready: %v\n%s\n--- its log:\n%s", r.name, err, out, r.log.String())
+			}
+			time.Sleep(300 * time.Millisecond)
+		}
+		took = append(took, fmt.Sprintf("%s %s", r.name, time.Since(begun).Round(100*time.Millisecond)))
+	}
+	t.Logf("ready after: %s", strings.Join(took, ", "))
+	t.Logf("%d compose services ready as uid %d: %s", len(started), map[bool]int{true: 65534, false: os.Geteuid()}[asImageUser], strings.Join(names, ", "))
+}
+
+// interpolate resolves a compose value's ${X:?msg} and ${X:-default}
+// from the deployer's secrets; a required one the test does not give
+// fails the test (the compose file asks for something new).
+func interpolate(t *testing.T, service, key, v string, secrets map[string]string) string {
+	re := regexp.MustCompile(`\$\{([A-Z0-9_]+)(:\?[^}]*|:-[^}]*)?\}`)
+	return re.ReplaceAllStringFunc(v, func(m string) string {
+		sub := re.FindStringSubmatch(m)
+		if val, ok := secrets[sub[1]]; ok {
+			return val
+		}
+		if strings.HasPrefix(sub[2], ":-") {
+			return strings.TrimPrefix(sub[2], ":-")
+		}
+		t.Fatalf("%s: %s needs %s, which the test does not provide", service, key, sub[1])
+		return ""
+	})
+}
+
+// imageBinary is the binary the Dockerfile builds (no chDB), where uid
+// 65534 may run it.
+func imageBinary(t *testing.T, asImageUser bool) string {
+	t.Helper()
+	dir := mkdirFor(t, asImageUser)
+	bin := filepath.Join(dir, "surge")
+	build := exec.Command("go", "build", "-o", bin, ".")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=-buildvcs=false")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// mkdirFor is a fresh directory the image's user can use.
+func mkdirFor(t *testing.T, asImageUser bool) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("/tmp", "surge-image-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if asImageUser {
+		if err := os.Chown(dir, 65534, 65534); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+func imageUserCommand(bin string, asImageUser bool, env []string, args ...string) *exec.Cmd {
+	cmd := exec.Command(bin, args...)
+	cmd.Env = env
+	if asImageUser {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	}
+	return cmd
+}
+
+type syncWriter struct {
+	mu sync.Mutex
+	b  *bytes.Buffer
+}
+
+func (w *syncWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Write(p)
+}
+
+func (w *syncWriter) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.String()
+}
