@@ -69,7 +69,7 @@ type Service struct {
 	low      atomic.Bool
 	listener atomic.Pointer[net.Listener]
 
-	allocated, released, refused metrics.Counter
+	allocated, released, refused, givenBack metrics.Counter
 	size                         metrics.Gauge
 }
 
@@ -88,6 +88,7 @@ func New(cfg Config) *Service {
 		alloc: pool.NewAllocator(cfg.Central, cfg.Instance, cfg.Local...)}
 	ops := cfg.Metrics.NewCounterVec("surge_uin_pool_ops_total", "uins allocated, released back and releases refused", "op")
 	s.allocated, s.released, s.refused = ops.With("allocate"), ops.With("release"), ops.With("release_refused")
+	s.givenBack = ops.With("given_back") // committed for a caller that had gone, put back
 	s.size = cfg.Metrics.NewGaugeVec("surge_uin_pool_central_size", "uins in the central pool's buckets").With()
 	return s
 }
@@ -213,6 +214,18 @@ func (s *Service) handleAllocate(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
 	defer cancel()
 	uins, err := s.alloc.Allocate(ctx, n)
+	if err != nil && len(uins) > 0 {
+		// Part of the call was committed before it failed (the caller
+		// left, or the time ran out): nobody will receive those.
+		if gerr := s.alloc.GiveBack(context.WithoutCancel(r.Context()), uins); gerr != nil {
+			s.cfg.Log.Warn("uin-pool: uins of a failed call not given back", "uins", len(uins), "err", gerr)
+		} else {
+			s.givenBack.Add(float64(len(uins)))
+		}
+	}
+	if r.Context().Err() != nil && err != nil {
+		return // the caller left: nothing to answer
+	}
 	switch {
 	case errors.Is(err, pool.ErrExhausted):
 		w.Header().Set("Retry-After", "1")
@@ -222,6 +235,17 @@ func (s *Service) handleAllocate(w http.ResponseWriter, r *http.Request) {
 		s.cfg.Log.Warn("uin-pool: allocation failed", "err", err)
 		w.Header().Set("Retry-After", "1")
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "allocation unavailable: " + err.Error()})
+		return
+	}
+	if r.Context().Err() != nil {
+		// The client left (a reset stream, its own timeout) before the
+		// answer: nobody received these uins, so they go back, not
+		// stranded as allocated.
+		if err := s.alloc.GiveBack(context.WithoutCancel(r.Context()), uins); err != nil {
+			s.cfg.Log.Warn("uin-pool: uins of a caller that left not given back", "uins", len(uins), "err", err)
+		} else {
+			s.givenBack.Add(float64(len(uins)))
+		}
 		return
 	}
 	s.allocated.Add(float64(len(uins)))

@@ -37,9 +37,17 @@ func (c *countingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 // startPool runs a pool service over a central pool holding size uins.
 func startPool(t *testing.T, b streamstest.Backend, rdb *redis.Client, size int) (url, key string) {
 	t.Helper()
+	url, key, _ = startPoolWith(t, b, rdb, size, pool.LowWater(200), pool.Chunk(400))
+	return url, key
+}
+
+// startPoolWith is startPool with the local pool's options, returning the
+// central pool too.
+func startPoolWith(t *testing.T, b streamstest.Backend, rdb *redis.Client, size int, local ...pool.AllocatorOption) (url, key string, central *pool.Central) {
+	t.Helper()
 	ctx := context.Background()
 	ns := streamstest.Unique("alloc") + "."
-	central := pool.NewCentral(rdb, uinkeys.Pool(ns), 10)
+	central = pool.NewCentral(rdb, uinkeys.Pool(ns), 10)
 	uins := make([]uint32, size)
 	for i := range uins {
 		uins[i] = uint32(1_000_000 + i)
@@ -51,7 +59,7 @@ func startPool(t *testing.T, b streamstest.Backend, rdb *redis.Client, size int)
 	svc := allocation.New(allocation.Config{
 		Env:      streams.Env{Kafka: b.Kafka, Namespace: ns, Log: slog.New(slog.NewTextHandler(io.Discard, nil))},
 		Instance: "t", Addr: "127.0.0.1:0", Keys: keys,
-		Local:   []pool.AllocatorOption{pool.LowWater(200), pool.Chunk(400)},
+		Local:   local,
 		Central: central, Accounts: account.NewStore(rdb, uinkeys.Prefix(ns))})
 	streamstest.CreateTopics(t, b.Kafka, 1, ns+schemas.TopicPool, ns+schemas.TopicDeadLetter)
 	sctx, stop := context.WithCancel(ctx)
@@ -68,7 +76,7 @@ func startPool(t *testing.T, b streamstest.Backend, rdb *redis.Client, size int)
 			t.Fatal("uin-pool did not listen")
 		}
 	}
-	return "http://" + svc.Addr(), secret
+	return "http://" + svc.Addr(), secret, central
 }
 
 // Concurrent callers of one Client each get their own uin, never one

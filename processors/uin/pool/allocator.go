@@ -43,12 +43,21 @@ type Allocator struct {
 	Allocated atomic.Int64
 	// Returned counts uins of lapsed leases this allocator sent back.
 	Returned atomic.Int64
+	// GivenBack counts uins committed for callers that were gone, put
+	// back into the lease.
+	GivenBack atomic.Int64
+	// dry is set when the last refill found the central pool empty.
+	dry atomic.Bool
+	// wanted is what waiting calls still need: a refill pulls at least
+	// that, so a burst is served in a refill or two, not a chunk at a time.
+	wanted atomic.Int64
 }
 
 type allocOptions struct {
 	low, chunk int
 	ttl        time.Duration
 	seed       uint64
+	refillWait time.Duration
 }
 
 // AllocatorOption configures an Allocator.
@@ -64,10 +73,17 @@ func Chunk(n int) AllocatorOption { return func(o *allocOptions) { o.chunk = max
 // heartbeat runs at a third of it); default 10 s.
 func LeaseTTL(d time.Duration) AllocatorOption { return func(o *allocOptions) { o.ttl = d } }
 
+// RefillWait is how long an allocation waits for refills while the local
+// pool is empty and the central pool is not (default 2 s): under a burst
+// the local pool runs out before a refill lands, and "exhausted" would be
+// wrong while the central pool holds millions.
+func RefillWait(d time.Duration) AllocatorOption { return func(o *allocOptions) { o.refillWait = d } }
+
 // Seed fixes the bucket choice (tests).
 func Seed(s uint64) AllocatorOption { return func(o *allocOptions) { o.seed = s } }
 
 type commitReq struct {
+	ctx  context.Context // the caller's: one gone before its commit is not committed
 	uins []uint32
 	ok   chan []uint32 // the committed ones; nil on error
 	err  error
@@ -76,7 +92,7 @@ type commitReq struct {
 // NewAllocator returns the local pool of instance (a name; a random
 // suffix makes the owner unique to this process). Run must be running.
 func NewAllocator(c *Central, instance string, opts ...AllocatorOption) *Allocator {
-	o := allocOptions{low: 1000, chunk: 5000, ttl: 10 * time.Second, seed: rand.Uint64()}
+	o := allocOptions{low: 1000, chunk: 5000, ttl: 10 * time.Second, seed: rand.Uint64(), refillWait: 2 * time.Second}
 	for _, f := range opts {
 		f(&o)
 	}
@@ -121,6 +137,20 @@ for i = 1, #ARGV do
   end
 end
 return ok`)
+
+// uncommitScript undoes commitScript for uins (ARGV) that no caller
+// received: each still marked used in KEYS[2] goes back into the lease set
+// KEYS[1], unmarked, to be handed out again; it returns those.
+var uncommitScript = redis.NewScript(`
+local back = {}
+for i = 1, #ARGV do
+  if redis.call('GETBIT', KEYS[2], ARGV[i]) == 1 then
+    redis.call('SETBIT', KEYS[2], ARGV[i], 0)
+    redis.call('SADD', KEYS[1], ARGV[i])
+    back[#back+1] = ARGV[i]
+  end
+end
+return back`)
 
 // returnScript sends up to ARGV[4] uins of owner ARGV[3]'s lease set
 // KEYS[1] back to their buckets (ARGV[1] .. uin % ARGV[2]), unless the
@@ -185,6 +215,20 @@ func (c *Central) commit(ctx context.Context, owner string, uins []uint32) ([]ui
 		args[i] = u
 	}
 	vals, err := commitScript.Run(ctx, c.rdb, []string{c.leaseKey(owner), c.used()}, args...).StringSlice()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return nil, err
+	}
+	return parseUins(vals), nil
+}
+
+// uncommit puts uins committed for owner, and received by nobody, back
+// into its lease.
+func (c *Central) uncommit(ctx context.Context, owner string, uins []uint32) ([]uint32, error) {
+	args := make([]any, len(uins))
+	for i, u := range uins {
+		args[i] = u
+	}
+	vals, err := uncommitScript.Run(ctx, c.rdb, []string{c.leaseKey(owner), c.used()}, args...).StringSlice()
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return nil, err
 	}
@@ -318,12 +362,14 @@ func (a *Allocator) fill(ctx context.Context, rng *rand.Rand) error {
 	defer a.wake()
 	for {
 		a.mu.Lock()
-		need := len(a.local) < a.o.low
+		held := len(a.local)
 		a.mu.Unlock()
-		if !need {
+		wanted := int(a.wanted.Load())
+		if held >= a.o.low && held >= wanted {
 			return nil
 		}
-		uins, err := a.c.lease(ctx, a.owner, a.o.chunk, rng)
+		uins, err := a.c.lease(ctx, a.owner, max(a.o.chunk, wanted-held), rng)
+		a.dry.Store(errors.Is(err, ErrExhausted))
 		if err != nil {
 			return err
 		}
@@ -363,6 +409,21 @@ func (a *Allocator) commitLoop(ctx context.Context) {
 				break more
 			}
 		}
+		// A caller that left while waiting (a reset HTTP/2 stream, a
+		// client timeout) gets nothing committed: its uins stay local.
+		live := batch[:0]
+		for _, r := range batch {
+			if r.ctx.Err() != nil {
+				a.putBack(r.uins)
+				r.ok <- nil
+				continue
+			}
+			live = append(live, r)
+		}
+		batch = live
+		if len(batch) == 0 {
+			continue
+		}
 		all := make([]uint32, 0, n)
 		for _, r := range batch {
 			all = append(all, r.uins...)
@@ -396,6 +457,7 @@ func (a *Allocator) commitLoop(ctx context.Context) {
 func (a *Allocator) Allocate(ctx context.Context, n int) ([]uint32, error) {
 	var out []uint32
 	waited := false
+	deadline := time.Now().Add(a.o.refillWait)
 	for len(out) < n {
 		a.mu.Lock()
 		k := min(n-len(out), len(a.local))
@@ -407,20 +469,25 @@ func (a *Allocator) Allocate(ctx context.Context, n int) ([]uint32, error) {
 			a.kick()
 		}
 		if k == 0 {
-			if len(out) > 0 || waited {
+			// Wait for refills while the central pool has uins (a
+			// refill that found it dry ends the wait), up to RefillWait.
+			if len(out) > 0 || waited && a.dry.Load() || time.Now().After(deadline) {
 				break
 			}
-			waited = true // one wait for the refill in flight
+			waited = true
+			a.wanted.Add(int64(n - len(out)))
+			a.kick()
 			select {
 			case <-filled:
-				continue
 			case <-ctx.Done():
+				a.wanted.Add(-int64(n - len(out)))
 				return nil, ctx.Err()
-			case <-time.After(time.Second):
-				continue
+			case <-time.After(time.Until(deadline)):
 			}
+			a.wanted.Add(-int64(n - len(out)))
+			continue
 		}
-		r := &commitReq{uins: take, ok: make(chan []uint32, 1)}
+		r := &commitReq{ctx: ctx, uins: take, ok: make(chan []uint32, 1)}
 		select {
 		case a.commits <- r:
 		case <-ctx.Done():
@@ -433,6 +500,10 @@ func (a *Allocator) Allocate(ctx context.Context, n int) ([]uint32, error) {
 		case <-a.stopped:
 			a.putBack(take) // never taken by the commit loop
 			return out, ErrStopped
+		}
+		if got == nil && r.err == nil && ctx.Err() != nil { // dropped uncommitted: the caller is gone
+			a.Allocated.Add(int64(len(out)))
+			return out, ctx.Err()
 		}
 		if r.err != nil {
 			// Unknown whether the script ran: the uins go back; one that
@@ -451,6 +522,23 @@ func (a *Allocator) Allocate(ctx context.Context, n int) ([]uint32, error) {
 		return nil, ErrExhausted
 	}
 	return out, nil
+}
+
+// GiveBack returns uins this allocator handed out to a caller that never
+// received them (its client was gone before the answer was written): they
+// are unmarked and go back into the local pool, for the next caller.
+func (a *Allocator) GiveBack(ctx context.Context, uins []uint32) error {
+	if len(uins) == 0 {
+		return nil
+	}
+	back, err := a.c.uncommit(ctx, a.owner, uins)
+	if err != nil {
+		return err
+	}
+	a.putBack(back)
+	a.Allocated.Add(-int64(len(back)))
+	a.GivenBack.Add(int64(len(back)))
+	return nil
 }
 
 func (a *Allocator) putBack(uins []uint32) {

@@ -263,16 +263,46 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64, what string) 
 	return body, true
 }
 
-func (s *Server) grant(w http.ResponseWriter, r *http.Request) {
-	var g pb.RewardGrant
-	body, ok := readBody(w, r, 64<<10, "grant")
-	if !ok {
-		return
+// signedBody authenticates an app's request and reads its body (at most
+// limit bytes). What the headers decide (key, timestamp, signature's
+// shape) is decided before a byte of the body is read, so a caller
+// without a key holds no memory; the body is hashed as it streams in and
+// the signature checked once it is all there, before it is parsed.
+func (s *Server) signedBody(w http.ResponseWriter, r *http.Request, limit int64, what string) (app string, body []byte, ok bool) {
+	if s.authOff() {
+		body, ok = readBody(w, r, limit, what)
+		return "", body, ok
 	}
-	// The signature covers the body: verified before it is parsed.
-	app, err := s.appOf(r, body)
+	if s.cfg.Apps == nil {
+		denied(w, fmt.Errorf("%w: no app keys configured", auth.ErrUnauthenticated))
+		return "", nil, false
+	}
+	pending, err := s.cfg.Apps.Begin(r, s.now())
 	if err != nil {
 		denied(w, err)
+		return "", nil, false
+	}
+	r.Body = hashedBody{io.TeeReader(r.Body, pending), r.Body}
+	if body, ok = readBody(w, r, limit, what); !ok {
+		return "", nil, false
+	}
+	if app, err = pending.Finish(); err != nil {
+		denied(w, err)
+		return "", nil, false
+	}
+	return app, body, true
+}
+
+// hashedBody is a request body read through its signature's hash.
+type hashedBody struct {
+	io.Reader
+	io.Closer
+}
+
+func (s *Server) grant(w http.ResponseWriter, r *http.Request) {
+	var g pb.RewardGrant
+	app, body, ok := s.signedBody(w, r, 64<<10, "grant")
+	if !ok {
 		return
 	}
 	if err := protojson.Unmarshal(body, &g); err != nil {
@@ -294,13 +324,8 @@ const MaxBatch = 1000
 // application/x-protobuf a GrantBatch, answered with GrantResults:
 // decoding and encoding JSON was a third of the batch's CPU.
 func (s *Server) grantBatch(w http.ResponseWriter, r *http.Request) {
-	body, ok := readBody(w, r, 4<<20, "batch")
+	app, body, ok := s.signedBody(w, r, 4<<20, "batch")
 	if !ok {
-		return
-	}
-	app, err := s.appOf(r, body)
-	if err != nil {
-		denied(w, err)
 		return
 	}
 	results := s.decodeBatch(w, r, body)

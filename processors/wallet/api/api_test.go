@@ -1,6 +1,7 @@
 package api_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/base64"
@@ -8,8 +9,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -384,12 +387,48 @@ func refusals(t *testing.T, srv *httptest.Server) {
 			t.Errorf("%s: %d %v, want %d with an error", c.name, code, out, c.want)
 		}
 	}
+	// What the headers decide is decided before the body is read: each of
+	// these announces 4 MB and sends none, and is answered anyway.
+	stale := strconv.FormatInt(time.Now().Add(-10*time.Minute).Unix(), 10)
+	fresh := strconv.FormatInt(time.Now().Unix(), 10)
+	for name, headers := range map[string]string{
+		"no signature":          "",
+		"an unknown key":        "X-Surge-Key: evil-1\r\nX-Surge-Timestamp: " + fresh + "\r\nX-Surge-Signature: " + strings.Repeat("ab", 32) + "\r\n",
+		"a stale timestamp":     "X-Surge-Key: " + appKey.ID + "\r\nX-Surge-Timestamp: " + stale + "\r\nX-Surge-Signature: " + strings.Repeat("ab", 32) + "\r\n",
+		"a malformed signature": "X-Surge-Key: " + appKey.ID + "\r\nX-Surge-Timestamp: " + fresh + "\r\nX-Surge-Signature: xyz\r\n",
+	} {
+		if code := withheldBody(t, srv, headers); code != 401 {
+			t.Errorf("batch with %s and its body withheld: %d, want 401 before the body", name, code)
+		}
+	}
 	if after := balance(); after != before {
 		t.Fatalf("refused callers changed u1's balance: %v -> %v", before, after)
 	}
 	if code, out := call(t, srv, "GET", "/v1/total", ""); code != 200 && code != 503 {
 		t.Fatalf("total with a token: %d %v", code, out)
 	}
+}
+
+// withheldBody sends the headers of a 4 MB batch and none of its body,
+// and returns the status the server answers within 5 s (0 for none).
+func withheldBody(t *testing.T, srv *httptest.Server, headers string) int {
+	t.Helper()
+	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_, err = fmt.Fprintf(conn, "POST /v1/grants/batch HTTP/1.1\r\nHost: wallet\r\nContent-Type: application/json\r\nContent-Length: 4000000\r\n%s\r\n", headers)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		return 0
+	}
+	resp.Body.Close()
+	return resp.StatusCode
 }
 
 // stockStop: issuers read a coupon template's stock (GET /v1/stock/T);

@@ -24,6 +24,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash"
 	"net/http"
 	"strconv"
 	"strings"
@@ -183,26 +184,63 @@ func (a *Apps) Len() int { return len(a.byID) }
 
 // Verify returns the app that signed r (whose body is body).
 func (a *Apps) Verify(r *http.Request, body []byte, now time.Time) (string, error) {
+	p, err := a.Begin(r, now)
+	if err != nil {
+		return "", err
+	}
+	_, _ = p.Write(body)
+	return p.Finish()
+}
+
+// Begin decides what the headers of r can decide before its body is read:
+// a known key id, a timestamp within MaxSkew, a signature of the right
+// shape. A request failing these is refused without reading a byte of its
+// body. The body is then written to the Pending as it is read (it hashes
+// it on the way, keeping nothing), and Finish checks the signature.
+func (a *Apps) Begin(r *http.Request, now time.Time) (*Pending, error) {
 	id, ts, sig := r.Header.Get(HeaderKey), r.Header.Get(HeaderTimestamp), r.Header.Get(HeaderSignature)
 	if id == "" || ts == "" || sig == "" {
-		return "", fmt.Errorf("%w: app request not signed (want %s, %s and %s headers)", ErrUnauthenticated, HeaderKey, HeaderTimestamp, HeaderSignature)
+		return nil, fmt.Errorf("%w: app request not signed (want %s, %s and %s headers)", ErrUnauthenticated, HeaderKey, HeaderTimestamp, HeaderSignature)
 	}
 	k, ok := a.byID[id]
 	if !ok {
-		return "", fmt.Errorf("%w: unknown key %q", ErrUnauthenticated, id)
+		return nil, fmt.Errorf("%w: unknown key %q", ErrUnauthenticated, id)
 	}
 	sec, err := strconv.ParseInt(ts, 10, 64)
 	if err != nil {
-		return "", fmt.Errorf("%w: timestamp %q is not unix seconds", ErrUnauthenticated, ts)
+		return nil, fmt.Errorf("%w: timestamp %q is not unix seconds", ErrUnauthenticated, ts)
 	}
 	if skew := now.Sub(time.Unix(sec, 0)); skew > MaxSkew || skew < -MaxSkew {
-		return "", fmt.Errorf("%w: timestamp %s is %s from the server's clock (at most %s)", ErrUnauthenticated, ts, skew.Round(time.Second), MaxSkew)
+		return nil, fmt.Errorf("%w: timestamp %s is %s from the server's clock (at most %s)", ErrUnauthenticated, ts, skew.Round(time.Second), MaxSkew)
 	}
 	got, err := hex.DecodeString(sig)
-	if err != nil || !hmac.Equal(got, mac(k.Secret, StringToSign(r.Method, r.URL.RequestURI(), ts, body))) {
-		return "", fmt.Errorf("%w: bad signature for key %q", ErrUnauthenticated, id)
+	if err != nil || len(got) != sha256.Size {
+		return nil, fmt.Errorf("%w: bad signature for key %q", ErrUnauthenticated, id)
 	}
-	return k.App, nil
+	return &Pending{key: k, ts: ts, method: r.Method, uri: r.URL.RequestURI(), sig: got, body: sha256.New()}, nil
+}
+
+// Pending is an app request whose headers passed Begin and whose body is
+// being read: an io.Writer that hashes what it is given.
+type Pending struct {
+	key         Key
+	ts          string
+	method, uri string
+	sig         []byte
+	body        hash.Hash
+}
+
+// Write hashes the next part of the body.
+func (p *Pending) Write(b []byte) (int, error) { return p.body.Write(b) }
+
+// Finish checks the signature over the body written so far and returns
+// the app that signed the request.
+func (p *Pending) Finish() (string, error) {
+	msg := p.method + "\n" + p.uri + "\n" + p.ts + "\n" + hex.EncodeToString(p.body.Sum(nil))
+	if !hmac.Equal(p.sig, mac(p.key.Secret, msg)) {
+		return "", fmt.Errorf("%w: bad signature for key %q", ErrUnauthenticated, p.key.ID)
+	}
+	return p.key.App, nil
 }
 
 // Users issues and verifies user tokens.
