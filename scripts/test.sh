@@ -31,6 +31,10 @@ go test -p 4 -count=1 -timeout 40m "$@" ./...
 # The README's main job, bounded, so it cannot break unnoticed (only on a
 # full run: arguments narrow the run to some tests).
 if [ $# -eq 0 ]; then
+  # A short search by every fuzz target (go test above replayed their
+  # seeds and kept corpora); scripts/fuzz.sh --keep grows the corpora.
+  echo "test.sh: fuzzing each target for ${FUZZTIME:-5s}"
+  FUZZTIME="${FUZZTIME:-5s}" scripts/fuzz.sh
   echo "test.sh: the main job (scripts/embedded.sh), bounded at 15 minutes"
   timeout 900 scripts/embedded.sh
 fi

@@ -2,6 +2,7 @@ package clickhouse
 
 import (
 	"fmt"
+	"surge/schemas/uinset"
 
 	"github.com/RoaringBitmap/roaring/v2"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -127,7 +128,8 @@ func Deliveries() *Sink {
 			}
 			set := roaring.New()
 			if len(rep.Uins) > 0 {
-				if err := set.UnmarshalBinary(rep.Uins); err != nil {
+				var err error
+				if set, err = uinset.Decode(rep.Uins); err != nil {
 					return streams.Reject("report with unreadable uins", err)
 				}
 			} else {

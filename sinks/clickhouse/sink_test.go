@@ -3,6 +3,7 @@ package clickhouse_test
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -32,6 +33,12 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	flag.Parse()
+	if f := flag.Lookup("test.fuzz"); f != nil && f.Value.String() != "" {
+		// Fuzzing the sinks' readers needs no store, and each fuzz worker
+		// is a process of its own: chDB is not opened for them.
+		os.Exit(m.Run())
+	}
 	dir, err := os.MkdirTemp("", "surge-chdb-")
 	if err != nil {
 		panic(err)

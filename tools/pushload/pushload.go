@@ -17,6 +17,7 @@ import (
 	"os"
 	"sort"
 	"strings"
+	"surge/schemas/uinset"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -331,7 +332,8 @@ func (g *traffic) summary(ctx context.Context, kc streams.Cluster, ns string, st
 		}
 		set := roaring.New()
 		if len(rep.Uins) > 0 {
-			if err := set.UnmarshalBinary(rep.Uins); err != nil {
+			var err error
+			if set, err = uinset.Decode(rep.Uins); err != nil {
 				return err
 			}
 		} else {

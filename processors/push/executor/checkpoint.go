@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"surge/schemas/uinset"
 
 	"github.com/RoaringBitmap/roaring/v2"
 )
@@ -100,8 +101,8 @@ func (x *Executor) loadCheckpoint(topic string) (*roaring.Bitmap, map[int32]int6
 		}
 		next[p] = off
 	}
-	bm := roaring.New()
-	if _, err := bm.ReadFrom(r); err != nil {
+	bm, err := uinset.Read(r)
+	if err != nil {
 		return nil, nil, fmt.Errorf("bitmap: %w", err)
 	}
 	return bm, next, nil

@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"surge/schemas/uinset"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -287,8 +288,8 @@ func (x *Executor) heartbeat(ctx context.Context, cl *kgo.Client, stop func(), d
 func (x *Executor) Handle() streams.Handler {
 	return streams.Typed(func(_ context.Context, in *kgo.Record, u *pb.SendTaskUnit, out *streams.Output) error {
 		x.lastUnit.Store(time.Now().UnixMilli())
-		targets := roaring.New()
-		if err := targets.UnmarshalBinary(u.Targets); err != nil {
+		targets, err := uinset.Decode(u.Targets)
+		if err != nil {
 			// Refused, not sent: the planner is told (its targets get their
 			// quota back and the job ends PARTIALLY_COMPLETED) rather than
 			// left waiting for a unit that will never be done.

@@ -9,6 +9,7 @@ package filter
 import (
 	"context"
 	"fmt"
+	"surge/schemas/uinset"
 	"sync"
 	"time"
 
@@ -299,8 +300,8 @@ func (s *Sent) Export() (map[uint32][]byte, error) {
 func (s *Sent) Import(byCRC map[uint32][]byte) error {
 	m := make(map[uint32]*roaring.Bitmap, len(byCRC))
 	for crc, buf := range byCRC {
-		b := roaring.New()
-		if err := b.UnmarshalBinary(buf); err != nil {
+		b, err := uinset.Decode(buf)
+		if err != nil {
 			return fmt.Errorf("filter: content %d: %w", crc, err)
 		}
 		m[crc] = b

@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"surge/schemas/uinset"
 
 	"github.com/RoaringBitmap/roaring/v2"
 )
@@ -63,8 +64,8 @@ func Decode(data []byte) (*roaring.Bitmap, error) {
 	if crc32.Checksum(body, castagnoli) != binary.BigEndian.Uint32(data[14:]) {
 		return nil, fmt.Errorf("%w: checksum mismatch (truncated or altered)", ErrCorrupt)
 	}
-	b := roaring.New()
-	if _, err := b.ReadFrom(bytes.NewReader(body)); err != nil {
+	b, err := uinset.Decode(body)
+	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrCorrupt, err)
 	}
 	if want := binary.BigEndian.Uint64(data[6:]); b.GetCardinality() != want {

@@ -23,6 +23,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"surge/schemas/uinset"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -311,8 +312,8 @@ func (q *Queues) restore(ctx context.Context) (int, error) {
 		if streams.Decode(r, &ob) != nil {
 			return nil
 		}
-		set := roaring.New()
-		if set.UnmarshalBinary(ob.Uins) != nil {
+		set, err := uinset.Decode(ob.Uins)
+		if err != nil {
 			return nil
 		}
 		it := set.Iterator()
@@ -407,8 +408,8 @@ func (q *Queues) Handle() streams.Handler {
 			if err := streams.Decode(in, &ob); err != nil {
 				return err
 			}
-			set := roaring.New()
-			if err := set.UnmarshalBinary(ob.Uins); err != nil {
+			set, err := uinset.Decode(ob.Uins)
+			if err != nil {
 				return streams.Reject("offline batch with unreadable uins", err)
 			}
 			it := set.Iterator()

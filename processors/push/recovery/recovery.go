@@ -8,6 +8,7 @@ package recovery
 import (
 	"context"
 	"fmt"
+	"surge/schemas/uinset"
 
 	"github.com/RoaringBitmap/roaring/v2"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -38,7 +39,8 @@ func Read(ctx context.Context, kc streams.Cluster, ns, jobID string) (*Outcome, 
 		}
 		set := roaring.New()
 		if len(rep.Uins) > 0 {
-			if err := set.UnmarshalBinary(rep.Uins); err != nil {
+			var err error
+			if set, err = uinset.Decode(rep.Uins); err != nil {
 				return fmt.Errorf("recovery: report with unreadable uins: %w", err)
 			}
 		} else {

@@ -70,7 +70,7 @@ type Service struct {
 	listener atomic.Pointer[net.Listener]
 
 	allocated, released, refused, givenBack metrics.Counter
-	size                         metrics.Gauge
+	size                                    metrics.Gauge
 }
 
 // EnsureDefaults fills what the Config left out.

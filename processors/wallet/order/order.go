@@ -33,6 +33,13 @@ func validPart(s string) bool {
 	return true
 }
 
+// canonical: a decimal without a sign or leading zeros. The order number
+// is the grant's idempotency key, so each number has one spelling only:
+// "01" beside "1" would be a second claim on the same reward.
+func canonical(digits string) bool {
+	return digits == "0" || len(digits) > 0 && digits[0] >= '1' && digits[0] <= '9'
+}
+
 // String formats the order number.
 func (n Number) String() string {
 	return fmt.Sprintf("%s_%s_%s_%d_%d", n.ActID, n.SceneID, n.RainID, n.AwardType, n.Stage)
@@ -49,12 +56,12 @@ func Parse(s string) (Number, error) {
 			return Number{}, fmt.Errorf("order number %q: bad %s %q", s, name, f[i])
 		}
 	}
-	at, err := strconv.Atoi(f[3])
-	if err != nil || pb.AwardType_name[int32(at)] == "" || at == 0 {
+	at, err := strconv.ParseUint(f[3], 10, 31)
+	if err != nil || !canonical(f[3]) || pb.AwardType_name[int32(at)] == "" || at == 0 {
 		return Number{}, fmt.Errorf("order number %q: unknown award type %q", s, f[3])
 	}
 	st, err := strconv.ParseUint(f[4], 10, 32)
-	if err != nil {
+	if err != nil || !canonical(f[4]) {
 		return Number{}, fmt.Errorf("order number %q: bad stage %q", s, f[4])
 	}
 	return Number{ActID: f[0], SceneID: f[1], RainID: f[2], AwardType: pb.AwardType(at), Stage: uint32(st)}, nil

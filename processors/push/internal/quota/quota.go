@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"math/rand/v2"
+	"surge/schemas/uinset"
 	"sync"
 	"time"
 
@@ -185,8 +186,8 @@ func (l *Ledger) Import(day string, levels [][]byte) error {
 	var bms [PerDay + 1]*roaring.Bitmap
 	bms[0] = roaring.New()
 	for k, buf := range levels {
-		b := roaring.New()
-		if err := b.UnmarshalBinary(buf); err != nil {
+		b, err := uinset.Decode(buf)
+		if err != nil {
 			return fmt.Errorf("quota: level %d: %w", k+1, err)
 		}
 		bms[k+1] = b
