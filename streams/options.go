@@ -70,6 +70,7 @@ type config struct {
 	beforeCommit   func(ctx context.Context) error
 	afterBatch     func(ctx context.Context, out *Output) error
 	onIdle         func(ctx context.Context)
+	fault          func(FaultPoint)
 	spec           *Spec  // Declare: the topics it may consume and produce
 	namespace      string // prefix of every topic in spec
 }
@@ -178,6 +179,34 @@ func StaticMembership() Option { return func(c *config) { c.static = true } }
 // stages its changes during the batch and applies them here only on commit,
 // so a replayed batch sees the state it saw the first time.
 func OnBatchEnd(fn func(committed bool)) Option { return func(c *config) { c.onBatchEnd = fn } }
+
+// FaultPoint names a step of a batch's commit, where a crash test kills
+// the process (Faults).
+type FaultPoint int
+
+// The steps, in the order a batch takes them.
+const (
+	// FaultBeforeProduce: the handler ran, nothing is produced yet.
+	FaultBeforeProduce FaultPoint = iota
+	// FaultAfterProduce: every output is acknowledged by the brokers
+	// (inside the open transaction, with exactly-once), nothing committed.
+	FaultAfterProduce
+	// FaultBeforeCommit: immediately before the transaction ends (or the
+	// offsets are committed), after any wait for the previous end.
+	FaultBeforeCommit
+	// FaultDuringCommit: called on its own goroutine as the commit starts,
+	// so a kill from it lands while the commit's requests are in flight.
+	FaultDuringCommit
+)
+
+func (f FaultPoint) String() string {
+	return [...]string{"before_produce", "after_produce", "before_commit", "during_commit"}[f]
+}
+
+// Faults calls hook at each step of every batch's commit: crash tests kill
+// the process there to prove that a crash at any step loses and
+// duplicates nothing. Not for production use.
+func Faults(hook func(FaultPoint)) Option { return func(c *config) { c.fault = hook } }
 
 // OnRetry is called before a batch whose handler failed part-way (a
 // transient error) is processed again from its first record: a processor

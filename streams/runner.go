@@ -211,7 +211,7 @@ func (r *Runner) session(ctx context.Context) error {
 		defer stopFencer()
 		go (&orphanFencer{cl: sess.Client(), adm: kadm.NewClient(sess.Client()), group: r.cfg.group, own: r.txnID(),
 			clientID: r.clientID, log: r.log, fenced: r.mFenced}).run(fctx)
-		return r.loop(ctx, sess.Client(), &txnCommitter{s: sess, adm: kadm.NewClient(sess.Client()), txnID: r.txnID(), settled: r.mSettled})
+		return r.loop(ctx, sess.Client(), &txnCommitter{s: sess, adm: kadm.NewClient(sess.Client()), txnID: r.txnID(), settled: r.mSettled, fault: r.cfg.fault})
 	}
 	cl, err := kgo.NewClient(r.clientOpts()...)
 	if err != nil {
@@ -222,7 +222,7 @@ func (r *Runner) session(ctx context.Context) error {
 	if err := r.waitForBroker(ctx, cl); err != nil {
 		return err
 	}
-	return r.loop(ctx, cl, &offsetCommitter{cl})
+	return r.loop(ctx, cl, &offsetCommitter{cl: cl, fault: r.cfg.fault})
 }
 
 // waitForBroker pings until a broker answers, logging clearly while it does not.
@@ -359,10 +359,12 @@ func (r *Runner) runBatch(work, ctx context.Context, c committer, recs []*kgo.Re
 		_ = c.abort(work)
 		return false, err
 	}
+	r.faultAt(FaultBeforeProduce)
 	if err := c.produce(work, r.out.recs); err != nil {
 		_ = c.abort(work)
 		return false, fmt.Errorf("produce: %w", err)
 	}
+	r.faultAt(FaultAfterProduce)
 	ok, err := c.commit(work)
 	if err != nil {
 		return false, fmt.Errorf("commit: %w", err)
@@ -380,6 +382,13 @@ func (r *Runner) runBatch(work, ctx context.Context, c committer, recs []*kgo.Re
 		r.cfg.onCommit(len(recs), len(r.out.recs)-dlq)
 	}
 	return true, nil
+}
+
+// faultAt calls the crash tests' hook (Faults) at step p.
+func (r *Runner) faultAt(p FaultPoint) {
+	if r.cfg.fault != nil {
+		r.cfg.fault(p)
+	}
 }
 
 // checkDeclared refuses a batch with a record bound for a topic the
@@ -500,6 +509,7 @@ type txnCommitter struct {
 	// (an old broker, or no DESCRIBE on the transactional id).
 	noDescribe bool
 	settled    metrics.Counter
+	fault      func(FaultPoint)
 }
 
 func (t *txnCommitter) poll(ctx context.Context, n int) kgo.Fetches { return t.s.PollRecords(ctx, n) }
@@ -516,6 +526,10 @@ func (t *txnCommitter) produce(ctx context.Context, recs []*kgo.Record) error {
 func (t *txnCommitter) commit(ctx context.Context) (bool, error) {
 	if !t.produced {
 		t.awaitPreviousEnd(ctx)
+	}
+	if t.fault != nil { // crash tests only (Faults)
+		t.fault(FaultBeforeCommit)
+		go t.fault(FaultDuringCommit)
 	}
 	ok, err := t.s.End(ctx, kgo.TryCommit)
 	t.produced, t.lastEnd = false, time.Now()
@@ -576,7 +590,10 @@ func (t *txnCommitter) abort(ctx context.Context) error {
 	return err
 }
 
-type offsetCommitter struct{ cl *kgo.Client }
+type offsetCommitter struct {
+	cl    *kgo.Client
+	fault func(FaultPoint)
+}
 
 // poll blocks rebalances until the batch is committed (BlockRebalanceOnPoll),
 // so a revoked partition never has its batch committed by the old owner.
@@ -593,6 +610,10 @@ func (o *offsetCommitter) produce(ctx context.Context, recs []*kgo.Record) error
 }
 func (o *offsetCommitter) commit(ctx context.Context) (bool, error) {
 	defer o.cl.AllowRebalance()
+	if o.fault != nil { // crash tests only (Faults)
+		o.fault(FaultBeforeCommit)
+		go o.fault(FaultDuringCommit)
+	}
 	if err := o.cl.CommitUncommittedOffsets(ctx); err != nil {
 		return false, err
 	}
