@@ -84,6 +84,56 @@ type Server struct {
 
 	mu      sync.Mutex
 	waiters map[string]chan *pb.Withdrawal
+
+	perApp appLimits
+}
+
+// appLimits are this instance's per-app grant buckets
+// (rate_limits.grants_per_app), made on an app's first grant and re-rated
+// when the tree changes.
+type appLimits struct {
+	mu    sync.Mutex
+	byApp map[string]*guard.Bucket
+}
+
+// allow takes n grants from app's bucket; false with the limit when the
+// app is over it.
+func (a *appLimits) allow(tree *config.Tree, app string, n int) (int, bool) {
+	limit, named := tree.RateLimits.GrantsPerApp[app]
+	if !named {
+		limit = tree.RateLimits.GrantsPerApp["*"]
+	}
+	if limit <= 0 {
+		return 0, true
+	}
+	a.mu.Lock()
+	b := a.byApp[app]
+	if b == nil {
+		if a.byApp == nil {
+			a.byApp = map[string]*guard.Bucket{}
+		}
+		b = guard.NewBucket(limit)
+		a.byApp[app] = b
+	}
+	a.mu.Unlock()
+	b.SetRate(limit)
+	return limit, b.Allow(n)
+}
+
+// overAppLimit answers 429 with Retry-After when app may not make n more
+// grants this second: before they are parsed further or cost Redis or
+// Kafka anything.
+func (s *Server) overAppLimit(w http.ResponseWriter, app string, n int) bool {
+	if app == "" || s.cfg.Source == nil {
+		return false
+	}
+	limit, ok := s.perApp.allow(s.cfg.Source.Tree(), app, n)
+	if ok {
+		return false
+	}
+	w.Header().Set("Retry-After", "1")
+	fail(w, http.StatusTooManyRequests, fmt.Errorf("%w: app %s is over its limit of %d grants/s on this instance (%d asked)", grant.ErrRateLimited, app, limit, n))
+	return true
 }
 
 // New returns a server; Handler serves it, FollowResults must run.
@@ -302,7 +352,7 @@ type hashedBody struct {
 func (s *Server) grant(w http.ResponseWriter, r *http.Request) {
 	var g pb.RewardGrant
 	app, body, ok := s.signedBody(w, r, 64<<10, "grant")
-	if !ok {
+	if !ok || s.overAppLimit(w, app, 1) {
 		return
 	}
 	if err := protojson.Unmarshal(body, &g); err != nil {
@@ -329,7 +379,7 @@ func (s *Server) grantBatch(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	results := s.decodeBatch(w, r, body)
-	if results == nil {
+	if results == nil || s.overAppLimit(w, app, len(results)) {
 		return
 	}
 	var gs []*pb.RewardGrant

@@ -15,6 +15,7 @@ import (
 
 	"surge/processors/wallet/api"
 	"surge/processors/wallet/auth"
+	"surge/processors/wallet/config"
 	"surge/processors/wallet/grant"
 	"surge/processors/wallet/order"
 	pb "surge/schemas/surgev1"
@@ -99,4 +100,52 @@ func FuzzGrantRequests(f *testing.F) {
 			t.Fatalf("batch answered %d results for %d grants handed on", n, g.given)
 		}
 	})
+}
+
+// TestAppsOverTheirLimitGet429First: an app over rate_limits.grants_per_app
+// is answered 429 with Retry-After before its grants reach the intake;
+// another app and a raised limit are unaffected.
+func TestAppsOverTheirLimitGet429First(t *testing.T) {
+	tr := tree()
+	tr.RateLimits.GrantsPerApp = map[string]int{"app": 50, "*": 1000}
+	other := auth.Key{ID: "other-1", App: "other", Secret: []byte("abcdef0123456789abcdef0123456789")}
+	g := &checkingGranter{}
+	src := config.Static(tr)
+	s := api.New(api.Config{Apps: auth.NewApps([]auth.Key{appKey, other}), Users: auth.NewUsers([]auth.Key{userKey}), Batcher: g, Source: src})
+	h := s.Handler()
+	batch := func(k auth.Key, n int) *httptest.ResponseRecorder {
+		grants := make([]string, n)
+		for i := range grants {
+			grants[i] = fmt.Sprintf(`{"orderNo":"u%d_rain_r9_1_1","actId":"u%d","sceneId":"rain","rainId":"r9","awardType":"CASH","stage":1,"amount":7}`, i, i)
+		}
+		body := []byte(`{"grants":[` + strings.Join(grants, ",") + `]}`)
+		req := httptest.NewRequest("POST", "/v1/grants/batch", bytes.NewReader(body))
+		auth.Sign(req, body, k, time.Now())
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, req)
+		return w
+	}
+	if w := batch(appKey, 40); w.Code != 200 {
+		t.Fatalf("40 grants within 50/s: %d %s", w.Code, w.Body)
+	}
+	given := g.given
+	w := batch(appKey, 40)
+	if w.Code != http.StatusTooManyRequests || w.Header().Get("Retry-After") == "" {
+		t.Fatalf("80 grants in a moment at 50/s: %d (Retry-After %q) %s", w.Code, w.Header().Get("Retry-After"), w.Body)
+	}
+	if g.given != given {
+		t.Fatalf("the refused batch reached the intake: %d grants", g.given-given)
+	}
+	if w := batch(other, 100); w.Code != 200 {
+		t.Fatalf("another app under its own limit: %d %s", w.Code, w.Body)
+	}
+	raised := tree()
+	raised.RateLimits.GrantsPerApp = map[string]int{"app": 100000}
+	if err := src.Swap(raised); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond) // the bucket refills at the new rate
+	if w := batch(appKey, 40); w.Code != 200 {
+		t.Fatalf("after the limit was raised: %d %s", w.Code, w.Body)
+	}
 }
