@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/base64"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +20,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"surge/processors/wallet/auth"
 	"surge/schemas"
 	"surge/streams"
 	"surge/streams/streamstest"
@@ -111,8 +114,18 @@ func TestComposeServicesStartAsTheImageUser(t *testing.T) {
 
 	type running struct {
 		name, ready string
+		env, args   []string
+		read        func() error // a read of its API, for the services that serve one
 		cmd         *exec.Cmd
 		log         *syncWriter
+	}
+	start := func(r *running) {
+		r.log = &syncWriter{b: &bytes.Buffer{}}
+		r.cmd = imageUserCommand(bin, asImageUser, r.env, r.args...)
+		r.cmd.Stdout, r.cmd.Stderr = r.log, r.log
+		if err := r.cmd.Start(); err != nil {
+			t.Fatalf("%s: %v", r.name, err)
+		}
 	}
 	var started []*running
 	var names []string
@@ -131,18 +144,21 @@ func TestComposeServicesStartAsTheImageUser(t *testing.T) {
 		for i, a := range args {
 			if strings.HasPrefix(a, "0.0.0.0:") {
 				args[i] = nextAddr()
+				moved["arg"] = args[i]
 			}
 		}
 		metricsAddr, ok := moved["SURGE_METRICS_ADDR"]
 		if !ok {
 			t.Fatalf("%s: no SURGE_METRICS_ADDR on 0.0.0.0 (the HEALTHCHECK probes it)", name)
 		}
-		r := &running{name: name, ready: metricsAddr, log: &syncWriter{b: &bytes.Buffer{}}}
-		r.cmd = imageUserCommand(bin, asImageUser, env, args...)
-		r.cmd.Stdout, r.cmd.Stderr = r.log, r.log
-		if err := r.cmd.Start(); err != nil {
-			t.Fatalf("%s: %v", name, err)
+		r := &running{name: name, ready: metricsAddr, env: env, args: args}
+		switch {
+		case s.Command[0] == "wallet":
+			r.read = walletRead(moved["arg"], bytes.Repeat([]byte{6}, 32))
+		case len(s.Command) > 1 && s.Command[1] == "uin-pool":
+			r.read = poolRead(moved["SURGE_UIN_POOL_ADDR"], strings.Repeat("k", 32))
 		}
+		start(r)
 		started = append(started, r)
 	}
 	defer func() {
@@ -153,25 +169,100 @@ func TestComposeServicesStartAsTheImageUser(t *testing.T) {
 	}()
 
 	// Each becomes ready, as the image's HEALTHCHECK (surge probe) sees it.
-	begun := time.Now()
-	deadline := begun.Add(3 * time.Minute)
-	var took []string
-	for _, r := range started {
+	probe := func(r *running) error {
+		out, err := imageUserCommand(bin, asImageUser, []string{"PATH=" + os.Getenv("PATH"), "SURGE_METRICS_ADDR=" + r.ready}, "probe").CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		return nil
+	}
+	waitFor := func(r *running, what string, check func() error, deadline time.Time) {
 		for {
-			probe := imageUserCommand(bin, asImageUser, []string{"PATH=" + os.Getenv("PATH"), "SURGE_METRICS_ADDR=" + r.ready}, "probe")
-			out, err := probe.CombinedOutput()
+			err := check()
 			if err == nil {
-				break
+				return
 			}
 			if r.cmd.ProcessState != nil || time.Now().After(deadline) {
-				t.Fatalf("%s never became ready: %v\n%s\n--- its log:\n%s", r.name, err, out, r.log.String())
+				t.Fatalf("%s never %s: %v\n--- its log:\n%s", r.name, what, err, r.log.String())
 			}
-			time.Sleep(300 * time.Millisecond)
+			time.Sleep(100 * time.Millisecond)
 		}
+	}
+	begun := time.Now()
+	var took []string
+	for _, r := range started {
+		waitFor(r, "became ready", func() error { return probe(r) }, begun.Add(3*time.Minute))
 		took = append(took, fmt.Sprintf("%s %s", r.name, time.Since(begun).Round(100*time.Millisecond)))
 	}
 	t.Logf("ready after: %s", strings.Join(took, ", "))
 	t.Logf("%d compose services ready as uid %d: %s", len(started), map[bool]int{true: 65534, false: os.Geteuid()}[asImageUser], strings.Join(names, ", "))
+
+	// kill -9 of each, one at a time, and a restart with the same command
+	// and environment at once, as a restart policy does: each is ready
+	// again (and the APIs answer reads) with the default settings. The
+	// times are the restart benchmark (scripts/bench-restart.sh).
+	table := []string{fmt.Sprintf("%-20s %12s %12s", "service", "ready (s)", "reads (s)")}
+	for _, r := range started {
+		if r.read != nil {
+			waitFor(r, "answered a read", r.read, time.Now().Add(time.Minute))
+		}
+		_ = r.cmd.Process.Signal(syscall.SIGKILL)
+		_ = r.cmd.Wait()
+		killed := time.Now()
+		start(r)
+		waitFor(r, "became ready after kill -9", func() error { return probe(r) }, killed.Add(2*time.Minute))
+		ready := time.Since(killed)
+		reads := "-"
+		if r.read != nil {
+			waitFor(r, "answered a read after kill -9", r.read, killed.Add(2*time.Minute))
+			reads = fmt.Sprintf("%.1f", time.Since(killed).Seconds())
+		}
+		table = append(table, fmt.Sprintf("%-20s %12.1f %12s", r.name, ready.Seconds(), reads))
+	}
+	t.Logf("back after kill -9 and an immediate restart:\n%s", strings.Join(table, "\n"))
+	if out := os.Getenv("SURGE_BENCH_OUT"); out != "" {
+		if err := os.WriteFile(out, []byte(strings.Join(table, "\n")+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// walletRead reads a user's balance from the wallet at addr with a user
+// token signed by the user key secret.
+func walletRead(addr string, secret []byte) func() error {
+	users := auth.NewUsers([]auth.Key{{ID: "u-1", Secret: secret}})
+	return func() error {
+		tok, err := users.Issue("restart-probe", time.Minute, time.Now())
+		if err != nil {
+			return err
+		}
+		return getOK("http://"+addr+"/v1/users/restart-probe/balance", "Bearer "+tok)
+	}
+}
+
+// poolRead reads the uin pool's state at addr with an API key.
+func poolRead(addr, key string) func() error {
+	return func() error { return getOK("http://"+addr+"/v1/pool", "Bearer "+key) }
+}
+
+func getOK(url, authorization string) error {
+	req, err := http.NewRequest("GET", url, nil)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", authorization)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	resp, err := http.DefaultClient.Do(req.WithContext(ctx))
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s: %d %s", url, resp.StatusCode, body)
+	}
+	return nil
 }
 
 // interpolate resolves a compose value's ${X:?msg} and ${X:-default}

@@ -191,7 +191,11 @@ func (w *Wallet) Run(ctx context.Context, opts ...streams.Option) error {
 	defer cancel()
 	ids := make(chan error, 1)
 	go func() {
-		err := w.Identities.Run(ctx, streams.Logger(w.opts.Log.With("processor", "wallet-identities")))
+		// The runner options too: the instance id and static membership,
+		// so a restarted wallet takes its place in this group at once
+		// (without them it waited out its dead self's session: 7-9 s).
+		idOpts := append(append([]streams.Option(nil), opts...), streams.Logger(w.opts.Log.With("processor", "wallet-identities")))
+		err := w.Identities.Run(ctx, idOpts...)
 		if err != nil && ctx.Err() == nil {
 			cancel()
 		}
