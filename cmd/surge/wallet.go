@@ -157,7 +157,8 @@ func cmdWallet(ctx context.Context, args []string) error {
 // API, from the http.* keys.
 func httpLimits(v *viper.Viper, service string) (admission.Config, admission.Limits) {
 	return admission.Config{Name: service, MaxInFlight: v.GetInt("http.max_in_flight"),
-			MaxQueue: v.GetInt("http.max_queue"), Timeout: v.GetDuration("http.request_timeout")},
+			MaxQueue: v.GetInt("http.max_queue"), Timeout: v.GetDuration("http.request_timeout"), MaxWait: v.GetDuration("http.max_wait"),
+			TargetLatency: v.GetDuration("http.target_latency")},
 		admission.Limits{Read: v.GetDuration("http.read_timeout"), Idle: v.GetDuration("http.idle_timeout"),
 			MaxConns: v.GetInt("http.max_conns")}
 }

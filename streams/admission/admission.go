@@ -8,12 +8,16 @@
 // once with 503 and Retry-After, so the client retries elsewhere or later
 // while the requests that were admitted are answered in time. A request
 // whose client has gone while it waited is dropped before it costs any
-// Redis or Kafka work.
+// Redis or Kafka work. A request with a body takes its slot only once its
+// body has arrived: a client that sends its body slowly, or stalls, holds
+// a connection (bounded by the server's limits), never a slot.
 package admission
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"runtime"
 	"strconv"
@@ -25,9 +29,14 @@ import (
 
 // Config bounds a Gate. Zero values take the defaults.
 type Config struct {
-	// MaxInFlight is how many requests are served at once (default 64
-	// per CPU: the handlers wait on Redis and Kafka, not on the CPU).
+	// MaxInFlight is the most requests served at once (default 64 per
+	// CPU: the handlers wait on Redis and Kafka, not on the CPU). The gate
+	// serves fewer while admitted requests take longer than
+	// TargetLatency (see limiter).
 	MaxInFlight int
+	// TargetLatency is how long an admitted request should take (default
+	// 100 ms): above it the number in flight shrinks, below it grows.
+	TargetLatency time.Duration
 	// MaxQueue is how many requests may wait for a slot (default 4 x
 	// MaxInFlight); beyond it a request is refused at once.
 	MaxQueue int
@@ -35,6 +44,11 @@ type Config struct {
 	// (Request-Timeout header, seconds or a Go duration); a client's
 	// own deadline is capped by it. Default 2 s.
 	Timeout time.Duration
+	// MaxWait is the longest a request waits for a slot, whatever its
+	// deadline (default 100 ms): a queue that takes longer to drain only
+	// adds its wait to every answer, so a request that would wait longer
+	// is refused at once instead.
+	MaxWait time.Duration
 	// RetryAfter is what a refused client is told to wait (default 1 s).
 	RetryAfter time.Duration
 	// Name labels the metrics (the service).
@@ -56,6 +70,12 @@ func (c *Config) defaults() {
 	if c.Timeout <= 0 {
 		c.Timeout = 2 * time.Second
 	}
+	if c.TargetLatency <= 0 {
+		c.TargetLatency = 100 * time.Millisecond
+	}
+	if c.MaxWait <= 0 {
+		c.MaxWait = 100 * time.Millisecond
+	}
 	if c.RetryAfter <= 0 {
 		c.RetryAfter = time.Second
 	}
@@ -67,22 +87,21 @@ func (c *Config) defaults() {
 // Gate admits requests to a handler.
 type Gate struct {
 	cfg    Config
-	slots  chan struct{}
+	slots  *limiter
 	queued atomic.Int64
-	// serviceNs is a moving average of how long an admitted request
-	// holds its slot: with the queue's length it estimates the wait.
-	serviceNs atomic.Int64
 
 	mRefused             metrics.CounterVec
 	mAdmitted, mAbandons metrics.Counter
 	mQueued, mInFlight   metrics.Gauge
+	mLimit               metrics.Gauge
 }
 
 // New returns a gate.
 func New(cfg Config) *Gate {
 	cfg.defaults()
 	reg := cfg.Metrics
-	g := &Gate{cfg: cfg, slots: make(chan struct{}, cfg.MaxInFlight),
+	g := &Gate{cfg: cfg, slots: newLimiter(cfg.MaxInFlight, cfg.TargetLatency),
+		mLimit:    reg.NewGaugeVec("surge_http_limit", "requests the gate lets in flight now (adapted to the target latency)", "service").With(cfg.Name),
 		mRefused:  reg.NewCounterVec("surge_http_refused_total", "requests refused by admission control", "service", "reason"),
 		mAdmitted: reg.NewCounterVec("surge_http_admitted_total", "requests admitted by admission control", "service").With(cfg.Name),
 		mAbandons: reg.NewCounterVec("surge_http_abandoned_total", "requests whose client left while they waited", "service").With(cfg.Name),
@@ -92,32 +111,110 @@ func New(cfg Config) *Gate {
 	return g
 }
 
-// Wrap puts the gate before next.
+// Wrap puts the gate before next. A request without a body is admitted
+// (or refused) before next sees it; one with a body when next has read
+// all of it (see bodyGate), so reading a slow body holds no slot. A
+// handler must read a body to its end before its work (io.ReadAll, not a
+// json.Decoder that stops at the value's end).
 func (g *Gate) Wrap(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Body != nil && r.Body != http.NoBody && r.ContentLength != 0 {
+			bg := &bodyGate{g: g, w: &gatedWriter{ResponseWriter: w}, r: r, body: r.Body}
+			r.Body = bg
+			defer bg.release()
+			next.ServeHTTP(bg.w, r)
+			return
+		}
 		if !g.admit(w, r) {
 			return
 		}
-		g.mInFlight.Add(1)
-		start := time.Now()
-		defer func() {
-			g.observe(time.Since(start))
-			g.mInFlight.Add(-1)
-			<-g.slots
-		}()
+		defer g.hold()()
 		next.ServeHTTP(w, r)
 	})
 }
 
+// hold counts an admitted request in flight and returns its release.
+func (g *Gate) hold() func() {
+	g.mInFlight.Add(1)
+	start := time.Now()
+	return func() {
+		g.mInFlight.Add(-1)
+		g.slots.release(time.Since(start))
+		limit, _ := g.slots.state()
+		g.mLimit.Set(float64(limit))
+	}
+}
+
+// bodyGate is a request body that asks the gate for a slot when the
+// handler has read it to its end: the work that needs the slot (Redis,
+// Kafka) comes after. A handler that answers before the end (a refusal
+// from the headers, a body too large) never takes one. Refused, the gate
+// answers 503 itself and the read fails; the handler's own answer is
+// dropped (gatedWriter).
+type bodyGate struct {
+	g        *Gate
+	w        *gatedWriter
+	r        *http.Request
+	body     io.ReadCloser
+	admitted func() // the slot's release, once admitted
+	refused  bool
+}
+
+var errOverloaded = errors.New("admission: overloaded, request refused (503 sent)")
+
+func (b *bodyGate) Read(p []byte) (int, error) {
+	if b.refused {
+		return 0, errOverloaded
+	}
+	n, err := b.body.Read(p)
+	if err == io.EOF && b.admitted == nil {
+		if !b.g.admit(b.w.ResponseWriter, b.r) {
+			b.refused, b.w.closed = true, true
+			return n, errOverloaded
+		}
+		b.admitted = b.g.hold()
+	}
+	return n, err
+}
+
+func (b *bodyGate) Close() error { return b.body.Close() }
+
+func (b *bodyGate) release() {
+	if b.admitted != nil {
+		b.admitted()
+	}
+}
+
+// gatedWriter drops what the handler writes after the gate answered.
+type gatedWriter struct {
+	http.ResponseWriter
+	closed bool
+}
+
+func (w *gatedWriter) WriteHeader(code int) {
+	if !w.closed {
+		w.ResponseWriter.WriteHeader(code)
+	}
+}
+
+func (w *gatedWriter) Write(p []byte) (int, error) {
+	if w.closed {
+		return len(p), nil
+	}
+	return w.ResponseWriter.Write(p)
+}
+
+// Unwrap lets http.ResponseController reach the connection.
+func (w *gatedWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
 // admit takes a slot for r, or answers it and returns false.
 func (g *Gate) admit(w http.ResponseWriter, r *http.Request) bool {
-	select {
-	case g.slots <- struct{}{}:
+	if g.slots.tryAcquire() {
 		g.mAdmitted.Inc()
 		return true
-	default:
 	}
-	budget := g.deadline(r) - time.Duration(g.serviceNs.Load())
+	limit, service := g.slots.state()
+	budget := min(g.deadline(r)-service, g.cfg.MaxWait)
 	waiting := g.queued.Add(1)
 	defer func() { g.queued.Add(-1); g.mQueued.Set(float64(g.queued.Load())) }()
 	g.mQueued.Set(float64(waiting))
@@ -125,25 +222,23 @@ func (g *Gate) admit(w http.ResponseWriter, r *http.Request) bool {
 	case waiting > int64(g.cfg.MaxQueue):
 		g.refuse(w, "queue_full", "the queue is full")
 		return false
-	case budget <= 0 || g.expectedWait(waiting) > budget:
-		g.refuse(w, "would_miss_deadline", "it could not start before its deadline")
+	case budget <= 0 || time.Duration(waiting)*service/time.Duration(max(limit, 1)) > budget:
+		g.refuse(w, "would_miss_deadline", "it could not start in time")
 		return false
 	}
-	t := time.NewTimer(budget)
-	defer t.Stop()
-	select {
-	case g.slots <- struct{}{}:
-		if r.Context().Err() != nil { // the client left while it waited
-			<-g.slots
-			g.mAbandons.Inc()
-			return false
-		}
+	ok, timedOut := g.slots.acquire(r.Context(), budget)
+	switch {
+	case ok && r.Context().Err() != nil: // the client left while it waited
+		g.slots.giveBack()
+		g.mAbandons.Inc()
+		return false
+	case ok:
 		g.mAdmitted.Inc()
 		return true
-	case <-t.C:
-		g.refuse(w, "deadline", "it waited until its deadline")
+	case timedOut:
+		g.refuse(w, "deadline", "it waited as long as it may")
 		return false
-	case <-r.Context().Done():
+	default:
 		g.mAbandons.Inc()
 		return false
 	}
@@ -165,26 +260,6 @@ func (g *Gate) deadline(r *http.Request) time.Duration {
 		d = time.Duration(secs * float64(time.Second))
 	}
 	return min(max(d, 0), g.cfg.Timeout)
-}
-
-// expectedWait estimates the wait of the request waiting-th in line.
-func (g *Gate) expectedWait(waiting int64) time.Duration {
-	per := time.Duration(g.serviceNs.Load())
-	return time.Duration(waiting) * per / time.Duration(g.cfg.MaxInFlight)
-}
-
-// observe folds one service time into the moving average (weight 1/16).
-func (g *Gate) observe(d time.Duration) {
-	for {
-		old := g.serviceNs.Load()
-		next := old + (int64(d)-old)/16
-		if old == 0 {
-			next = int64(d)
-		}
-		if g.serviceNs.CompareAndSwap(old, next) {
-			return
-		}
-	}
 }
 
 func (g *Gate) refuse(w http.ResponseWriter, reason, why string) {

@@ -2,8 +2,10 @@ package admission
 
 import (
 	"context"
+	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -45,7 +47,7 @@ func get(t *testing.T, url string, ctx context.Context, header map[string]string
 // nothing, and once the load is gone requests are served again.
 func TestGateBoundsWorkAndRefusesEarly(t *testing.T) {
 	h := &gated{release: make(chan struct{})}
-	g := New(Config{MaxInFlight: 2, MaxQueue: 2, Timeout: 500 * time.Millisecond, Name: "test", Metrics: metrics.NewRegistry()})
+	g := New(Config{MaxInFlight: 2, MaxQueue: 2, Timeout: time.Second, MaxWait: time.Second, Name: "test", Metrics: metrics.NewRegistry()})
 	srv := httptest.NewServer(g.Wrap(h))
 	defer srv.Close()
 	ctx := context.Background()
@@ -67,6 +69,9 @@ func TestGateBoundsWorkAndRefusesEarly(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	leave()
+	for g.queued.Load() != 0 { // it has gone from the queue
+		time.Sleep(time.Millisecond)
+	}
 	// Two queued with the whole deadline: they wait.
 	for range 2 {
 		wg.Add(1)
@@ -111,7 +116,7 @@ func TestGateBoundsWorkAndRefusesEarly(t *testing.T) {
 func TestClientDeadlineIsHonoured(t *testing.T) {
 	h := &gated{release: make(chan struct{})}
 	g := New(Config{MaxInFlight: 1, MaxQueue: 10, Timeout: 5 * time.Second, Name: "test", Metrics: metrics.NewRegistry()})
-	g.observe(time.Second) // requests have been taking a second each
+	g.slots.smoothedNs = float64(time.Second) // requests have been taking a second each
 	srv := httptest.NewServer(g.Wrap(h))
 	defer srv.Close()
 	done := make(chan struct{})
@@ -131,4 +136,80 @@ func TestClientDeadlineIsHonoured(t *testing.T) {
 	}
 	close(h.release)
 	<-done
+}
+
+// TestSlowBodiesHoldNoSlot: with one slot, requests whose bodies stall
+// do not keep a request without a body from being served; a body that
+// completes while the slot is busy past MaxWait is answered 503 by the
+// gate, and the handler's own answer is dropped; once the slot is free, a
+// finished body is admitted and its handler runs.
+func TestSlowBodiesHoldNoSlot(t *testing.T) {
+	var worked atomic.Int64
+	hold := make(chan struct{})
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == "GET" {
+			if r.URL.Path == "/hold" {
+				<-hold
+			}
+			w.WriteHeader(http.StatusOK)
+			return
+		}
+		if _, err := io.ReadAll(r.Body); err != nil {
+			w.WriteHeader(http.StatusBadRequest) // dropped when the gate refused
+			return
+		}
+		worked.Add(1)
+		w.WriteHeader(http.StatusAccepted)
+	})
+	g := New(Config{MaxInFlight: 1, MaxQueue: 4, MaxWait: 50 * time.Millisecond, Name: "test", Metrics: metrics.NewRegistry()})
+	srv := httptest.NewServer(g.Wrap(h))
+	defer srv.Close()
+
+	// Five stalled bodies: each sent its headers and part of its body.
+	var writers []*io.PipeWriter
+	for range 5 {
+		pr, pw := io.Pipe()
+		writers = append(writers, pw)
+		req, _ := http.NewRequest("POST", srv.URL+"/post", pr)
+		req.ContentLength = 10
+		go func() {
+			if resp, err := http.DefaultClient.Do(req); err == nil {
+				resp.Body.Close()
+			}
+		}()
+		go func() { _, _ = pw.Write([]byte("12345")) }()
+	}
+	time.Sleep(100 * time.Millisecond)
+	if code, _ := get(t, srv.URL+"/get", context.Background(), nil); code != http.StatusOK {
+		t.Fatalf("a request without a body, five bodies stalled on one slot: %d", code)
+	}
+	for _, pw := range writers {
+		_ = pw.CloseWithError(io.ErrUnexpectedEOF)
+	}
+
+	// The slot busy: a complete body is refused by the gate after MaxWait.
+	go func() { _, _ = get(t, srv.URL+"/hold", context.Background(), nil) }()
+	time.Sleep(50 * time.Millisecond)
+	start := time.Now()
+	resp, err := http.Post(srv.URL+"/post", "text/plain", strings.NewReader("0123456789"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("a body done while the slot is busy: %d, want 503 with Retry-After", resp.StatusCode)
+	}
+	if took := time.Since(start); took > time.Second {
+		t.Fatalf("refused after %s (MaxWait 50 ms)", took)
+	}
+	close(hold)
+	time.Sleep(20 * time.Millisecond)
+	resp, err = http.Post(srv.URL+"/post", "text/plain", strings.NewReader("0123456789"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusAccepted || worked.Load() != 1 {
+		t.Fatalf("a body with the slot free: %d, %d handled (want 202, 1)", resp.StatusCode, worked.Load())
+	}
 }

@@ -292,7 +292,9 @@ func fail(w http.ResponseWriter, code int, err error) {
 }
 
 // readBody reads a request body of at most limit bytes; a larger one is
-// answered 413 (not read on, and not mistaken for a bad signature).
+// answered 413 (not read on, and not mistaken for a bad signature). Every
+// handler reads its body through here, to its end: admission control
+// gives a request with a body its slot there (streams/admission).
 func readBody(w http.ResponseWriter, r *http.Request, limit int64, what string) ([]byte, bool) {
 	// Read into a buffer of the announced size: a batch's body read by
 	// io.ReadAll from 512 bytes up was copied through five growing
@@ -690,7 +692,11 @@ func (s *Server) withdraw(w http.ResponseWriter, r *http.Request) {
 		WithdrawID string `json:"withdraw_id"`
 		Amount     int64  `json:"amount"`
 	}
-	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 4<<10)).Decode(&req); err != nil || req.WithdrawID == "" || req.Amount <= 0 {
+	body, ok := readBody(w, r, 4<<10, "withdrawal")
+	if !ok {
+		return
+	}
+	if err := json.Unmarshal(body, &req); err != nil || req.WithdrawID == "" || req.Amount <= 0 {
 		fail(w, http.StatusBadRequest, errors.New("want {\"withdraw_id\": non-empty, \"amount\": positive cents}"))
 		return
 	}
@@ -705,7 +711,11 @@ func (s *Server) packet(w http.ResponseWriter, r *http.Request) {
 		Amount   int64  `json:"amount"`
 	}
 	act := r.PathValue("act")
-	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 4<<10)).Decode(&req); err != nil || req.PacketID == "" || req.To == "" || req.To == act || req.Amount <= 0 {
+	body, ok := readBody(w, r, 4<<10, "red packet")
+	if !ok {
+		return
+	}
+	if err := json.Unmarshal(body, &req); err != nil || req.PacketID == "" || req.To == "" || req.To == act || req.Amount <= 0 {
 		fail(w, http.StatusBadRequest, errors.New("want {\"packet_id\": non-empty, \"to\": another user's actID, \"amount\": positive cents}"))
 		return
 	}
