@@ -310,4 +310,3 @@ func must(err error) {
 		log.Fatal(err)
 	}
 }
-

@@ -73,8 +73,8 @@ type Tree struct {
 		// GrantsPerApp is grants per second per instance for each app
 		// ("*": any app not named); 0 or absent = unlimited. Answered 429
 		// before the grants cost Redis or Kafka anything.
-		GrantsPerApp map[string]int `mapstructure:"grants_per_app"`
-		BookingsPerSecond int `mapstructure:"bookings_per_second"` // the ledger's capacity
+		GrantsPerApp      map[string]int `mapstructure:"grants_per_app"`
+		BookingsPerSecond int            `mapstructure:"bookings_per_second"` // the ledger's capacity
 	} `mapstructure:"rate_limits"`
 	// GrantLag is how far a grant's at_ms (when the user earned it, which
 	// picks the phase) may lie behind the server's clock: a grant caught
