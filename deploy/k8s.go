@@ -280,14 +280,26 @@ func pdb(w *workload) *yaml.Node {
 	}}, "")
 }
 
-func job(w *workload) *yaml.Node {
+// batchPod is the pod of a Job or CronJob: no probes (it ends), restarted
+// on failure; mounts replace the container's, volumes the pod's.
+func batchPod(w *workload, mounts []map[string]any, volumes []any) map[string]any {
 	spec := podSpec(*w)
 	c := container(*w)
 	delete(c, "readinessProbe")
 	delete(c, "livenessProbe")
-	c["volumeMounts"] = []map[string]any{{"name": "tmp", "mountPath": "/tmp"}}
+	if mounts != nil {
+		c["volumeMounts"] = mounts
+	}
+	if volumes != nil {
+		spec["volumes"] = volumes
+	}
 	spec["containers"] = []any{c}
 	spec["restartPolicy"] = "OnFailure"
+	return spec
+}
+
+func job(w *workload) *yaml.Node {
+	spec := batchPod(w, []map[string]any{{"name": "tmp", "mountPath": "/tmp"}}, nil)
 	return doc("batch/v1", "Job", w.name, map[string]any{"spec": map[string]any{
 		"backoffLimit": 10,
 		"template":     map[string]any{"metadata": map[string]any{"labels": labels(w.name)}, "spec": spec},
@@ -295,13 +307,7 @@ func job(w *workload) *yaml.Node {
 }
 
 func cronJob(w *workload) *yaml.Node {
-	spec := podSpec(*w)
-	c := container(*w)
-	delete(c, "readinessProbe")
-	delete(c, "livenessProbe")
-	spec["containers"] = []any{c}
-	spec["volumes"] = []any{map[string]any{"name": "state", "emptyDir": map[string]any{}}, map[string]any{"name": "tmp", "emptyDir": map[string]any{}}}
-	spec["restartPolicy"] = "OnFailure"
+	spec := batchPod(w, nil, []any{map[string]any{"name": "state", "emptyDir": map[string]any{}}, map[string]any{"name": "tmp", "emptyDir": map[string]any{}}})
 	return doc("batch/v1", "CronJob", w.name, map[string]any{"spec": map[string]any{
 		"schedule":          "30 3 * * *",
 		"concurrencyPolicy": "Forbid", // a re-run is harmless (idempotent per registration), two at once pointless

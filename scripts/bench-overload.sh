@@ -4,7 +4,8 @@
 # (closed loop), then offered 1x, 2x and 4x of it open loop for PHASE each,
 # and 4x again with 10,000 idle and 250 stalled connections held open.
 # The load generator shares the machine's cores with the wallet, the
-# broker and redis-server. Writes bench/overload.txt.
+# broker and redis-server. Writes bench/overload.txt. The run leaves its
+# grants' claims in Redis (millions of keys): use a scratch redis-server.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"

@@ -71,6 +71,7 @@ type config struct {
 	afterBatch     func(ctx context.Context, out *Output) error
 	onIdle         func(ctx context.Context)
 	fault          func(FaultPoint)
+	readyChecks    []func() error
 	spec           *Spec  // Declare: the topics it may consume and produce
 	namespace      string // prefix of every topic in spec
 }
@@ -224,7 +225,22 @@ func BeforeBatch(fn func(ctx context.Context, recs []*kgo.Record)) Option {
 // for idlePoll: the place for work on the processor's state that must not
 // run beside the handler and must not wait for traffic (rebuilding a
 // partition nobody writes to, so reads of it can be served).
-func OnIdle(fn func(ctx context.Context)) Option { return func(c *config) { c.onIdle = fn } }
+// Several OnIdle functions run in the order given.
+func OnIdle(fn func(ctx context.Context)) Option {
+	return func(c *config) {
+		if prev := c.onIdle; prev != nil {
+			c.onIdle = func(ctx context.Context) { prev(ctx); fn(ctx) }
+			return
+		}
+		c.onIdle = fn
+	}
+}
+
+// ReadyWhen adds a condition to the runner's readiness (/readyz): while
+// check returns an error, the processor is not ready and says why.
+func ReadyWhen(check func() error) Option {
+	return func(c *config) { c.readyChecks = append(c.readyChecks, check) }
+}
 
 // idlePoll is how long a poll waits for records before OnIdle runs.
 const idlePoll = 250 * time.Millisecond

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -119,13 +121,38 @@ func endOffsets(ctx context.Context, cluster Cluster, topics []string) (map[stri
 	return out, nil
 }
 
-// Option hooks the restorer into a Runner's group membership.
+// Option hooks the restorer into a Runner: its group membership (an
+// assignment marks partitions stale), its idle time (stale partitions are
+// rebuilt then, not only when a record of theirs arrives) and its
+// readiness (not ready while a partition it owns is being restored).
 func (r *Restorer) Option() Option {
-	return ClientOpts(
+	client := ClientOpts(
 		kgo.OnPartitionsAssigned(func(_ context.Context, _ *kgo.Client, as map[string][]int32) { r.assigned(as) }),
 		kgo.OnPartitionsRevoked(func(_ context.Context, _ *kgo.Client, rs map[string][]int32) { r.revoked(rs) }),
 		kgo.OnPartitionsLost(func(_ context.Context, _ *kgo.Client, rs map[string][]int32) { r.revoked(rs) }),
 	)
+	// An error here is met again by the next record's Ensure, which
+	// fails its batch and retries: nothing to do with it on idle.
+	idle := OnIdle(func(ctx context.Context) { _ = r.EnsureAll(ctx) })
+	ready := ReadyWhen(r.restored)
+	return func(c *config) { client(c); idle(c); ready(c) }
+}
+
+// restored is nil once every partition this instance owns is current.
+func (r *Restorer) restored() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var ps []int32
+	for p, s := range r.stale {
+		if s && r.owned[p] {
+			ps = append(ps, p)
+		}
+	}
+	if len(ps) == 0 {
+		return nil
+	}
+	slices.Sort(ps)
+	return fmt.Errorf("restoring partitions %v of %s", ps, strings.Join(r.topics, ", "))
 }
 
 // revoked forgets partitions this instance no longer owns: their state

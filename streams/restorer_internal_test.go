@@ -2,6 +2,7 @@ package streams
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -94,6 +95,7 @@ func TestRestorerSkipsUnchangedSinceBaseline(t *testing.T) {
 // EnsureAll makes every owned partition current, traffic or not; a
 // revoked partition is no longer current and is not rebuilt until it is
 // assigned again.
+// ... and readiness follows: not ready while an owned partition is stale.
 func TestRestorerEnsureAllAndRevocation(t *testing.T) {
 	c := changelogCluster(t, 3)
 	var rebuilt []map[int32]bool
@@ -112,11 +114,17 @@ func TestRestorerEnsureAllAndRevocation(t *testing.T) {
 	if !r.Current(0) || !r.Current(1) || r.Current(2) || len(rebuilt) != 1 || len(rebuilt[0]) != 2 {
 		t.Fatalf("after EnsureAll: current %v %v %v, rebuilds %v", r.Current(0), r.Current(1), r.Current(2), rebuilt)
 	}
+	if err := r.restored(); err != nil {
+		t.Fatalf("every owned partition rebuilt, yet not ready: %v", err)
+	}
 	r.revoked(map[string][]int32{topic: {1}})
 	if r.Current(1) || !r.Current(0) {
 		t.Fatal("a revoked partition is still current, or another lost its state")
 	}
 	r.assigned(map[string][]int32{topic: {1}})
+	if err := r.restored(); err == nil || !strings.Contains(err.Error(), "restoring partitions [1]") {
+		t.Fatalf("a partition assigned and not yet rebuilt: readiness %v", err)
+	}
 	if err := r.EnsureAll(ctx); err != nil {
 		t.Fatal(err)
 	}

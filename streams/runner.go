@@ -247,7 +247,8 @@ func (r *Runner) waitForBroker(ctx context.Context, cl *kgo.Client) error {
 }
 
 // ready is the runner's readiness: a session that has joined its group
-// (a standby with no partitions is ready too).
+// (a standby with no partitions is ready too) and whose ReadyWhen checks
+// pass (a Restorer's: its partitions' state rebuilt).
 func (r *Runner) ready(context.Context) error {
 	cl := r.client.Load()
 	if cl == nil {
@@ -255,6 +256,11 @@ func (r *Runner) ready(context.Context) error {
 	}
 	if _, gen := cl.GroupMetadata(); gen <= 0 {
 		return fmt.Errorf("joining group %s", r.cfg.group)
+	}
+	for _, check := range r.cfg.readyChecks {
+		if err := check(); err != nil {
+			return err
+		}
 	}
 	return nil
 }

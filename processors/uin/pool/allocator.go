@@ -210,25 +210,23 @@ func (c *Central) leaseFrom(ctx context.Context, owner string, buckets []int, ea
 
 // commit hands out the uins still in owner's lease.
 func (c *Central) commit(ctx context.Context, owner string, uins []uint32) ([]uint32, error) {
-	args := make([]any, len(uins))
-	for i, u := range uins {
-		args[i] = u
-	}
-	vals, err := commitScript.Run(ctx, c.rdb, []string{c.leaseKey(owner), c.used()}, args...).StringSlice()
-	if err != nil && !errors.Is(err, redis.Nil) {
-		return nil, err
-	}
-	return parseUins(vals), nil
+	return c.leaseScript(ctx, commitScript, owner, uins)
 }
 
 // uncommit puts uins committed for owner, and received by nobody, back
 // into its lease.
 func (c *Central) uncommit(ctx context.Context, owner string, uins []uint32) ([]uint32, error) {
+	return c.leaseScript(ctx, uncommitScript, owner, uins)
+}
+
+// leaseScript runs script on owner's lease and the used set with uins as
+// arguments, and returns the uins it answers.
+func (c *Central) leaseScript(ctx context.Context, script *redis.Script, owner string, uins []uint32) ([]uint32, error) {
 	args := make([]any, len(uins))
 	for i, u := range uins {
 		args[i] = u
 	}
-	vals, err := uncommitScript.Run(ctx, c.rdb, []string{c.leaseKey(owner), c.used()}, args...).StringSlice()
+	vals, err := script.Run(ctx, c.rdb, []string{c.leaseKey(owner), c.used()}, args...).StringSlice()
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return nil, err
 	}
