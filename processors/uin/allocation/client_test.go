@@ -20,6 +20,7 @@ import (
 	"surge/processors/uin/uinkeys"
 	"surge/schemas"
 	"surge/streams"
+	"surge/streams/admission"
 	"surge/streams/streamstest"
 )
 
@@ -60,7 +61,11 @@ func startPoolWith(t *testing.T, b streamstest.Backend, rdb *redis.Client, size 
 		Env:      streams.Env{Kafka: b.Kafka, Namespace: ns, Log: slog.New(slog.NewTextHandler(io.Discard, nil))},
 		Instance: "t", Addr: "127.0.0.1:0", Keys: keys,
 		Local:   local,
-		Central: central, Accounts: account.NewStore(rdb, uinkeys.Prefix(ns))})
+		Central: central, Accounts: account.NewStore(rdb, uinkeys.Prefix(ns)),
+		// These tests are about the pool, not admission control: a burst
+		// waiting on a refill (up to 2 s) is served, not refused as
+		// overload by the gate's 100 ms target and wait on a slow machine.
+		Admission: admission.Config{TargetLatency: 5 * time.Second, MaxWait: 5 * time.Second, Timeout: 10 * time.Second}})
 	streamstest.CreateTopics(t, b.Kafka, 1, ns+schemas.TopicPool, ns+schemas.TopicDeadLetter)
 	sctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
