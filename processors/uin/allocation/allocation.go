@@ -195,6 +195,16 @@ func (s *Service) Handler() http.Handler {
 	return s.cfg.Keys.Require(mux)
 }
 
+// giveBack puts uins committed for r's caller, who never received them,
+// back into the local pool, and counts what went back.
+func (s *Service) giveBack(r *http.Request, uins []uint32, failed string) {
+	n, err := s.alloc.GiveBack(context.WithoutCancel(r.Context()), uins)
+	if err != nil {
+		s.cfg.Log.Warn(failed, "uins", len(uins), "err", err)
+	}
+	s.givenBack.Add(float64(n))
+}
+
 func writeJSON(w http.ResponseWriter, code int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
@@ -217,11 +227,7 @@ func (s *Service) handleAllocate(w http.ResponseWriter, r *http.Request) {
 	if err != nil && len(uins) > 0 {
 		// Part of the call was committed before it failed (the caller
 		// left, or the time ran out): nobody will receive those.
-		if gerr := s.alloc.GiveBack(context.WithoutCancel(r.Context()), uins); gerr != nil {
-			s.cfg.Log.Warn("uin-pool: uins of a failed call not given back", "uins", len(uins), "err", gerr)
-		} else {
-			s.givenBack.Add(float64(len(uins)))
-		}
+		s.giveBack(r, uins, "uin-pool: uins of a failed call not given back")
 	}
 	if r.Context().Err() != nil && err != nil {
 		return // the caller left: nothing to answer
@@ -241,11 +247,7 @@ func (s *Service) handleAllocate(w http.ResponseWriter, r *http.Request) {
 		// The client left (a reset stream, its own timeout) before the
 		// answer: nobody received these uins, so they go back, not
 		// stranded as allocated.
-		if err := s.alloc.GiveBack(context.WithoutCancel(r.Context()), uins); err != nil {
-			s.cfg.Log.Warn("uin-pool: uins of a caller that left not given back", "uins", len(uins), "err", err)
-		} else {
-			s.givenBack.Add(float64(len(uins)))
-		}
+		s.giveBack(r, uins, "uin-pool: uins of a caller that left not given back")
 		return
 	}
 	s.allocated.Add(float64(len(uins)))

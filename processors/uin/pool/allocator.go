@@ -43,9 +43,6 @@ type Allocator struct {
 	Allocated atomic.Int64
 	// Returned counts uins of lapsed leases this allocator sent back.
 	Returned atomic.Int64
-	// GivenBack counts uins committed for callers that were gone, put
-	// back into the lease.
-	GivenBack atomic.Int64
 	// dry is set when the last refill found the central pool empty.
 	dry atomic.Bool
 	// wanted is what waiting calls still need: a refill pulls at least
@@ -524,19 +521,19 @@ func (a *Allocator) Allocate(ctx context.Context, n int) ([]uint32, error) {
 
 // GiveBack returns uins this allocator handed out to a caller that never
 // received them (its client was gone before the answer was written): they
-// are unmarked and go back into the local pool, for the next caller.
-func (a *Allocator) GiveBack(ctx context.Context, uins []uint32) error {
+// are unmarked and go back into the local pool, for the next caller. It
+// answers how many went back.
+func (a *Allocator) GiveBack(ctx context.Context, uins []uint32) (int, error) {
 	if len(uins) == 0 {
-		return nil
+		return 0, nil
 	}
 	back, err := a.c.uncommit(ctx, a.owner, uins)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	a.putBack(back)
 	a.Allocated.Add(-int64(len(back)))
-	a.GivenBack.Add(int64(len(back)))
-	return nil
+	return len(back), nil
 }
 
 func (a *Allocator) putBack(uins []uint32) {
