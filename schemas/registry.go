@@ -77,7 +77,7 @@ func init() {
 	register(1, 1, func() proto.Message { return new(surgev1.UinRegistration) })
 	register(1, 1, func() proto.Message { return new(surgev1.UsageEvent) })
 	register(2, 1, func() proto.Message { return new(surgev1.RecycleStep) }) // v2: batch (field 12)
-	register(1, 1, func() proto.Message { return new(surgev1.PoolChange) })
+	register(2, 1, func() proto.Message { return new(surgev1.PoolChange) })  // v2: uins (field 6), FREE and GIVEN_BACK
 	register(1, 1, func() proto.Message { return new(surgev1.RegistrationCheck) })
 	register(1, 1, func() proto.Message { return new(surgev1.Tracking) })
 	register(1, 1, func() proto.Message { return new(surgev1.AccountBackup) })

@@ -16,7 +16,7 @@ type Topic struct {
 	Key        string // what the record key is; partitioning follows the key
 	Partitions int32
 	Compacted  bool
-	Retention  time.Duration // ignored when Compacted
+	Retention  time.Duration // ignored when Compacted; Forever keeps every record
 	Doc        string
 }
 
@@ -67,6 +67,10 @@ const (
 	ShadowPrefix = "shadow."
 )
 
+// Forever is the Retention of a log that is itself the state (uin.pool):
+// no record is ever deleted.
+const Forever time.Duration = -1
+
 const (
 	day  = 24 * time.Hour
 	week = 7 * day
@@ -102,7 +106,7 @@ var Topics = []Topic{
 	{TopicRegistrations, "surge.v1.UinRegistration", "uin (4-byte big-endian)", 12, false, 400 * day, "uin allocations and registration completion"},
 	{TopicUsage, "surge.v1.UsageEvent", "uin (4-byte big-endian)", 12, false, 30 * day, "usage events that prove an account alive"},
 	{TopicRecycleSteps, "surge.v1.RecycleStep", "uin (4-byte big-endian)", 12, false, 400 * day, "every applied step of every recycle ticket; the recycle controller's changelog"},
-	{TopicPool, "surge.v1.PoolChange", "bucket", 12, false, 30 * day, "insertions into and allocations from the uin pool"},
+	{TopicPool, "surge.v1.PoolChange", "bucket (4-byte big-endian)", 12, false, Forever, "every change of the uin pool (insertions, allocations, releases, frees), each on it before it takes effect: the pool's source of truth, folded back into Redis by `surge rebuild uin`; kept forever"},
 	{TopicChecks, "surge.v1.RegistrationCheck", "uin (4-byte big-endian)", 12, false, 7 * day, "registration checkpoints, fired by the timer service; co-partitioned with uin.registrations"},
 	{TopicTracking, "surge.v1.Tracking", "uin (4-byte big-endian)", 12, true, 0, "the registration tracker's state per uin; compacted changelog its store is rebuilt from"},
 	{TopicRecycleReqs, "surge.v1.RecycleStep", "uin (4-byte big-endian)", 12, false, 30 * day, "requested recycle steps (ticket grants from the checks, timed steps from the timer service); applied only by compare-and-set"},
@@ -138,9 +142,13 @@ func (t Topic) BrokerConfigs() map[string]string {
 	if t.Compacted {
 		return map[string]string{"cleanup.policy": "compact"}
 	}
+	ms := t.Retention.Milliseconds()
+	if t.Retention < 0 {
+		ms = -1 // Forever
+	}
 	return map[string]string{
 		"cleanup.policy": "delete",
-		"retention.ms":   fmt.Sprint(t.Retention.Milliseconds()),
+		"retention.ms":   fmt.Sprint(ms),
 	}
 }
 

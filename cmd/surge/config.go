@@ -148,6 +148,7 @@ var options = []struct {
 	{"uin.pool_low_water", 100000, "`run uin-pool`: central pool size under which the pool reports low"},
 	{"uin.pool_local", 2000, "`run uin-pool`: uins a pool instance keeps leased locally (it refills below this)"},
 	{"uin.pool_refill_wait", 2 * time.Second, "`run uin-pool`: how long a call waits for a refill of a dry local pool before answering 503 (only while the central pool has uins)"},
+	{"uin.rebuild_settle", 5 * time.Second, "`run uin-pool`, `rebuild uin`: how long a rebuild of a pool Redis lost waits for changes made just before the loss to reach uin.pool"},
 	{"uin.pool_lease_ttl", 10 * time.Second, "`run uin-pool`: a dead instance's lease returns to the central pool this long after its last heartbeat"},
 	{"uin.min_age", 90 * 24 * time.Hour, "`uin classify`: accounts younger belong to the registration checks"},
 	{"uin.inactive_for", 180 * 24 * time.Hour, "`uin classify`: no login (either source) nor usage for this long is inactive"},

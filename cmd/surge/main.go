@@ -58,8 +58,9 @@ commands:
   consume    print a topic's records as JSON: --topic T [--max N]
   replay     re-read a topic from --offset N or --since TIME into --into TOPIC
              (or print it)
-  rebuild    rebuild a system's Redis state from its topics: "rebuild wallet
-             [--force]" (budget and stock counters, order claims)
+  rebuild    rebuild a system's Redis state from its topics: "rebuild
+             wallet|uin|all [--force]" (the wallet's budget and stock
+             counters and order claims; the uin pool)
   config     print the effective configuration
   probe      ask this host's service if it is ready (/readyz on metrics.addr;
              --live: /healthz): exit 0 when it is; the image's HEALTHCHECK

@@ -96,6 +96,7 @@ func uinOptions(v *viper.Viper, log *slog.Logger) (uinpipe.Options, error) {
 		pol.Ban[c], pol.CoolDown[c] = v.GetDuration("uin.ban."+c), v.GetDuration("uin.cool_down."+c)
 	}
 	return uinpipe.Options{Namespace: v.GetString("uin.namespace"), Dir: v.GetString("uin.dir"), Policy: pol,
+		Pool: allocation.Config{RebuildSettle: v.GetDuration("uin.rebuild_settle")},
 		Tracker: tracker.Config{Checkpoints: cps, Rules: tracker.Rules{SpamReports: int64(v.GetInt("uin.spam_reports")),
 			BurstMessages: int64(v.GetInt("uin.burst_messages"))}},
 		Buckets: v.GetInt("uin.buckets"), Controllers: v.GetInt("uin.controllers"), Log: log, Metrics: metrics.Default}, nil
@@ -150,8 +151,8 @@ func poolConfig(v *viper.Viper, log *slog.Logger) (allocation.Config, error) {
 	local := max(v.GetInt("uin.pool_local"), 1)
 	gates, limits := httpLimits(v, "uin-pool")
 	return allocation.Config{Instance: inst, Addr: v.GetString("uin.pool_addr"), Keys: keys, Admission: gates, Limits: limits,
-		LowWater: int64(v.GetInt("uin.pool_low_water")),
-		Local:    []pool.AllocatorOption{pool.LowWater(local), pool.Chunk(2 * local), pool.LeaseTTL(v.GetDuration("uin.pool_lease_ttl")), pool.RefillWait(v.GetDuration("uin.pool_refill_wait"))}}, nil
+		LowWater: int64(v.GetInt("uin.pool_low_water")), RebuildSettle: v.GetDuration("uin.rebuild_settle"),
+		Local: []pool.AllocatorOption{pool.LowWater(local), pool.Chunk(2 * local), pool.LeaseTTL(v.GetDuration("uin.pool_lease_ttl")), pool.RefillWait(v.GetDuration("uin.pool_refill_wait"))}}, nil
 }
 
 // apiKeys reads the callers' keys at name, or generates one and logs it
@@ -358,6 +359,13 @@ func uinGaps(ctx context.Context, v *viper.Viper, log *slog.Logger, spec string)
 		return err
 	}
 	defer rdb.Close()
+	// The insertions go on uin.pool first: made here if no service has.
+	if err := s.CreateTopics(ctx, replication(v)); err != nil {
+		return err
+	}
+	if err := s.EnsurePool(ctx); err != nil {
+		return err
+	}
 	allocated := roaring.New()
 	n := 0
 	err = streams.ReadToEnd(ctx, s.Kafka, s.Opts.Namespace+schemas.TopicRegistrations, func(r *kgo.Record) error {

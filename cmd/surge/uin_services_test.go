@@ -111,7 +111,7 @@ func TestUinServicesSurviveKill9(t *testing.T) {
 		svc("timers", "uin-timers")
 
 		// The central pool starts with 3,000 uins from a fresh range.
-		central := pool.NewCentral(rdb, uinkeys.Pool(ns), 1000)
+		central := journaledPool(t, b.Kafka, rdb, ns)
 		var seed []uint32
 		for u := uint32(2_000_000); u < 2_003_000; u++ {
 			seed = append(seed, u)
@@ -344,4 +344,17 @@ func TestUinServicesSurviveKill9(t *testing.T) {
 			}
 		}
 	})
+}
+
+// journaledPool is namespace ns's central pool as the services see it,
+// journaling to uin.pool, there (rebuilt from the topic if need be).
+func journaledPool(t *testing.T, kc streams.Cluster, rdb redis.UniversalClient, ns string) *pool.Central {
+	t.Helper()
+	s := uinpipe.New(kc, rdb, uinpipe.Options{Namespace: ns, Buckets: 1000})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := s.EnsurePool(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return s.Pool
 }

@@ -90,6 +90,12 @@ func (RecycleStepKind) EnumDescriptor() ([]byte, []int) {
 // RELEASE: a registration service gives back a uin it was allocated
 // and did not use (the uin-pool service pools it again unless an
 // account holds it).
+// INSERT: pooled (a recycle release, `surge uin gaps`); REFUSED: an
+// insertion refused because an account holds the uin; ALLOCATE: handed
+// out (by an allocator, or claimed by a restore); FREE: the account on
+// the uin was deleted (recycling), so it is neither used nor pooled
+// until its INSERT; GIVEN_BACK: allocated for a caller that left before
+// the answer, back in the pool.
 type PoolChange_Op int32
 
 const (
@@ -98,6 +104,8 @@ const (
 	PoolChange_ALLOCATE       PoolChange_Op = 2
 	PoolChange_REFUSED        PoolChange_Op = 3
 	PoolChange_RELEASE        PoolChange_Op = 4
+	PoolChange_FREE           PoolChange_Op = 5
+	PoolChange_GIVEN_BACK     PoolChange_Op = 6
 )
 
 // Enum value maps for PoolChange_Op.
@@ -108,6 +116,8 @@ var (
 		2: "ALLOCATE",
 		3: "REFUSED",
 		4: "RELEASE",
+		5: "FREE",
+		6: "GIVEN_BACK",
 	}
 	PoolChange_Op_value = map[string]int32{
 		"OP_UNSPECIFIED": 0,
@@ -115,6 +125,8 @@ var (
 		"ALLOCATE":       2,
 		"REFUSED":        3,
 		"RELEASE":        4,
+		"FREE":           5,
+		"GIVEN_BACK":     6,
 	}
 )
 
@@ -834,13 +846,20 @@ func (x *RecycleStep) GetDeletedAtMs() int64 {
 	return 0
 }
 
+// A change of the uin pool (uin.pool, keyed by the bucket, 4-byte
+// big-endian). The topic is the pool's source of truth: every change that
+// makes a uin available is on it before the uin is, and every allocation
+// before the uin is answered, so `surge rebuild uin` folds it back into the
+// pool after Redis lost it (pool.Fold says how each op counts).
 type PoolChange struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Uin           uint64                 `protobuf:"varint,1,opt,name=uin,proto3" json:"uin,omitempty"`
-	Op            PoolChange_Op          `protobuf:"varint,2,opt,name=op,proto3,enum=surge.v1.PoolChange_Op" json:"op,omitempty"`
-	Bucket        uint32                 `protobuf:"varint,3,opt,name=bucket,proto3" json:"bucket,omitempty"`
-	AtMs          int64                  `protobuf:"varint,4,opt,name=at_ms,json=atMs,proto3" json:"at_ms,omitempty"`
-	Reason        string                 `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Uin    uint64                 `protobuf:"varint,1,opt,name=uin,proto3" json:"uin,omitempty"`
+	Op     PoolChange_Op          `protobuf:"varint,2,opt,name=op,proto3,enum=surge.v1.PoolChange_Op" json:"op,omitempty"`
+	Bucket uint32                 `protobuf:"varint,3,opt,name=bucket,proto3" json:"bucket,omitempty"`
+	AtMs   int64                  `protobuf:"varint,4,opt,name=at_ms,json=atMs,proto3" json:"at_ms,omitempty"`
+	Reason string                 `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Version 2: more uins of one bucket in one record (with uin, when set).
+	Uins          []uint32 `protobuf:"varint,6,rep,packed,name=uins,proto3" json:"uins,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -908,6 +927,13 @@ func (x *PoolChange) GetReason() string {
 		return x.Reason
 	}
 	return ""
+}
+
+func (x *PoolChange) GetUins() []uint32 {
+	if x != nil {
+		return x.Uins
+	}
+	return nil
 }
 
 // A request to bring a recycled account back from its backup
@@ -1153,21 +1179,25 @@ const file_surge_v1_uin_proto_rawDesc = "" +
 	"\tdue_at_ms\x18\v \x01(\x03R\adueAtMs\x12+\n" +
 	"\x05batch\x18\f \x03(\v2\x15.surge.v1.RecycleStepR\x05batch\x12(\n" +
 	"\x10registered_at_ms\x18\r \x01(\x03R\x0eregisteredAtMs\x12\"\n" +
-	"\rdeleted_at_ms\x18\x0e \x01(\x03R\vdeletedAtMs\"\xda\x01\n" +
+	"\rdeleted_at_ms\x18\x0e \x01(\x03R\vdeletedAtMs\"\x88\x02\n" +
 	"\n" +
 	"PoolChange\x12\x10\n" +
 	"\x03uin\x18\x01 \x01(\x04R\x03uin\x12'\n" +
 	"\x02op\x18\x02 \x01(\x0e2\x17.surge.v1.PoolChange.OpR\x02op\x12\x16\n" +
 	"\x06bucket\x18\x03 \x01(\rR\x06bucket\x12\x13\n" +
 	"\x05at_ms\x18\x04 \x01(\x03R\x04atMs\x12\x16\n" +
-	"\x06reason\x18\x05 \x01(\tR\x06reason\"L\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\x12\x12\n" +
+	"\x04uins\x18\x06 \x03(\rR\x04uins\"f\n" +
 	"\x02Op\x12\x12\n" +
 	"\x0eOP_UNSPECIFIED\x10\x00\x12\n" +
 	"\n" +
 	"\x06INSERT\x10\x01\x12\f\n" +
 	"\bALLOCATE\x10\x02\x12\v\n" +
 	"\aREFUSED\x10\x03\x12\v\n" +
-	"\aRELEASE\x10\x04\"\x83\x01\n" +
+	"\aRELEASE\x10\x04\x12\b\n" +
+	"\x04FREE\x10\x05\x12\x0e\n" +
+	"\n" +
+	"GIVEN_BACK\x10\x06\"\x83\x01\n" +
 	"\x0eRestoreRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x1a\n" +

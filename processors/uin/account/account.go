@@ -279,6 +279,27 @@ func (s *Store) Exists(ctx context.Context, uin uint32) (bool, error) {
 	return n == 1, err
 }
 
+// ExistMany reports, per uin, whether an account is on it, in pipelines
+// of 10,000.
+func (s *Store) ExistMany(ctx context.Context, uins []uint32) ([]bool, error) {
+	out := make([]bool, 0, len(uins))
+	for lo := 0; lo < len(uins); lo += 10_000 {
+		chunk := uins[lo:min(lo+10_000, len(uins))]
+		pipe := s.rdb.Pipeline()
+		cmds := make([]*redis.IntCmd, len(chunk))
+		for i, u := range chunk {
+			cmds[i] = pipe.Exists(ctx, s.key(u))
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			return nil, err
+		}
+		for _, c := range cmds {
+			out = append(out, c.Val() == 1)
+		}
+	}
+	return out, nil
+}
+
 // UinOf returns the uin an account name is on, if any.
 func (s *Store) UinOf(ctx context.Context, username string) (uint32, bool, error) {
 	v, err := s.rdb.Get(ctx, s.unameKey(username)).Uint64()

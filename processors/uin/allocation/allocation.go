@@ -11,8 +11,14 @@
 //	GET  /v1/pool           {"central":…, "leased":…, "local":…, "low":…}
 //
 // A release is a PoolChange{op: RELEASE} record on uin.pool, keyed by
-// bucket, from the registration service: releases go through the topic
-// so they are ordered, replayable and audited like every state change.
+// bucket (ReleaseRecord builds one), from the registration service:
+// releases go through the topic so they are ordered, replayable and
+// audited like every state change.
+//
+// uin.pool is the pool's source of truth (pool.Journal): every allocation
+// is on it before it is answered. When Redis lost the pool (its generation
+// marker is gone), allocations answer 503 while one instance folds the
+// topic back into Redis (pool.Central.Rebuild), and then go on.
 package allocation
 
 import (
@@ -52,6 +58,9 @@ type Config struct {
 	// defaults); Limits the server's timeouts and connections.
 	Admission admission.Config
 	Limits    admission.Limits
+	// RebuildSettle is how long a rebuild of a lost pool waits for
+	// changes made just before the loss (pool.RebuildOptions.Settle).
+	RebuildSettle time.Duration
 }
 
 // MaxCount is the most uins one call allocates.
@@ -68,9 +77,13 @@ type Service struct {
 	leased   atomic.Int64
 	low      atomic.Bool
 	listener atomic.Pointer[net.Listener]
+	// keeper rebuilds the pool from uin.pool when Redis lost it;
+	// allocations answer 503 until it is there.
+	keeper *pool.Keeper
 
 	allocated, released, refused, givenBack metrics.Counter
 	size                                    metrics.Gauge
+	rebuilds                                metrics.CounterVec
 }
 
 // EnsureDefaults fills what the Config left out.
@@ -79,6 +92,9 @@ func (c *Config) EnsureDefaults() {
 	if c.Instance == "" {
 		c.Instance = "pool"
 	}
+	if c.RebuildSettle == 0 {
+		c.RebuildSettle = 5 * time.Second
+	}
 }
 
 // New returns a service; Run starts it.
@@ -86,6 +102,20 @@ func New(cfg Config) *Service {
 	cfg.EnsureDefaults()
 	s := &Service{cfg: cfg, central: cfg.Central, accounts: cfg.Accounts,
 		alloc: pool.NewAllocator(cfg.Central, cfg.Instance, cfg.Local...)}
+	s.rebuilds = cfg.Metrics.NewCounterVec("surge_uin_pool_rebuilds_total", "rebuilds of the pool from uin.pool after Redis lost it, by outcome", "outcome")
+	s.keeper = cfg.Central.NewKeeper(cfg.Kafka, cfg.Namespace+schemas.TopicPool, pool.RebuildOptions{
+		Settle: cfg.RebuildSettle, Held: cfg.Accounts.ExistMany, Log: cfg.Log})
+	s.keeper.OnReady = s.alloc.Kick
+	s.keeper.OnRebuild = func(sum pool.RebuildSummary, err error) {
+		switch {
+		case err != nil:
+			s.rebuilds.With("failed").Inc()
+		case sum.Waited:
+			s.rebuilds.With("waited").Inc()
+		default:
+			s.rebuilds.With("rebuilt").Inc()
+		}
+	}
 	ops := cfg.Metrics.NewCounterVec("surge_uin_pool_ops_total", "uins allocated, released back and releases refused", "op")
 	s.allocated, s.released, s.refused = ops.With("allocate"), ops.With("release"), ops.With("release_refused")
 	s.givenBack = ops.With("given_back") // committed for a caller that had gone, put back
@@ -117,7 +147,8 @@ func (s *Service) Run(ctx context.Context, opts ...streams.Option) error {
 	s.listener.Store(&ln)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	errs := make(chan error, 4)
+	errs := make(chan error, 5)
+	go func() { errs <- s.keeper.Run(ctx) }()
 	go func() { errs <- s.alloc.Run(ctx) }()
 	go func() { errs <- s.watch(ctx) }()
 	go func() { errs <- s.consumeReleases(ctx, opts...) }()
@@ -141,7 +172,7 @@ func (s *Service) Run(ctx context.Context, opts ...streams.Option) error {
 	defer scancel()
 	_ = srv.Shutdown(sctx)
 	cancel()
-	for range 3 { // the allocator (which gives its lease back), watch, releases
+	for range 4 { // the keeper, the allocator (which gives its lease back), watch, releases
 		if err := <-errs; err != nil && first == nil && !errors.Is(err, context.Canceled) {
 			first = err
 		}
@@ -187,6 +218,10 @@ func (s *Service) watch(ctx context.Context) error {
 	}
 }
 
+// Rebuilding reports whether the service waits for the pool to be in
+// Redis (rebuilt from uin.pool).
+func (s *Service) Rebuilding() bool { return !s.keeper.Ready() }
+
 // Handler is the authenticated API.
 func (s *Service) Handler() http.Handler {
 	mux := http.NewServeMux()
@@ -221,6 +256,11 @@ func (s *Service) handleAllocate(w http.ResponseWriter, r *http.Request) {
 		}
 		n = v
 	}
+	if !s.keeper.Peek(r.Context()) {
+		w.Header().Set("Retry-After", "1")
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "uin pool rebuilding from uin.pool"})
+		return
+	}
 	ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
 	defer cancel()
 	uins, err := s.alloc.Allocate(ctx, n)
@@ -233,6 +273,11 @@ func (s *Service) handleAllocate(w http.ResponseWriter, r *http.Request) {
 		return // the caller left: nothing to answer
 	}
 	switch {
+	case errors.Is(err, pool.ErrRebuilding):
+		s.keeper.Lost()
+		w.Header().Set("Retry-After", "1")
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "uin pool rebuilding from uin.pool"})
+		return
 	case errors.Is(err, pool.ErrExhausted):
 		w.Header().Set("Retry-After", "1")
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "uin pool exhausted"})
@@ -284,10 +329,21 @@ func (s *Service) handleRelease(ctx context.Context, in *kgo.Record, c *pb.PoolC
 	if c.Uin == 0 || c.Uin > 1<<32-1 {
 		return streams.Reject("bad uin", fmt.Errorf("release of uin %d: not a 32-bit account number", c.Uin))
 	}
+	if len(c.Uins) > 0 {
+		return streams.Reject("bad release", fmt.Errorf("a release names one uin (uin), not a batch (uins)"))
+	}
+	if !pool.KeyFits(in.Key, c, s.central.Buckets()) {
+		// Out of order with the uin's other changes, which are all in its
+		// bucket's partition: the pool's rebuild could not place it.
+		return streams.Reject("release not keyed by its bucket", fmt.Errorf("uin %d: key %x, want %x (allocation.ReleaseRecord)", c.Uin, in.Key, pool.BucketKey(uint32(c.Uin)%uint32(s.central.Buckets()))))
+	}
 	uin := uint32(c.Uin)
 	out, err := s.central.Release(ctx, uin, s.accounts.Key(uin), in.Partition, in.Offset)
+	if errors.Is(err, pool.ErrRebuilding) {
+		s.keeper.Lost()
+	}
 	if err != nil {
-		return err // Redis: retried
+		return err // Redis, or a pool being rebuilt: retried
 	}
 	switch out {
 	case pool.Released:
@@ -300,4 +356,12 @@ func (s *Service) handleRelease(ctx context.Context, in *kgo.Record, c *pb.PoolC
 		return streams.Reject("release refused: the uin is not allocated", fmt.Errorf("uin %d", uin))
 	}
 	return nil
+}
+
+// ReleaseRecord is the record a registration service publishes to give
+// back uin, allocated and never used: keyed by its bucket (of buckets,
+// uin.buckets), so it is in order with the uin's other changes.
+func ReleaseRecord(ns string, uin uint32, buckets int, at time.Time) (*kgo.Record, error) {
+	b := uin % uint32(max(buckets, 1))
+	return streams.NewRecord(ns+schemas.TopicPool, pool.BucketKey(b), &pb.PoolChange{Uin: uint64(uin), Op: pb.PoolChange_RELEASE, Bucket: b, AtMs: at.UnixMilli()})
 }

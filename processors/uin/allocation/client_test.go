@@ -48,7 +48,13 @@ func startPoolWith(t *testing.T, b streamstest.Backend, rdb *redis.Client, size 
 	t.Helper()
 	ctx := context.Background()
 	ns := streamstest.Unique("alloc") + "."
-	central = pool.NewCentral(rdb, uinkeys.Pool(ns), 10)
+	streamstest.CreateTopics(t, b.Kafka, 1, ns+schemas.TopicPool, ns+schemas.TopicDeadLetter)
+	journal := pool.NewKafkaJournal(b.Kafka, ns+schemas.TopicPool, 10)
+	t.Cleanup(journal.Close)
+	central = pool.NewCentral(rdb, uinkeys.Pool(ns), 10).WithJournal(journal)
+	if _, err := central.Rebuild(ctx, b.Kafka, ns+schemas.TopicPool, pool.RebuildOptions{}); err != nil { // a new, empty pool
+		t.Fatal(err)
+	}
 	uins := make([]uint32, size)
 	for i := range uins {
 		uins[i] = uint32(1_000_000 + i)
@@ -66,7 +72,6 @@ func startPoolWith(t *testing.T, b streamstest.Backend, rdb *redis.Client, size 
 		// waiting on a refill (up to 2 s) is served, not refused as
 		// overload by the gate's 100 ms target and wait on a slow machine.
 		Admission: admission.Config{TargetLatency: 5 * time.Second, MaxWait: 5 * time.Second, Timeout: 10 * time.Second}})
-	streamstest.CreateTopics(t, b.Kafka, 1, ns+schemas.TopicPool, ns+schemas.TopicDeadLetter)
 	sctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- svc.Run(sctx) }()

@@ -165,7 +165,8 @@ func TestEveryStepOnceAcrossCrashesAndCompetingInstances(t *testing.T) {
 			notices[string(r.Key)]++
 		}
 		inserts := map[uint64]int{}
-		for _, r := range streamstest.ReadN(t, b.Kafka, ns+schemas.TopicPool, true, n, 30*time.Second, 2*time.Second) {
+		// Each recycled uin's FREE (its DELETE step) and INSERT (RELEASE).
+		for _, r := range streamstest.ReadN(t, b.Kafka, ns+schemas.TopicPool, true, 2*n, 30*time.Second, 2*time.Second) {
 			var c pb.PoolChange
 			if err := streams.Decode(r, &c); err != nil {
 				t.Fatal(err)

@@ -102,8 +102,12 @@ func New(kc streams.Cluster, rdb redis.UniversalClient, o Options) *Stack {
 	if o.NoTracker {
 		o.Components = slices.DeleteFunc(slices.Clone(o.Components), func(c string) bool { return c == Tracker })
 	}
+	central := pool.NewCentral(rdb, uinkeys.Pool(o.Namespace), o.Buckets)
+	if len(kc.Seeds) > 0 {
+		central.WithJournal(pool.NewKafkaJournal(kc, o.Namespace+schemas.TopicPool, o.Buckets))
+	}
 	return &Stack{Opts: o, Kafka: kc, Group: supervise.New(o.Log, "uin"),
-		Accounts: account.NewStore(rdb, uinkeys.Prefix(o.Namespace)), Pool: pool.NewCentral(rdb, uinkeys.Pool(o.Namespace), o.Buckets)}
+		Accounts: account.NewStore(rdb, uinkeys.Prefix(o.Namespace)), Pool: central}
 }
 
 // CreateTopics creates the stack's topics.
@@ -146,6 +150,14 @@ func (s *Stack) Start(ctx context.Context) {
 			TransactionalID: ns + "surge-timer-uin", Targets: []string{ns + "uin."}})
 		s.Go(ctx, "timers", s.Timers.Run)
 	}
+	if (s.runs(Recycle) || s.runs(Restore)) && !s.runs(PoolAPI) && len(s.Kafka.Seeds) > 0 {
+		// They change the pool too: a pool Redis lost while no uin-pool
+		// runs must be rebuilt before they go on (the pool service keeps
+		// its own).
+		keeper := s.Pool.NewKeeper(s.Kafka, ns+schemas.TopicPool, pool.RebuildOptions{Settle: s.Opts.Pool.RebuildSettle,
+			Held: s.Accounts.ExistMany, Log: s.Opts.Log.With("processor", "uin-pool-keeper")})
+		s.Go(ctx, "pool-keeper", keeper.Run)
+	}
 	if s.runs(PoolAPI) {
 		pc := s.Opts.Pool
 		pc.Env, pc.Central, pc.Accounts = s.env("uin-pool"), s.Pool, s.Accounts
@@ -156,6 +168,15 @@ func (s *Stack) Start(ctx context.Context) {
 		s.Restore = restore.New(restore.Config{Env: s.env("uin-restore"), Accounts: s.Accounts, Pool: s.Pool})
 		s.Go(ctx, "restore", func(ctx context.Context) error { return s.Restore.Run(ctx, s.streamOpts("uin-restore")...) })
 	}
+}
+
+// EnsurePool returns once the central pool is in Redis, rebuilding it from
+// uin.pool if it is not (a fresh namespace gets an empty pool): commands
+// and tests that change the pool before any service runs call it.
+func (s *Stack) EnsurePool(ctx context.Context) error {
+	_, err := s.Pool.Rebuild(ctx, s.Kafka, s.Opts.Namespace+schemas.TopicPool, pool.RebuildOptions{
+		Settle: s.Opts.Pool.RebuildSettle, Held: s.Accounts.ExistMany, Log: s.Opts.Log})
+	return err
 }
 
 // RestoreTool restores accounts over the stack's stores and topics.

@@ -56,6 +56,9 @@ func newStack(t *testing.T, b streamstest.Backend, rdb redis.UniversalClient, o 
 	if err := s.CreateTopics(ctx, streams.OneCopy); err != nil {
 		t.Fatal(err)
 	}
+	if err := s.EnsurePool(ctx); err != nil { // an empty pool, its generation set
+		t.Fatal(err)
+	}
 	return s
 }
 

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	pb "surge/schemas/surgev1"
 )
 
 // Allocator is one allocation service's local pool. Every uin it pulls
@@ -48,6 +50,11 @@ type Allocator struct {
 	// wanted is what waiting calls still need: a refill pulls at least
 	// that, so a burst is served in a refill or two, not a chunk at a time.
 	wanted atomic.Int64
+	// gen is the pool generation the local pool was leased in; a commit
+	// in another is refused (the pool was rebuilt: the lease is gone).
+	gen atomic.Pointer[string]
+	// rebuilding is set while the central pool is being rebuilt.
+	rebuilding atomic.Bool
 }
 
 type allocOptions struct {
@@ -110,24 +117,28 @@ func (c *Central) bucketPrefix() string         { return c.prefix + "bucket:" }
 
 // leaseScript pops up to ARGV[1] uins from each bucket in KEYS[3:] and
 // records them in the lease set KEYS[1] of owner ARGV[2] (listed in
-// KEYS[2]), atomically: no moment exists at which a uin is in neither.
-var leaseScript = redis.NewScript(`
-local out = {}
-for i = 3, #KEYS do
+// KEYS[2]), atomically: no moment exists at which a uin is in neither. The
+// last key is the generation, answered first.
+var leaseScript = redis.NewScript(guardLua + `
+local out = {redis.call('GET', KEYS[#KEYS])}
+for i = 3, #KEYS - 1 do
   local xs = redis.call('SPOP', KEYS[i], ARGV[1])
   for _, x in ipairs(xs) do out[#out+1] = x end
 end
-for i = 1, #out, 1000 do
+for i = 2, #out, 1000 do
   redis.call('SADD', KEYS[1], unpack(out, i, math.min(i + 999, #out)))
 end
-if #out > 0 then redis.call('SADD', KEYS[2], ARGV[2]) end
+if #out > 1 then redis.call('SADD', KEYS[2], ARGV[2]) end
 return out`)
 
-// commitScript hands out the uins in ARGV that are still in the lease set
-// KEYS[1], marking them used in KEYS[2]; it returns those.
-var commitScript = redis.NewScript(`
+// commitScript hands out the uins in ARGV[2:] that are still in the lease
+// set KEYS[1], marking them used in KEYS[2]; it returns those. ARGV[1] is
+// the generation the lease was taken in: in another (a rebuilt pool) the
+// lease is gone, and the commit is refused whole.
+var commitScript = redis.NewScript(guardLua + `
+if redis.call('GET', KEYS[#KEYS]) ~= ARGV[1] then return redis.error_reply('POOLREBUILDING a lease of an earlier pool generation') end
 local ok = {}
-for i = 1, #ARGV do
+for i = 2, #ARGV do
   if redis.call('SREM', KEYS[1], ARGV[i]) == 1 then
     redis.call('SETBIT', KEYS[2], ARGV[i], 1)
     ok[#ok+1] = ARGV[i]
@@ -138,7 +149,7 @@ return ok`)
 // uncommitScript undoes commitScript for uins (ARGV) that no caller
 // received: each still marked used in KEYS[2] goes back into the lease set
 // KEYS[1], unmarked, to be handed out again; it returns those.
-var uncommitScript = redis.NewScript(`
+var uncommitScript = redis.NewScript(guardLua + `
 local back = {}
 for i = 1, #ARGV do
   if redis.call('GETBIT', KEYS[2], ARGV[i]) == 1 then
@@ -172,60 +183,65 @@ return back`)
 // lease pulls up to n uins into owner's lease: one script over 16 random
 // buckets, and over every bucket when those were empty (a pool running
 // dry), so a lease is one or two round trips however empty the pool gets.
-func (c *Central) lease(ctx context.Context, owner string, n int, rng *rand.Rand) ([]uint32, error) {
+func (c *Central) lease(ctx context.Context, owner string, n int, rng *rand.Rand) ([]uint32, string, error) {
 	pick := make([]int, 0, 16)
 	for range min(16, c.buckets) {
 		pick = append(pick, rng.IntN(c.buckets))
 	}
-	out, err := c.leaseFrom(ctx, owner, pick, max(n/len(pick), 1))
+	out, gen, err := c.leaseFrom(ctx, owner, pick, max(n/len(pick), 1))
 	if err != nil || len(out) > 0 {
-		return out, err
+		return out, gen, err
 	}
 	all := make([]int, c.buckets)
 	for b := range all {
 		all[b] = b
 	}
-	out, err = c.leaseFrom(ctx, owner, all, max(n/c.buckets, 1))
+	out, gen, err = c.leaseFrom(ctx, owner, all, max(n/c.buckets, 1))
 	if err == nil && len(out) == 0 {
 		err = ErrExhausted
 	}
-	return out, err
+	return out, gen, err
 }
 
-func (c *Central) leaseFrom(ctx context.Context, owner string, buckets []int, each int) ([]uint32, error) {
-	keys := make([]string, 0, 2+len(buckets))
+// leaseFrom answers the uins leased and the pool's generation.
+func (c *Central) leaseFrom(ctx context.Context, owner string, buckets []int, each int) ([]uint32, string, error) {
+	keys := make([]string, 0, 3+len(buckets))
 	keys = append(keys, c.leaseKey(owner), c.leasesKey())
 	for _, b := range buckets {
 		keys = append(keys, c.bucketPrefix()+strconv.Itoa(b))
 	}
-	vals, err := leaseScript.Run(ctx, c.rdb, keys, each, owner).StringSlice()
+	vals, err := leaseScript.Run(ctx, c.rdb, append(keys, c.gen()), each, owner).StringSlice()
 	if err != nil && !errors.Is(err, redis.Nil) {
-		return nil, err
+		return nil, "", rebuildingErr(err)
 	}
-	return parseUins(vals), nil
+	if len(vals) == 0 {
+		return nil, "", ErrRebuilding
+	}
+	return parseUins(vals[1:]), vals[0], nil
 }
 
-// commit hands out the uins still in owner's lease.
-func (c *Central) commit(ctx context.Context, owner string, uins []uint32) ([]uint32, error) {
-	return c.leaseScript(ctx, commitScript, owner, uins)
+// commit hands out the uins still in owner's lease taken in generation
+// gen.
+func (c *Central) commit(ctx context.Context, owner, gen string, uins []uint32) ([]uint32, error) {
+	return c.leaseScript(ctx, commitScript, owner, []any{gen}, uins)
 }
 
 // uncommit puts uins committed for owner, and received by nobody, back
 // into its lease.
 func (c *Central) uncommit(ctx context.Context, owner string, uins []uint32) ([]uint32, error) {
-	return c.leaseScript(ctx, uncommitScript, owner, uins)
+	return c.leaseScript(ctx, uncommitScript, owner, nil, uins)
 }
 
-// leaseScript runs script on owner's lease and the used set with uins as
-// arguments, and returns the uins it answers.
-func (c *Central) leaseScript(ctx context.Context, script *redis.Script, owner string, uins []uint32) ([]uint32, error) {
-	args := make([]any, len(uins))
-	for i, u := range uins {
-		args[i] = u
+// leaseScript runs script on owner's lease, the used set and the
+// generation with args and then uins as arguments, and returns the uins
+// it answers.
+func (c *Central) leaseScript(ctx context.Context, script *redis.Script, owner string, args []any, uins []uint32) ([]uint32, error) {
+	for _, u := range uins {
+		args = append(args, u)
 	}
-	vals, err := script.Run(ctx, c.rdb, []string{c.leaseKey(owner), c.used()}, args...).StringSlice()
+	vals, err := script.Run(ctx, c.rdb, []string{c.leaseKey(owner), c.used(), c.gen()}, args...).StringSlice()
 	if err != nil && !errors.Is(err, redis.Nil) {
-		return nil, err
+		return nil, rebuildingErr(err)
 	}
 	return parseUins(vals), nil
 }
@@ -325,7 +341,7 @@ func (a *Allocator) Run(ctx context.Context) error {
 		a.Returned.Add(int64(n))
 	}
 	for {
-		if err := a.fill(ctx, rng); err != nil && !errors.Is(err, ErrExhausted) && ctx.Err() == nil {
+		if err := a.fill(ctx, rng); err != nil && !errors.Is(err, ErrExhausted) && !errors.Is(err, ErrRebuilding) && ctx.Err() == nil {
 			return err
 		}
 		select {
@@ -363,16 +379,33 @@ func (a *Allocator) fill(ctx context.Context, rng *rand.Rand) error {
 		if held >= a.o.low && held >= wanted {
 			return nil
 		}
-		uins, err := a.c.lease(ctx, a.owner, max(a.o.chunk, wanted-held), rng)
+		uins, gen, err := a.c.lease(ctx, a.owner, max(a.o.chunk, wanted-held), rng)
 		a.dry.Store(errors.Is(err, ErrExhausted))
+		if errors.Is(err, ErrRebuilding) {
+			a.dropLocal()
+		}
 		if err != nil {
 			return err
 		}
 		a.mu.Lock()
+		if old := a.gen.Load(); old != nil && *old != gen {
+			a.local = a.local[:0] // leased in a pool that was rebuilt since
+		}
+		a.gen.Store(&gen)
 		a.local = append(a.local, uins...)
 		a.mu.Unlock()
+		a.rebuilding.Store(false)
 		a.wake()
 	}
+}
+
+// dropLocal forgets the local pool: its lease is gone with the pool it
+// was taken from (a commit of it would be refused anyway).
+func (a *Allocator) dropLocal() {
+	a.rebuilding.Store(true)
+	a.mu.Lock()
+	a.local = nil
+	a.mu.Unlock()
 }
 
 func (a *Allocator) wake() {
@@ -423,7 +456,21 @@ func (a *Allocator) commitLoop(ctx context.Context) {
 		for _, r := range batch {
 			all = append(all, r.uins...)
 		}
-		ok, err := a.c.commit(ctx, a.owner, all)
+		// On the journal before the commit: a uin answered is on uin.pool
+		// as allocated, whatever Redis loses later.
+		var ok []uint32
+		err := a.c.record(ctx, pb.PoolChange_ALLOCATE, "", all)
+		if err == nil {
+			gen := ""
+			if g := a.gen.Load(); g != nil {
+				gen = *g
+			}
+			ok, err = a.c.commit(ctx, a.owner, gen, all)
+		}
+		if errors.Is(err, ErrRebuilding) {
+			a.dropLocal()
+			a.kick()
+		}
 		committed := make(map[uint32]struct{}, len(ok))
 		for _, u := range ok {
 			committed[u] = struct{}{}
@@ -450,6 +497,10 @@ func (a *Allocator) commitLoop(ctx context.Context) {
 // received survives any crash as allocated, and no other caller, here or
 // at another allocator, can ever receive it.
 func (a *Allocator) Allocate(ctx context.Context, n int) ([]uint32, error) {
+	if a.rebuilding.Load() {
+		a.kick() // a refill finds out whether the rebuild is over
+		return nil, ErrRebuilding
+	}
 	var out []uint32
 	waited := false
 	deadline := time.Now().Add(a.o.refillWait)
@@ -500,6 +551,9 @@ func (a *Allocator) Allocate(ctx context.Context, n int) ([]uint32, error) {
 			a.Allocated.Add(int64(len(out)))
 			return out, ctx.Err()
 		}
+		if errors.Is(r.err, ErrRebuilding) {
+			return nil, r.err // the local pool is gone with its generation
+		}
 		if r.err != nil {
 			// Unknown whether the script ran: the uins go back; one that
 			// did commit is no longer in the lease and can never be
@@ -527,6 +581,9 @@ func (a *Allocator) GiveBack(ctx context.Context, uins []uint32) (int, error) {
 	if len(uins) == 0 {
 		return 0, nil
 	}
+	if err := a.c.record(ctx, pb.PoolChange_GIVEN_BACK, "caller left", uins); err != nil {
+		return 0, err
+	}
 	back, err := a.c.uncommit(ctx, a.owner, uins)
 	if err != nil {
 		return 0, err
@@ -541,6 +598,9 @@ func (a *Allocator) putBack(uins []uint32) {
 	a.local = append(a.local, uins...)
 	a.mu.Unlock()
 }
+
+// Kick asks for a refill now (the pool was rebuilt).
+func (a *Allocator) Kick() { a.kick() }
 
 func (a *Allocator) kick() {
 	select {

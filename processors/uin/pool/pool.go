@@ -21,6 +21,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"surge/processors/uin/internal/luascript"
+	pb "surge/schemas/surgev1"
 )
 
 // Why an insertion is refused.
@@ -29,7 +30,27 @@ var (
 	ErrLeased    = errors.New("uin leased to a local pool")
 	ErrInPool    = errors.New("uin already in the pool")
 	ErrExhausted = errors.New("pool: no uin available")
+	// ErrRebuilding answers a change while the pool has no generation
+	// marker: Redis lost the pool (or an operator forced a rebuild), and
+	// it is being folded back from uin.pool (Rebuild).
+	ErrRebuilding = errors.New("pool: the uin pool is being rebuilt from uin.pool")
 )
+
+// guardLua opens every script that changes the pool: the last key is the
+// generation marker, which Rebuild sets after it wrote the pool back. A
+// Redis that lost its data has none, so no change is made on a pool that
+// is not there (an empty pool would hand out uins the topic says are used).
+const guardLua = `
+if redis.call('EXISTS', KEYS[#KEYS]) == 0 then return redis.error_reply('POOLREBUILDING the uin pool is being rebuilt from uin.pool') end
+`
+
+// rebuildingErr maps a script's guard refusal to ErrRebuilding.
+func rebuildingErr(err error) error {
+	if err != nil && strings.Contains(err.Error(), "POOLREBUILDING") {
+		return ErrRebuilding
+	}
+	return err
+}
 
 // Central is the pool in Redis. Two bitmaps over the uin space say where a
 // uin is: "used" (an account holds it) and "held" (the pool holds it:
@@ -42,6 +63,7 @@ type Central struct {
 	rdb        redis.UniversalClient
 	prefix     string
 	buckets    int
+	journal    Journal
 	noBitfield atomic.Bool
 }
 
@@ -50,19 +72,38 @@ func NewCentral(rdb redis.UniversalClient, prefix string, buckets int) *Central 
 	return &Central{rdb: rdb, prefix: prefix, buckets: max(buckets, 1)}
 }
 
+// WithJournal sets where the pool's changes are recorded before they take
+// effect; without one, insertions, allocations and claims are refused
+// (ErrNoJournal).
+func (c *Central) WithJournal(j Journal) *Central { c.journal = j; return c }
+
+// record writes a change to the journal.
+func (c *Central) record(ctx context.Context, op pb.PoolChange_Op, reason string, uins []uint32) error {
+	if c.journal == nil {
+		return ErrNoJournal
+	}
+	return c.journal.Write(ctx, op, reason, uins)
+}
+
+// Buckets is the bucket count.
+func (c *Central) Buckets() int { return c.buckets }
+
 // Bucket is the bucket a uin belongs in (uin mod the bucket count).
 func (c *Central) Bucket(uin uint32) uint32 { return uin % uint32(c.buckets) }
 
 func (c *Central) bucket(uin uint32) string {
 	return c.prefix + "bucket:" + strconv.Itoa(int(uin%uint32(c.buckets)))
 }
-func (c *Central) used() string { return c.prefix + "used" } // bitmap: an account holds the uin
-func (c *Central) held() string { return c.prefix + "held" } // bitmap: pooled or leased
+func (c *Central) used() string           { return c.prefix + "used" }            // bitmap: an account holds the uin
+func (c *Central) held() string           { return c.prefix + "held" }            // bitmap: pooled or leased
+func (c *Central) gen() string            { return c.prefix + "gen" }             // the generation marker (guardLua)
+func (c *Central) releaseOffsets() string { return c.prefix + "release-offsets" } // per partition of uin.pool: the last release applied
 
 // insertScript pools uins (ARGV), each unless it is used or held; KEYS
-// are the used and held bitmaps, then each uin's bucket. It answers a code
-// per uin: 1 (pooled), 0 (in use), 2 (already in the bucket), 3 (leased).
-var insertScript = redis.NewScript(`
+// are the used and held bitmaps, then each uin's bucket, then the
+// generation. It answers a code per uin: 1 (pooled), 0 (in use), 2
+// (already in the bucket), 3 (leased).
+var insertScript = redis.NewScript(guardLua + `
 local codes = {}
 for i, u in ipairs(ARGV) do
   local bucket = KEYS[2 + i]
@@ -100,21 +141,21 @@ func (c *Central) insertOnce(ctx context.Context, uins []uint32) ([]int, error) 
 	var cmds []*redis.Cmd
 	for lo := 0; lo < len(uins); lo += insertChunk {
 		chunk := uins[lo:min(lo+insertChunk, len(uins))]
-		keys := append(make([]string, 0, 2+len(chunk)), c.used(), c.held())
+		keys := append(make([]string, 0, 3+len(chunk)), c.used(), c.held())
 		args := make([]any, len(chunk))
 		for i, u := range chunk {
 			keys, args[i] = append(keys, c.bucket(u)), u
 		}
-		cmds = append(cmds, insertScript.EvalSha(ctx, pipe, keys, args...))
+		cmds = append(cmds, insertScript.EvalSha(ctx, pipe, append(keys, c.gen()), args...))
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
-		return nil, err
+		return nil, rebuildingErr(err)
 	}
 	out := make([]int, 0, len(uins))
 	for _, cmd := range cmds {
 		codes, err := cmd.Int64Slice()
 		if err != nil {
-			return nil, err
+			return nil, rebuildingErr(err)
 		}
 		for _, code := range codes {
 			out = append(out, int(code))
@@ -124,8 +165,12 @@ func (c *Central) insertOnce(ctx context.Context, uins []uint32) ([]int, error) 
 }
 
 // Insert adds uins to the pool; errs[i] says why uins[i] was refused.
-// Each uin is checked and added atomically.
+// Each uin is checked and added atomically, after the insertion is on
+// the journal.
 func (c *Central) Insert(ctx context.Context, uins []uint32) ([]error, error) {
+	if err := c.record(ctx, pb.PoolChange_INSERT, "", uins); err != nil {
+		return nil, err
+	}
 	codes, err := c.insert(ctx, uins)
 	if err != nil {
 		return nil, err
@@ -147,7 +192,9 @@ func (c *Central) Insert(ctx context.Context, uins []uint32) ([]error, error) {
 // InsertIfFree pools the uins of finished recycle tickets in one round
 // trip and returns those refused because an account holds them (a restore
 // took them back). A uin the pool already holds counts as pooled: it is
-// this call's own earlier attempt, repeated after an aborted batch.
+// this call's own earlier attempt, repeated after an aborted batch. It
+// journals nothing: the recycle controller's INSERT records commit with
+// its batch (Fold says why that order is safe).
 func (c *Central) InsertIfFree(ctx context.Context, uins []uint32) ([]uint32, error) {
 	codes, err := c.insert(ctx, uins)
 	if err != nil {
@@ -269,16 +316,16 @@ func (c *Central) Free(ctx context.Context, uins ...uint32) (kept []uint32, err 
 			for i, u := range chunk {
 				args[i] = u
 			}
-			cmds = append(cmds, freeScript.EvalSha(ctx, pipe, []string{c.used(), c.held()}, args...))
+			cmds = append(cmds, freeScript.EvalSha(ctx, pipe, []string{c.used(), c.held(), c.gen()}, args...))
 		}
 		if _, err := pipe.Exec(ctx); err != nil {
-			return err
+			return rebuildingErr(err)
 		}
 		codes = codes[:0]
 		for _, cmd := range cmds {
 			cs, err := cmd.Int64Slice()
 			if err != nil {
-				return err
+				return rebuildingErr(err)
 			}
 			codes = append(codes, cs...)
 		}
@@ -300,7 +347,8 @@ const freeChunk = 1000
 
 // freeScript clears the used and held bits (KEYS) of each uin (ARGV)
 // unless it is pooled or leased (held, not used); 1 freed, 0 left alone.
-var freeScript = redis.NewScript(`
+// Its FREE records commit with the controller's batch.
+var freeScript = redis.NewScript(guardLua + `
 local codes = {}
 for i, u in ipairs(ARGV) do
   if redis.call('GETBIT', KEYS[1], u) == 0 and redis.call('GETBIT', KEYS[2], u) == 1 then
@@ -321,11 +369,20 @@ func (c *Central) Status(ctx context.Context, uins []uint32) (used []bool, err e
 // Claim takes a uin for an account outside allocation (the restore tool
 // giving a user back the old uin): it succeeds when no account holds it
 // and no local pool has it, taking it out of its bucket if it was pooled,
-// and marks it used. A false answer means the uin was reused.
+// and marks it used. A false answer means the uin was reused. A claim is
+// journaled (ALLOCATE) before it is answered.
 func (c *Central) Claim(ctx context.Context, uin uint32) (bool, error) {
-	n, err := claimScript.Run(ctx, c.rdb, []string{c.used(), c.held(), c.bucket(uin)}, uin).Int()
+	if c.journal == nil {
+		return false, ErrNoJournal
+	}
+	n, err := claimScript.Run(ctx, c.rdb, []string{c.used(), c.held(), c.bucket(uin), c.gen()}, uin).Int()
 	if err != nil {
-		return false, err
+		return false, rebuildingErr(err)
+	}
+	if n == 1 {
+		if err := c.record(ctx, pb.PoolChange_ALLOCATE, "claimed", []uint32{uin}); err != nil {
+			return false, err
+		}
 	}
 	return n == 1, nil
 }
@@ -341,7 +398,7 @@ redis.call('SETBIT', KEYS[2], ARGV[1], 0)
 redis.call('SETBIT', KEYS[1], ARGV[1], 1)
 `
 
-var claimScript = redis.NewScript(fmt.Sprintf(claimLua, "0") + "return 1")
+var claimScript = redis.NewScript(guardLua + fmt.Sprintf(claimLua, "0") + "return 1")
 
 // Intents record what a one-off claim decided (a restore's uin), under a
 // key naming the claim: the decision and the claim are one script, so a
@@ -361,10 +418,22 @@ func (c *Central) Decided(ctx context.Context, intent string) (int64, error) {
 // intent holds a decision already, which it returns. -1: uin is not free
 // and nothing was decided.
 func (c *Central) ClaimFor(ctx context.Context, intent string, uin uint32, ttl time.Duration) (int64, error) {
-	return claimForScript.Run(ctx, c.rdb, []string{c.used(), c.held(), c.bucket(uin), intent}, uin, ttl.Milliseconds()).Int64()
+	if c.journal == nil {
+		return -1, ErrNoJournal
+	}
+	v, err := claimForScript.Run(ctx, c.rdb, []string{c.used(), c.held(), c.bucket(uin), intent, c.gen()}, uin, ttl.Milliseconds()).Int64()
+	if err != nil {
+		return -1, rebuildingErr(err)
+	}
+	if v >= 0 { // again for a repeated decision: a change counts once however often it is on the topic
+		if err := c.record(ctx, pb.PoolChange_ALLOCATE, "claimed", []uint32{uint32(v)}); err != nil {
+			return -1, err
+		}
+	}
+	return v, nil
 }
 
-var claimForScript = redis.NewScript(`
+var claimForScript = redis.NewScript(guardLua + `
 local d = redis.call('GET', KEYS[4])
 if d then return tonumber(d) end` + fmt.Sprintf(claimLua, "-1") + `
 redis.call('SET', KEYS[4], ARGV[1], 'PX', ARGV[2])
@@ -375,6 +444,9 @@ return tonumber(ARGV[1])`)
 // one-off allocation outside the allocators (a restore), which must not
 // strand a leased chunk.
 func (c *Central) TakeFor(ctx context.Context, intent string, rng *rand.Rand, ttl time.Duration) (uint32, error) {
+	if c.journal == nil {
+		return 0, ErrNoJournal
+	}
 	order := rng.Perm(c.buckets)
 	const per = 32 // buckets tried per script run
 	for i := 0; i < len(order); i += per {
@@ -382,21 +454,24 @@ func (c *Central) TakeFor(ctx context.Context, intent string, rng *rand.Rand, tt
 		for _, b := range order[i:min(i+per, len(order))] {
 			keys = append(keys, c.prefix+"bucket:"+strconv.Itoa(b))
 		}
-		v, err := takeForScript.Run(ctx, c.rdb, keys, ttl.Milliseconds()).Int64()
+		v, err := takeForScript.Run(ctx, c.rdb, append(keys, c.gen()), ttl.Milliseconds()).Int64()
 		if err != nil {
-			return 0, err
+			return 0, rebuildingErr(err)
 		}
 		if v >= 0 {
+			if err := c.record(ctx, pb.PoolChange_ALLOCATE, "claimed", []uint32{uint32(v)}); err != nil {
+				return 0, err
+			}
 			return uint32(v), nil
 		}
 	}
 	return 0, ErrExhausted
 }
 
-var takeForScript = redis.NewScript(`
+var takeForScript = redis.NewScript(guardLua + `
 local d = redis.call('GET', KEYS[1])
 if d then return tonumber(d) end
-for i = 3, #KEYS do
+for i = 3, #KEYS - 1 do
   local v = redis.call('SPOP', KEYS[i])
   if v then
     redis.call('SETBIT', KEYS[2], v, 1)
@@ -427,7 +502,7 @@ const (
 // its partition (ARGV[2]) in KEYS[4] in the same step, so a record applied
 // once and consumed again after a crash is not applied again: the uin may
 // by then be allocated to someone else.
-var releaseScript = redis.NewScript(`
+var releaseScript = redis.NewScript(guardLua + `
 local last = tonumber(redis.call('HGET', KEYS[4], ARGV[2]) or '-1')
 if tonumber(ARGV[3]) <= last then return 2 end
 redis.call('HSET', KEYS[4], ARGV[2], ARGV[3])
@@ -441,7 +516,7 @@ return 1`)
 // was abandoned), applying the release record at partition/offset of
 // its topic once; accountKey is the account store's key for the uin.
 func (c *Central) Release(ctx context.Context, uin uint32, accountKey string, partition int32, offset int64) (ReleaseOutcome, error) {
-	n, err := releaseScript.Run(ctx, c.rdb, []string{c.used(), c.bucket(uin), accountKey, c.prefix + "release-offsets"},
+	n, err := releaseScript.Run(ctx, c.rdb, []string{c.used(), c.bucket(uin), accountKey, c.releaseOffsets(), c.gen()},
 		uin, partition, offset).Int()
-	return ReleaseOutcome(n), err
+	return ReleaseOutcome(n), rebuildingErr(err)
 }

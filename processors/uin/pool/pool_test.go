@@ -22,7 +22,7 @@ import (
 // used ones can never go back into the pool.
 func TestNoUinAllocatedTwice(t *testing.T) {
 	streamstest.EachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
-		c := NewCentral(rdb, uinkeys.Pool(streamstest.Unique("pool")+"."), 1000)
+		c := newTestCentral(t, rdb, uinkeys.Pool(streamstest.Unique("pool")+"."), 1000)
 		ctx := context.Background()
 		var uins []uint32
 		for u := uint32(100_000); u < 120_000; u++ {
@@ -118,7 +118,7 @@ func TestNoUinAllocatedTwice(t *testing.T) {
 // A leased uin (in a local pool, not yet handed out) cannot be inserted.
 func TestLeasedRefused(t *testing.T) {
 	streamstest.EachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
-		c := NewCentral(rdb, uinkeys.Pool(streamstest.Unique("pool")+"."), 10)
+		c := newTestCentral(t, rdb, uinkeys.Pool(streamstest.Unique("pool")+"."), 10)
 		ctx := context.Background()
 		if _, err := c.Insert(ctx, []uint32{7}); err != nil {
 			t.Fatal(err)
@@ -142,7 +142,7 @@ func TestLeasedRefused(t *testing.T) {
 // cannot claim one in use, and a claimed uin cannot be pooled again.
 func TestClaim(t *testing.T) {
 	streamstest.EachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
-		c := NewCentral(rdb, uinkeys.Pool(streamstest.Unique("pool")+"."), 10)
+		c := newTestCentral(t, rdb, uinkeys.Pool(streamstest.Unique("pool")+"."), 10)
 		ctx := context.Background()
 		if _, err := c.Insert(ctx, []uint32{21, 22}); err != nil {
 			t.Fatal(err)
@@ -177,7 +177,7 @@ func benchPool(b *testing.B, total, low, chunk int) []*Allocator {
 	if r, ok := streamstest.RedisClient(b); ok {
 		rdb = r
 	}
-	c := NewCentral(rdb, uinkeys.Pool(streamstest.Unique("bench")+"."), 1000)
+	c := newTestCentral(b, rdb, uinkeys.Pool(streamstest.Unique("bench")+"."), 1000)
 	ctx := context.Background()
 	for lo := 1; lo <= total; lo += 100_000 {
 		var uins []uint32
@@ -248,7 +248,7 @@ func BenchmarkAllocateWithRefill(b *testing.B) {
 // out any uin of it: nothing is stranded, nothing is handed out twice.
 func TestLapsedLeaseReturnsAndCannotBeCommitted(t *testing.T) {
 	streamstest.EachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
-		c := NewCentral(rdb, uinkeys.Pool(streamstest.Unique("pool")+"."), 10)
+		c := newTestCentral(t, rdb, uinkeys.Pool(streamstest.Unique("pool")+"."), 10)
 		ctx := context.Background()
 		var uins []uint32
 		for u := uint32(500); u < 600; u++ {
@@ -262,13 +262,14 @@ func TestLapsedLeaseReturnsAndCannotBeCommitted(t *testing.T) {
 		// beating (it was killed -9: no lease given back).
 		var leased []uint32
 		for len(leased) < len(uins) {
-			got, err := c.lease(ctx, "dead", 100, rng)
+			got, _, err := c.lease(ctx, "dead", 100, rng)
 			if err != nil {
 				t.Fatal(err)
 			}
 			leased = append(leased, got...)
 		}
-		handed, err := c.commit(ctx, "dead", leased[:10])
+		gen, _ := rdb.Get(ctx, c.gen()).Result()
+		handed, err := c.commit(ctx, "dead", gen, leased[:10])
 		if err != nil || len(handed) != 10 {
 			t.Fatalf("commit: %v %v", handed, err)
 		}
@@ -294,7 +295,7 @@ func TestLapsedLeaseReturnsAndCannotBeCommitted(t *testing.T) {
 		}
 		// The dead owner's late commit of what it still had in memory
 		// hands out nothing.
-		if late, err := c.commit(ctx, "dead", leased[10:]); err != nil || len(late) != 0 {
+		if late, err := c.commit(ctx, "dead", gen, leased[10:]); err != nil || len(late) != 0 {
 			t.Fatalf("late commit handed out %v (%v)", late, err)
 		}
 		// A live allocator gets exactly the 90, each once.
@@ -335,7 +336,7 @@ func TestLapsedLeaseReturnsAndCannotBeCommitted(t *testing.T) {
 // A graceful stop gives the local pool back: nothing stays leased.
 func TestStopReturnsLease(t *testing.T) {
 	streamstest.EachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
-		c := NewCentral(rdb, uinkeys.Pool(streamstest.Unique("pool")+"."), 10)
+		c := newTestCentral(t, rdb, uinkeys.Pool(streamstest.Unique("pool")+"."), 10)
 		ctx := context.Background()
 		var uins []uint32
 		for u := uint32(1); u <= 1000; u++ {
@@ -379,7 +380,7 @@ func TestScriptsLoadedWhenTheServerLostThem(t *testing.T) {
 	mr := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	ctx := context.Background()
-	c := NewCentral(rdb, "p:", 10)
+	c := newTestCentral(t, rdb, "p:", 10)
 	for round := range 2 {
 		if err := rdb.ScriptFlush(ctx).Err(); err != nil {
 			t.Fatal(err)

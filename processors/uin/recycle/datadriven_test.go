@@ -53,6 +53,9 @@ func TestTicketDataDriven(t *testing.T) {
 		mr.SetTime(epoch) // TTLs (bans) count on the scripts' clock
 		rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 		accounts, central := account.NewStore(rdb, uinkeys.Prefix("dd.")), pool.NewCentral(rdb, uinkeys.Pool("dd."), 16)
+		if err := central.Restore(context.Background(), pool.NewFold(16), nil); err != nil { // an empty pool
+			t.Fatal(err)
+		}
 		db, err := openDB(t.TempDir(), quiet)
 		if err != nil {
 			t.Fatal(err)

@@ -30,7 +30,6 @@ package recycle
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -607,6 +606,12 @@ func (s *step) delete(cur *pb.RecycleStep) error {
 		Username: cur.Username, TicketId: cur.TicketId, Category: cur.Category, AtMs: s.now.UnixMilli()}); err != nil {
 		return err
 	}
+	// The pool's journal: the uin is no longer used (its rebuild must not
+	// count it as handed out once it is pooled again).
+	free := &pb.PoolChange{Uin: cur.Uin, Op: pb.PoolChange_FREE, Bucket: c.cfg.Pool.Bucket(uin), AtMs: s.now.UnixMilli()}
+	if err := s.out.EmitMsg(c.topic(schemas.TopicPool), pool.BucketKey(free.Bucket), free); err != nil {
+		return err
+	}
 	d := s.advance(cur, pb.RecycleStepKind_DELETE, time.Time{})
 	d.DeletedAtMs = s.now.UnixMilli()
 	if err := s.apply(d); err != nil {
@@ -643,7 +648,7 @@ func (s *step) release(cur *pb.RecycleStep) error {
 	} else {
 		c.effects.releases = append(c.effects.releases, uin)
 	}
-	if err := s.out.EmitMsg(c.topic(schemas.TopicPool), binary.BigEndian.AppendUint32(nil, change.Bucket), change); err != nil {
+	if err := s.out.EmitMsg(c.topic(schemas.TopicPool), pool.BucketKey(change.Bucket), change); err != nil {
 		return err
 	}
 	return s.apply(r)
