@@ -30,12 +30,14 @@ import (
 	"surge/processors/uin/allocation"
 	"surge/processors/uin/pool"
 	"surge/processors/uin/uinkeys"
+	"surge/schemas"
 	"surge/streams"
 	"surge/streams/embedded"
 )
 
 func main() {
 	redisAddr := flag.String("redis", "127.0.0.1:16379", "redis-server")
+	brokers := flag.String("brokers", "", "real broker(s) for uin.pool, the pool's journal; empty starts kfake in process")
 	conns := flag.Int("conns", 32, "concurrent connections of the one client")
 	count := flag.Int("count", 1, "uins per call")
 	dur := flag.Duration("for", 10*time.Second, "how long to call")
@@ -49,11 +51,21 @@ func main() {
 	ctx := context.Background()
 	rdb := redis.NewClient(&redis.Options{Addr: *redisAddr, PoolSize: 64})
 	defer rdb.Close()
-	kc, _, stopKafka, err := embedded.KafkaOr("")
+	kc, backend, stopKafka, err := embedded.KafkaOr(*brokers)
 	must(err)
 	defer stopKafka()
 	ns := fmt.Sprintf("abench%d.", time.Now().UnixNano())
-	central := pool.NewCentral(rdb, uinkeys.Pool(ns), 1000)
+	// Every allocation is journaled on uin.pool before it is answered.
+	cl, err := kc.NewClient()
+	must(err)
+	must(streams.EnsureTopics(ctx, cl, streams.OneCopy, schemas.Namespaced(ns, schemas.TopicPool, schemas.TopicDeadLetter)...))
+	cl.Close()
+	journal := pool.NewKafkaJournal(kc, ns+schemas.TopicPool, 1000)
+	defer journal.Close()
+	central := pool.NewCentral(rdb, uinkeys.Pool(ns), 1000).WithJournal(journal)
+	_, err = central.Rebuild(ctx, kc, ns+schemas.TopicPool, pool.RebuildOptions{}) // a new pool
+	must(err)
+	fmt.Printf("uin.pool on %s\n", backend)
 	batch := make([]uint32, 0, 100_000)
 	for u := 1; u <= *seed; u++ {
 		if batch = append(batch, uint32(10_000_000+u)); len(batch) == cap(batch) || u == *seed {
