@@ -92,10 +92,11 @@ func (RecycleStepKind) EnumDescriptor() ([]byte, []int) {
 // account holds it).
 // INSERT: pooled (a recycle release, `surge uin gaps`); REFUSED: an
 // insertion refused because an account holds the uin; ALLOCATE: handed
-// out (by an allocator, or claimed by a restore); FREE: the account on
-// the uin was deleted (recycling), so it is neither used nor pooled
-// until its INSERT; GIVEN_BACK: allocated for a caller that left before
-// the answer, back in the pool.
+// out: leased to an allocator, journaled before any of it can be handed
+// out, or claimed by a restore; FREE: the account on the uin was deleted
+// (recycling), so it is neither used nor pooled until its INSERT;
+// GIVEN_BACK: a lease returned to the pool (its allocator stopped or
+// died) with the uins it had not handed out.
 type PoolChange_Op int32
 
 const (

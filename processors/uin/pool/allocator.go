@@ -3,6 +3,7 @@ package pool
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"strconv"
 	"sync"
@@ -55,6 +56,8 @@ type Allocator struct {
 	gen atomic.Pointer[string]
 	// rebuilding is set while the central pool is being rebuilt.
 	rebuilding atomic.Bool
+	// journalFailed is set while refills cannot journal their leases.
+	journalFailed atomic.Bool
 }
 
 type allocOptions struct {
@@ -107,12 +110,22 @@ func NewAllocator(c *Central, instance string, opts ...AllocatorOption) *Allocat
 // ErrStopped answers an allocation after Run ended.
 var ErrStopped = errors.New("pool: allocator stopped")
 
+// ErrJournalDown answers an allocation while no lease can be journaled
+// on uin.pool (Kafka unreachable): nothing is handed out that the pool's
+// source of truth does not know.
+var ErrJournalDown = errors.New("pool: uin.pool cannot be written; no uin is handed out until it can")
+
+// errJournal is a refill whose lease could not be journaled (Kafka down):
+// it is not fatal, the next refill tries again.
+var errJournal = errors.New("pool: lease not journaled")
+
 // Owner is the name the lease set is kept under.
 func (a *Allocator) Owner() string { return a.owner }
 
 func (c *Central) leaseKey(owner string) string { return c.prefix + "lease:" + owner }
 func (c *Central) aliveKey(owner string) string { return c.prefix + "alive:" + owner }
 func (c *Central) leasesKey() string            { return c.prefix + "leases" }
+func (c *Central) returningKey() string         { return c.prefix + "returning" } // leases being returned
 func (c *Central) bucketPrefix() string         { return c.prefix + "bucket:" }
 
 // leaseScript pops up to ARGV[1] uins from each bucket in KEYS[3:] and
@@ -160,16 +173,31 @@ for i = 1, #ARGV do
 end
 return back`)
 
-// returnScript sends up to ARGV[4] uins of owner ARGV[3]'s lease set
-// KEYS[1] back to their buckets (ARGV[1] .. uin % ARGV[2]), unless the
-// owner is alive (KEYS[4] holds a heartbeat deadline past ARGV[6], the
-// sweeper's clock in ms; answer -1); a uin already used stays out. It drops the owner from KEYS[3] once its lease is empty.
-var returnScript = redis.NewScript(`
-if ARGV[5] == '1' then
-  local alive = tonumber(redis.call('GET', KEYS[4]) or '0')
-  if alive > tonumber(ARGV[6]) then return -1 end
+// fenceScript takes owner ARGV[1]'s lease set KEYS[1] away from it,
+// renaming it to the returning set KEYS[3] (listed in KEYS[4]) and
+// dropping the owner from the owners KEYS[5], unless the owner is alive
+// (ARGV[2] is '1' and KEYS[2] holds a heartbeat deadline past ARGV[3], the
+// sweeper's clock in ms; answer -1). From then on the owner can commit
+// none of those uins (its commits take from KEYS[1]), so the uins can be
+// journaled as given back before they go back to their buckets. It
+// answers how many uins it took.
+var fenceScript = redis.NewScript(guardLua + `
+if ARGV[2] == '1' then
+  local alive = tonumber(redis.call('GET', KEYS[2]) or '0')
+  if alive > tonumber(ARGV[3]) then return -1 end
 end
-local xs = redis.call('SPOP', KEYS[1], ARGV[4])
+redis.call('SREM', KEYS[5], ARGV[1])
+local n = redis.call('SCARD', KEYS[1])
+if n == 0 then return 0 end
+redis.call('RENAME', KEYS[1], KEYS[3])
+redis.call('SADD', KEYS[4], KEYS[3])
+return n`)
+
+// unfenceScript sends up to ARGV[3] uins of the returning set KEYS[1] back
+// to their buckets (ARGV[1] .. uin % ARGV[2]); a uin used meanwhile (KEYS[2])
+// stays out. It drops the set from the list KEYS[3] once it is empty.
+var unfenceScript = redis.NewScript(guardLua + `
+local xs = redis.call('SPOP', KEYS[1], ARGV[3])
 local back = 0
 for _, x in ipairs(xs) do
   if redis.call('GETBIT', KEYS[2], x) == 0 then
@@ -177,7 +205,7 @@ for _, x in ipairs(xs) do
     back = back + 1
   end
 end
-if redis.call('SCARD', KEYS[1]) == 0 then redis.call('SREM', KEYS[3], ARGV[3]) end
+if redis.call('SCARD', KEYS[1]) == 0 then redis.call('SREM', KEYS[3], KEYS[1]) end
 return back`)
 
 // lease pulls up to n uins into owner's lease: one script over 16 random
@@ -247,28 +275,49 @@ func (c *Central) leaseScript(ctx context.Context, script *redis.Script, owner s
 }
 
 // ReturnLease sends owner's uncommitted lease back to the buckets; with
-// onlyLapsed it does nothing while the owner's heartbeat is alive. It
-// answers how many uins went back.
+// onlyLapsed it does nothing while the owner's heartbeat is alive. The
+// lease is first taken from the owner (it can commit none of it after),
+// then journaled as given back, then pooled: a rebuild never finds a uin
+// pooled that its journal says is leased. It answers how many uins went
+// back.
 func (c *Central) ReturnLease(ctx context.Context, owner string, onlyLapsed bool) (int, error) {
 	guard := "0"
 	if onlyLapsed {
 		guard = "1"
 	}
-	keys := []string{c.leaseKey(owner), c.used(), c.leasesKey(), c.aliveKey(owner)}
+	returning := c.prefix + "returning:" + owner + ":" + strconv.FormatUint(rand.Uint64(), 36)
+	keys := []string{c.leaseKey(owner), c.aliveKey(owner), returning, c.returningKey(), c.leasesKey(), c.gen()}
+	n, err := fenceScript.Run(ctx, c.rdb, keys, owner, guard, time.Now().UnixMilli()).Int()
+	if err != nil || n <= 0 {
+		return 0, rebuildingErr(err)
+	}
+	return c.unfence(ctx, returning)
+}
+
+// unfence journals a returning set's uins as given back and pools them.
+func (c *Central) unfence(ctx context.Context, returning string) (int, error) {
+	members, err := c.rdb.SMembers(ctx, returning).Result()
+	if err != nil {
+		return 0, err
+	}
+	if err := c.record(ctx, pb.PoolChange_GIVEN_BACK, "lease returned", parseUins(members)); err != nil {
+		return 0, err // the set stays listed: the next sweep tries again
+	}
 	total := 0
 	for {
-		n, err := returnScript.Run(ctx, c.rdb, keys, c.bucketPrefix(), c.buckets, owner, 5000, guard, time.Now().UnixMilli()).Int()
-		if err != nil || n < 0 {
-			return total, err
+		n, err := unfenceScript.Run(ctx, c.rdb, []string{returning, c.used(), c.returningKey(), c.gen()}, c.bucketPrefix(), c.buckets, 5000).Int()
+		if err != nil {
+			return total, rebuildingErr(err)
 		}
 		total += n
-		if left, err := c.rdb.SCard(ctx, c.leaseKey(owner)).Result(); err != nil || left == 0 {
+		if left, err := c.rdb.SCard(ctx, returning).Result(); err != nil || left == 0 {
 			return total, err
 		}
 	}
 }
 
-// SweepLapsed returns the leases of every owner whose heartbeat lapsed.
+// SweepLapsed returns the leases of every owner whose heartbeat lapsed,
+// and finishes returns a sweeper died in the middle of.
 func (c *Central) SweepLapsed(ctx context.Context) (int, error) {
 	owners, err := c.rdb.SMembers(ctx, c.leasesKey()).Result()
 	if err != nil {
@@ -277,6 +326,17 @@ func (c *Central) SweepLapsed(ctx context.Context) (int, error) {
 	total := 0
 	for _, o := range owners {
 		n, err := c.ReturnLease(ctx, o, true)
+		if err != nil {
+			return total, err
+		}
+		total += n
+	}
+	left, err := c.rdb.SMembers(ctx, c.returningKey()).Result()
+	if err != nil {
+		return total, err
+	}
+	for _, r := range left {
+		n, err := c.unfence(ctx, r)
 		if err != nil {
 			return total, err
 		}
@@ -341,8 +401,12 @@ func (a *Allocator) Run(ctx context.Context) error {
 		a.Returned.Add(int64(n))
 	}
 	for {
-		if err := a.fill(ctx, rng); err != nil && !errors.Is(err, ErrExhausted) && !errors.Is(err, ErrRebuilding) && ctx.Err() == nil {
+		if err := a.fill(ctx, rng); errors.Is(err, errJournal) {
+			a.journalFailed.Store(true)
+		} else if err != nil && !errors.Is(err, ErrExhausted) && !errors.Is(err, ErrRebuilding) && ctx.Err() == nil {
 			return err
+		} else {
+			a.journalFailed.Store(false)
 		}
 		select {
 		case <-ctx.Done():
@@ -386,6 +450,14 @@ func (a *Allocator) fill(ctx context.Context, rng *rand.Rand) error {
 		}
 		if err != nil {
 			return err
+		}
+		// On the journal before any of them can be handed out: a leased
+		// uin counts as allocated (a rebuild leaves it out of the pool)
+		// until its lease is returned (GIVEN_BACK). One that cannot be
+		// journaled stays in the lease, never handed out, and goes back
+		// to its bucket when the lease is returned.
+		if err := a.c.record(ctx, pb.PoolChange_ALLOCATE, "leased", uins); err != nil {
+			return fmt.Errorf("%w: %w", errJournal, err)
 		}
 		a.mu.Lock()
 		if old := a.gen.Load(); old != nil && *old != gen {
@@ -456,17 +528,12 @@ func (a *Allocator) commitLoop(ctx context.Context) {
 		for _, r := range batch {
 			all = append(all, r.uins...)
 		}
-		// On the journal before the commit: a uin answered is on uin.pool
-		// as allocated, whatever Redis loses later.
-		var ok []uint32
-		err := a.c.record(ctx, pb.PoolChange_ALLOCATE, "", all)
-		if err == nil {
-			gen := ""
-			if g := a.gen.Load(); g != nil {
-				gen = *g
-			}
-			ok, err = a.c.commit(ctx, a.owner, gen, all)
+		// The uins were journaled as allocated when they were leased.
+		gen := ""
+		if g := a.gen.Load(); g != nil {
+			gen = *g
 		}
+		ok, err := a.c.commit(ctx, a.owner, gen, all)
 		if errors.Is(err, ErrRebuilding) {
 			a.dropLocal()
 			a.kick()
@@ -568,6 +635,9 @@ func (a *Allocator) Allocate(ctx context.Context, n int) ([]uint32, error) {
 	}
 	a.Allocated.Add(int64(len(out)))
 	if len(out) == 0 {
+		if a.journalFailed.Load() {
+			return nil, ErrJournalDown
+		}
 		return nil, ErrExhausted
 	}
 	return out, nil
@@ -581,9 +651,8 @@ func (a *Allocator) GiveBack(ctx context.Context, uins []uint32) (int, error) {
 	if len(uins) == 0 {
 		return 0, nil
 	}
-	if err := a.c.record(ctx, pb.PoolChange_GIVEN_BACK, "caller left", uins); err != nil {
-		return 0, err
-	}
+	// Back in the lease: still allocated as the journal sees it, until
+	// the lease is returned.
 	back, err := a.c.uncommit(ctx, a.owner, uins)
 	if err != nil {
 		return 0, err

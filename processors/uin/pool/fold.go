@@ -17,10 +17,13 @@ import (
 //	            a recycle release's record may follow an allocation of the
 //	            uin it pooled, since the controller's records commit with
 //	            its batch, after the effect)
-//	ALLOCATE    used
+//	ALLOCATE    used: leased to an allocator (journaled before any of
+//	            them can be handed out) or claimed by a restore
 //	RELEASE     pooled, if used (a registration gave it up); Rebuild keeps
 //	            out one an account holds, as the live release does
-//	GIVEN_BACK  pooled, if used (its caller left before the answer)
+//	GIVEN_BACK  pooled, if used (a lease returned: an allocator stopped,
+//	            or its heartbeat lapsed; journaled after the lease was
+//	            taken from it, before its uins are back in their buckets)
 //	FREE        no longer used (the account was deleted): neither, until
 //	            its INSERT
 //	REFUSED     nothing

@@ -196,15 +196,22 @@ func (c *Central) Restore(ctx context.Context, f *Fold, applied map[int32]int64)
 	if err != nil {
 		return err
 	}
+	returning, err := c.rdb.SMembers(ctx, c.returningKey()).Result()
+	if err != nil {
+		return err
+	}
 	pipe := c.rdb.Pipeline()
 	pipe.Del(ctx, c.gen())
+	for _, r := range returning {
+		pipe.Del(ctx, r)
+	}
 	for b := range c.buckets {
 		pipe.Del(ctx, c.bucketPrefix()+strconv.Itoa(b))
 	}
 	for _, o := range owners {
 		pipe.Del(ctx, c.leaseKey(o), c.aliveKey(o))
 	}
-	pipe.Del(ctx, c.leasesKey(), c.used(), c.held(), c.releaseOffsets())
+	pipe.Del(ctx, c.leasesKey(), c.returningKey(), c.used(), c.held(), c.releaseOffsets())
 	if _, err := pipe.Exec(ctx); err != nil {
 		return err
 	}

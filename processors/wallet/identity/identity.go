@@ -20,6 +20,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -70,9 +71,87 @@ func New(cfg Config) *Processor {
 	return &Processor{cfg: cfg}
 }
 
-// Run processes wallet.identities until ctx ends. It is at least once:
-// writing an account's actID again changes nothing.
+// Redis holds a cache of wallet.identities: each app account's actID with
+// the offset of the record it came from (a hash: a, o), written only over
+// an older one, so the live consumer and a rebuild reading the topic from
+// its start can write side by side in any order and the newest record
+// wins. A generation marker (wid:gen) says the cache is whole; when Redis
+// lost it, the processor reads the compacted topic from its start again
+// and sets the marker, and the resolver answers ErrRebuilding (503) for an
+// account it does not find meanwhile, not "unknown".
+
+// setScript writes an account's actID (ARGV[2]; "" for a tombstone, kept
+// ARGV[3] ms so an older record replayed late cannot bring it back) from
+// the record at offset ARGV[1], unless a newer record wrote it.
+var setScript = redis.NewScript(`
+local o = tonumber(redis.call('HGET', KEYS[1], 'o') or '-1')
+if tonumber(ARGV[1]) <= o then return 0 end
+redis.call('HSET', KEYS[1], 'a', ARGV[2], 'o', ARGV[1])
+if ARGV[2] == '' then redis.call('PEXPIRE', KEYS[1], ARGV[3]) else redis.call('PERSIST', KEYS[1]) end
+return 1`)
+
+// tombstoneTTL is how long an unlinked account's tombstone is kept.
+const tombstoneTTL = 7 * 24 * time.Hour
+
+func genKey(ns string) string { return ns + "wid:gen" }
+
+// Run processes wallet.identities until ctx ends, and rebuilds the cache
+// from the topic's start whenever its generation marker is missing. It is
+// at least once: writing an account's actID again changes nothing.
 func (p *Processor) Run(ctx context.Context, opts ...streams.Option) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	kept := make(chan error, 1)
+	go func() { kept <- p.keep(ctx) }()
+	err := p.run(ctx, opts...)
+	cancel()
+	<-kept
+	return err
+}
+
+// keep rebuilds the cache when its marker is missing: at start, then
+// every 2 s.
+func (p *Processor) keep(ctx context.Context) error {
+	t := time.NewTicker(2 * time.Second)
+	defer t.Stop()
+	for {
+		if n, err := p.cfg.Redis.Exists(ctx, genKey(p.cfg.Namespace)).Result(); err == nil && n == 0 {
+			if err := p.Rebuild(ctx); err != nil && ctx.Err() == nil {
+				p.cfg.Log.Error("identities: not rebuilt; trying again", "err", err)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// Rebuild reads wallet.identities from its start into Redis (each record
+// written unless a newer one was) and then sets the generation marker.
+func (p *Processor) Rebuild(ctx context.Context) error {
+	began, n := time.Now(), 0
+	topic := p.cfg.Topic(schemas.TopicIdentities)
+	err := streams.ReadToEnd(ctx, p.cfg.Kafka, topic, func(r *kgo.Record) error {
+		n++
+		err := p.handle(ctx, r, nil)
+		if streams.IsReject(err) {
+			return nil // the live consumer dead-letters it
+		}
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	if err := p.cfg.Redis.Set(ctx, genKey(p.cfg.Namespace), began.UnixMilli(), 0).Err(); err != nil {
+		return err
+	}
+	p.cfg.Log.Info("identities: rebuilt from the topic", "topic", topic, "records", n, "took", time.Since(began).Round(time.Millisecond))
+	return nil
+}
+
+func (p *Processor) run(ctx context.Context, opts ...streams.Option) error {
 	opts = append([]streams.Option{
 		streams.Kafka(p.cfg.Kafka),
 		streams.Declare(Spec, p.cfg.Namespace),
@@ -86,7 +165,8 @@ func (p *Processor) Run(ctx context.Context, opts ...streams.Option) error {
 	return r.Run(ctx)
 }
 
-func redisKey(ns, app, userID string) string { return ns + "wid:" + Key(app, userID) }
+// redisKey is an account's hash (the actID and the offset it came from).
+func redisKey(ns, app, userID string) string { return ns + "wid2:" + Key(app, userID) }
 
 func (p *Processor) handle(ctx context.Context, in *kgo.Record, _ *streams.Output) error {
 	if in.Value == nil { // a tombstone: the account is gone
@@ -94,7 +174,7 @@ func (p *Processor) handle(ctx context.Context, in *kgo.Record, _ *streams.Outpu
 		if !ok {
 			return streams.Reject(fmt.Sprintf("identity tombstone keyed %q, not app:user_id", in.Key), nil)
 		}
-		return p.cfg.Redis.Del(ctx, redisKey(p.cfg.Namespace, app, user)).Err()
+		return setScript.Run(ctx, p.cfg.Redis, []string{redisKey(p.cfg.Namespace, app, user)}, in.Offset, "", tombstoneTTL.Milliseconds()).Err()
 	}
 	var l pb.IdentityLink
 	if err := streams.Decode(in, &l); err != nil {
@@ -106,11 +186,15 @@ func (p *Processor) handle(ctx context.Context, in *kgo.Record, _ *streams.Outpu
 	case string(in.Key) != Key(l.App, l.UserId):
 		return streams.Reject(fmt.Sprintf("identity keyed %q, not by its account %q", in.Key, Key(l.App, l.UserId)), nil)
 	}
-	return p.cfg.Redis.Set(ctx, redisKey(p.cfg.Namespace, l.App, l.UserId), ActID(l.Phone, l.App, l.UserId), 0).Err()
+	return setScript.Run(ctx, p.cfg.Redis, []string{redisKey(p.cfg.Namespace, l.App, l.UserId)}, in.Offset, ActID(l.Phone, l.App, l.UserId), 0).Err()
 }
 
 // ErrUnknown is an app account the account system has not published.
 var ErrUnknown = errors.New("identity: unknown app account")
+
+// ErrRebuilding answers an account not found while the cache is being
+// rebuilt from wallet.identities (its generation marker is missing).
+var ErrRebuilding = errors.New("identity: the identities are being rebuilt from wallet.identities")
 
 // Resolver answers an app account's actID from what the processor kept.
 type Resolver struct {
@@ -123,8 +207,13 @@ func NewResolver(rdb redis.UniversalClient, ns string) *Resolver { return &Resol
 
 // ActID is the actID of app's account userID.
 func (r *Resolver) ActID(ctx context.Context, app, userID string) (string, error) {
-	v, err := r.rdb.Get(ctx, redisKey(r.ns, app, userID)).Result()
-	if errors.Is(err, redis.Nil) {
+	v, err := r.rdb.HGet(ctx, redisKey(r.ns, app, userID), "a").Result()
+	if errors.Is(err, redis.Nil) || err == nil && v == "" {
+		if n, err := r.rdb.Exists(ctx, genKey(r.ns)).Result(); err != nil {
+			return "", err
+		} else if n == 0 {
+			return "", ErrRebuilding
+		}
 		return "", fmt.Errorf("%w %s", ErrUnknown, Key(app, userID))
 	}
 	return v, err

@@ -3,6 +3,7 @@ package identity_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"testing"
@@ -94,6 +95,73 @@ func TestProcessorKeepsActIDs(t *testing.T) {
 		dl := streamstest.ReadN(t, b.Kafka, ns+schemas.TopicDeadLetter, false, 1, 30*time.Second, 300*time.Millisecond)
 		if len(dl) != 1 {
 			t.Fatalf("%d dead letters, want the mis-keyed record", len(dl))
+		}
+	})
+}
+
+// Redis loses the identities: the processor notices the missing marker,
+// reads wallet.identities from its start again and every account
+// resolves as before (an unlinked one stays unlinked); meanwhile an
+// account not found answers ErrRebuilding, never "unknown".
+func TestIdentitiesRebuiltAfterRedisLoss(t *testing.T) {
+	streamstest.EachStack(t, func(t *testing.T, b streamstest.Backend, rdb *redis.Client) {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		ns := streamstest.Unique("idloss") + "."
+		streamstest.CreateTopics(t, b.Kafka, 3, ns+schemas.TopicIdentities, ns+schemas.TopicDeadLetter)
+		quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+		p := identity.New(identity.Config{Env: streams.Env{Kafka: b.Kafka, Namespace: ns, Log: quiet}, Redis: rdb})
+		done := make(chan error, 1)
+		rctx, stop := context.WithCancel(ctx)
+		go func() { done <- p.Run(rctx) }()
+		defer func() { stop(); <-done }()
+		cl := streamstest.Client(t, b.Kafka)
+		var recs []*kgo.Record
+		for i := range 50 {
+			r, err := identity.Link(ns, &pb.IdentityLink{App: "douyin", UserId: fmt.Sprint(i), Phone: fmt.Sprintf("+86138%08d", i)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			recs = append(recs, r)
+		}
+		recs = append(recs, &kgo.Record{Topic: ns + schemas.TopicIdentities, Key: []byte("douyin:7")}) // unlinked
+		streamstest.ProduceSync(t, cl, recs...)
+		res := identity.NewResolver(rdb, ns)
+		resolves := func(i int) bool {
+			act, err := res.ActID(ctx, "douyin", fmt.Sprint(i))
+			if i == 7 {
+				return errors.Is(err, identity.ErrUnknown)
+			}
+			return err == nil && act == identity.ActID(fmt.Sprintf("+86138%08d", i), "", "")
+		}
+		all := func() bool {
+			for i := range 50 {
+				if !resolves(i) {
+					return false
+				}
+			}
+			return true
+		}
+		for deadline := time.Now().Add(30 * time.Second); !all(); time.Sleep(50 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatal("identities never resolved")
+			}
+		}
+		// The loss.
+		keys, err := rdb.Keys(ctx, ns+"wid*").Result()
+		if err != nil || len(keys) == 0 {
+			t.Fatalf("keys %v: %v", keys, err)
+		}
+		if err := rdb.Del(ctx, keys...).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := res.ActID(ctx, "douyin", "3"); !errors.Is(err, identity.ErrRebuilding) && err != nil {
+			t.Fatalf("an account lost with Redis: %v, want ErrRebuilding until the rebuild (or its actID after it)", err)
+		}
+		for deadline := time.Now().Add(30 * time.Second); !all(); time.Sleep(50 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatal("identities not rebuilt after the loss")
+			}
 		}
 	})
 }

@@ -10,6 +10,6 @@ import (
 var Spec = streams.Spec{
 	Name: "wallet-identities", Group: "wallet-identities", Guarantee: streams.AtLeastOnce,
 	Inputs: []string{schemas.TopicIdentities},
-	Stores: []string{"redis: each app account's actID (wid:<app>:<user>)"},
+	Stores: []string{"redis: each app account's actID and the offset of its record (wid2:<app>:<user>), and the marker that the cache is whole (wid:gen); rebuilt from the topic when the marker is gone"},
 	Doc:    "derives each app account's actID, phone number first, for the API to answer",
 }
