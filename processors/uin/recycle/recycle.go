@@ -94,6 +94,7 @@ type Controller struct {
 	restored *store     // a rebuild in progress
 	prefetch prefetched // Redis reads for the batch in flight
 	effects  effects    // Redis writes of the batch in flight, made before it commits
+	catchUp  usageCatchUp
 
 	mApplied, mRefused metrics.CounterVec
 	mBannedLogins      metrics.CounterVec
@@ -172,6 +173,7 @@ func (c *Controller) Run(ctx context.Context, opts ...streams.Option) error {
 	if err != nil {
 		return err
 	}
+	defer c.closeCatchUp()
 	return r.Run(ctx)
 }
 
@@ -179,8 +181,10 @@ func (c *Controller) batchEnd(committed bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.prefetch, c.effects = prefetched{}, effects{}
+	c.catchUp.done = nil
 	if !committed {
 		c.staged.discard()
+		c.catchUp.next = nil // the logins noted are discarded: read them again
 		return
 	}
 	if err := c.staged.commit(); err != nil {
@@ -325,6 +329,7 @@ func (c *Controller) handle(ctx context.Context, in *kgo.Record, out *streams.Ou
 	}
 	s := &step{c: c, ctx: ctx, out: out, now: c.cfg.Now()}
 	if in.Topic == c.topic(schemas.TopicUsage) {
+		c.noteUsageOffset(in.Partition, in.Offset)
 		var u pb.UsageEvent
 		if err := streams.Decode(in, &u); err != nil {
 			return err
@@ -349,6 +354,11 @@ func (s *step) record(partition int32, req *pb.RecycleStep) error {
 	c := s.c
 	if err := c.checkPartition(partition, req); err != nil {
 		return err
+	}
+	if needsLogins(req) {
+		if err := c.catchUpUsage(s.ctx, partition); err != nil {
+			return err // the broker: retried
+		}
 	}
 	if len(req.Batch) == 0 {
 		if err := s.request(req); err != nil {
