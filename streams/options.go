@@ -58,6 +58,7 @@ type config struct {
 	txnTimeout     time.Duration
 	deliveryTO     time.Duration
 	shutdownTO     time.Duration
+	lagEvery       time.Duration
 	registry       *metrics.Registry
 	logger         *slog.Logger
 	clientOpts     []kgo.Opt
@@ -95,6 +96,7 @@ func defaults(name string) config {
 		txnTimeout:     20 * time.Second,
 		deliveryTO:     2 * time.Minute,
 		shutdownTO:     30 * time.Second,
+		lagEvery:       10 * time.Second,
 		registry:       metrics.Default,
 		health:         health.Default,
 		logger:         slog.Default(),
@@ -149,6 +151,12 @@ func DeliveryTimeout(d time.Duration) Option { return func(c *config) { c.delive
 
 // ShutdownTimeout bounds finishing the batch in flight at shutdown.
 func ShutdownTimeout(d time.Duration) Option { return func(c *config) { c.shutdownTO = d } }
+
+// LagEvery is how often the group's lag is read from the broker for every
+// partition this instance holds (default 10 s): surge_consumer_lag then
+// has a series for a partition that never had a record too, not only for
+// those a fetch returned records of.
+func LagEvery(d time.Duration) Option { return func(c *config) { c.lagEvery = d } }
 
 // Metrics sets the registry (default metrics.Default).
 func Metrics(r *metrics.Registry) Option { return func(c *config) { c.registry = r } }

@@ -279,6 +279,9 @@ type committer interface {
 func (r *Runner) loop(ctx context.Context, cl *kgo.Client, c committer) error {
 	r.client.Store(cl)
 	defer r.client.Store(nil)
+	lctx, stopLag := context.WithCancel(ctx)
+	defer stopLag()
+	go r.reportLag(lctx, cl)
 	for {
 		pctx, cancelPoll := ctx, context.CancelFunc(func() {})
 		if r.cfg.onIdle != nil {
@@ -477,6 +480,43 @@ func (r *Runner) observeLag(f kgo.Fetches) {
 			r.mLag.With(r.cfg.name, p.Topic, strconv.Itoa(int(p.Partition))).Set(float64(max(lag, 0)))
 		}
 	})
+}
+
+// reportLag sets surge_consumer_lag, every lagEvery, for each partition
+// the group assigned to this client, from the group's commits and the end
+// offsets: partitions no fetch returned records of get their series too.
+func (r *Runner) reportLag(ctx context.Context, cl *kgo.Client) {
+	if r.cfg.lagEvery <= 0 {
+		return
+	}
+	adm := kadm.NewClient(cl)
+	t := time.NewTicker(r.cfg.lagEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		me, _ := cl.GroupMetadata()
+		if me == "" {
+			continue
+		}
+		lags, err := adm.Lag(ctx, r.cfg.group)
+		if err != nil {
+			continue
+		}
+		lags.Each(func(l kadm.DescribedGroupLag) {
+			for topic, ps := range l.Lag {
+				for p, m := range ps {
+					if m.Member == nil || m.Member.MemberID != me || m.Err != nil || m.Lag < 0 {
+						continue
+					}
+					r.mLag.With(r.cfg.name, topic, strconv.Itoa(int(p))).Set(float64(m.Lag))
+				}
+			}
+		})
+	}
 }
 
 // produceAll produces records asynchronously and waits for all of them.

@@ -95,6 +95,9 @@ type Controller struct {
 	prefetch prefetched // Redis reads for the batch in flight
 	effects  effects    // Redis writes of the batch in flight, made before it commits
 	catchUp  usageCatchUp
+	// appliedSteps counts the batch's applied steps by kind; they reach
+	// surge_uin_recycle_steps_total only when the batch commits.
+	appliedSteps map[pb.RecycleStepKind]int
 
 	mApplied, mRefused metrics.CounterVec
 	mBannedLogins      metrics.CounterVec
@@ -182,6 +185,13 @@ func (c *Controller) batchEnd(committed bool) {
 	defer c.mu.Unlock()
 	c.prefetch, c.effects = prefetched{}, effects{}
 	c.catchUp.done = nil
+	steps := c.appliedSteps
+	c.appliedSteps = nil
+	if committed {
+		for k, n := range steps {
+			c.mApplied.With(k.String()).Add(float64(n))
+		}
+	}
 	if !committed {
 		c.staged.discard()
 		c.catchUp.next = nil // the logins noted are discarded: read them again
@@ -699,7 +709,10 @@ func (s *step) apply(st *pb.RecycleStep) error {
 	st.AtMs = s.now.UnixMilli()
 	s.applied = append(s.applied, st)
 	s.c.staged.setState(st)
-	s.c.mApplied.With(st.Step.String()).Inc()
+	if s.c.appliedSteps == nil {
+		s.c.appliedSteps = map[pb.RecycleStepKind]int{}
+	}
+	s.c.appliedSteps[st.Step]++
 	return nil
 }
 
