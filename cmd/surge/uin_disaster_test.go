@@ -13,8 +13,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -94,61 +92,17 @@ func TestUinRedisLossDrill(t *testing.T) {
 	}
 	streamstest.ProduceSync(t, cl, recs...)
 
-	var mu sync.Mutex
-	steps := map[uint64][]*pb.RecycleStep{}
-	prog := streamstest.Client(t, b.Kafka, kgo.ConsumeTopics(ns+schemas.TopicRecycleSteps),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
-	go func() {
-		for ctx.Err() == nil {
-			prog.PollFetches(ctx).EachRecord(func(r *kgo.Record) {
-				var s pb.RecycleStep
-				if streams.Decode(r, &s) == nil {
-					mu.Lock()
-					steps[s.Uin] = append(steps[s.Uin], &s)
-					mu.Unlock()
-				}
-			})
-		}
-	}()
-
+	applied := readSteps(ctx, t, b.Kafka, ns)
 	clients := []poolClient{{pa, key, &http.Client{Timeout: 5 * time.Second}}, {pbAddr, key, &http.Client{Timeout: 5 * time.Second}}}
-	var amu sync.Mutex
-	got := map[uint32]int{}
-	var total, rebuilding atomic.Int64
-	var wg sync.WaitGroup
 	const want = 1800
-	for i := range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			c := clients[i%2]
-			for total.Load() < want && ctx.Err() == nil {
-				us, code, err := c.allocate(5)
-				if err != nil || code != 200 {
-					if code == http.StatusServiceUnavailable {
-						rebuilding.Add(1)
-					}
-					time.Sleep(20 * time.Millisecond) // down, rebuilding or refilling
-					continue
-				}
-				amu.Lock()
-				for _, u := range us {
-					got[u]++
-				}
-				amu.Unlock()
-				total.Add(int64(len(us)))
-				time.Sleep(3 * time.Millisecond)
-			}
-		}()
-	}
+	alloc := allocateUntil(ctx, clients, 4, want)
+	total := &alloc.total
 	for total.Load() < want/3 && ctx.Err() == nil {
 		time.Sleep(5 * time.Millisecond)
 	}
 	// The disaster: Redis restarts empty; every service dies with its
 	// local state and starts again on an empty disk.
-	amu.Lock()
-	before := len(got)
-	amu.Unlock()
+	before := alloc.handedOut()
 	rs.kill()
 	for _, s := range services {
 		s.kill()
@@ -161,7 +115,8 @@ func TestUinRedisLossDrill(t *testing.T) {
 		s.start()
 	}
 	t.Logf("disaster with %d uins handed out; services restarted on an empty disk and an empty Redis", before)
-	wg.Wait()
+	alloc.wg.Wait()
+	got := alloc.got
 	if ctx.Err() != nil {
 		t.Fatalf("allocation did not come back: %d of %d uins handed out", total.Load(), want)
 	}
@@ -169,10 +124,10 @@ func TestUinRedisLossDrill(t *testing.T) {
 	full := []pb.RecycleStepKind{pb.RecycleStepKind_TICKET_GRANTED, pb.RecycleStepKind_BAN, pb.RecycleStepKind_BACKUP,
 		pb.RecycleStepKind_DELETE, pb.RecycleStepKind_COOL_DOWN, pb.RecycleStepKind_RELEASE}
 	done := func() (n int) {
-		mu.Lock()
-		defer mu.Unlock()
+		applied.mu.Lock()
+		defer applied.mu.Unlock()
 		for u := uint64(50_001); u <= 50_000+abandoned; u++ {
-			if len(steps[u]) >= len(full) {
+			if len(applied.byUin[u]) >= len(full) {
 				n++
 			}
 		}
@@ -182,22 +137,22 @@ func TestUinRedisLossDrill(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	time.Sleep(2 * time.Second) // a step applied twice would show by now
-	mu.Lock()
+	applied.mu.Lock()
 	bad := 0
 	for u := uint64(50_001); u <= 50_000+abandoned; u++ {
-		if k := stepKinds(steps[u]); !slices.Equal(k, full) {
+		if k := stepKinds(applied.byUin[u]); !slices.Equal(k, full) {
 			if bad++; bad <= 10 {
 				t.Errorf("uin %d: steps %v, want each of %v once", u, k, full)
 			}
 		}
 	}
-	mu.Unlock()
+	applied.mu.Unlock()
 	for u, n := range got {
 		if n != 1 {
 			t.Errorf("uin %d handed out %d times", u, n)
 		}
 	}
-	t.Logf("%d uins handed out (%d before the loss), %d answers 503 while down or rebuilding", len(got), before, rebuilding.Load())
+	t.Logf("%d uins handed out (%d before the loss), %d answers 503 while down or rebuilding", len(got), before, alloc.unavailable.Load())
 
 	// What is pooled now is what the journal says: the seed and the
 	// recycled uins, less what was handed out, and less what the two

@@ -147,25 +147,8 @@ func TestUinServicesSurviveKill9(t *testing.T) {
 		streamstest.ProduceSync(t, cl, recs...)
 
 		// Steps as a read_committed consumer sees them.
-		var mu sync.Mutex
-		steps := map[uint64][]*pb.RecycleStep{}
-		var applied atomic.Int64
-		prog := streamstest.Client(t, b.Kafka, kgo.ConsumeTopics(ns+schemas.TopicRecycleSteps),
-			kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
-		go func() {
-			for ctx.Err() == nil {
-				prog.PollFetches(ctx).EachRecord(func(r *kgo.Record) {
-					var s pb.RecycleStep
-					if streams.Decode(r, &s) != nil {
-						return
-					}
-					mu.Lock()
-					steps[s.Uin] = append(steps[s.Uin], &s)
-					mu.Unlock()
-					applied.Add(1)
-				})
-			}
-		}()
+		applied := readSteps(ctx, t, b.Kafka, ns)
+		steps, mu := applied.byUin, &applied.mu
 		bannedSince := func(u uint64) time.Duration {
 			mu.Lock()
 			defer mu.Unlock()
@@ -194,32 +177,9 @@ func TestUinServicesSurviveKill9(t *testing.T) {
 				time.Sleep(100 * time.Millisecond)
 			}
 		}
-		var amu sync.Mutex
-		got := map[uint32]int{}
-		var total atomic.Int64
-		var wg sync.WaitGroup
 		const want = 2400
-		for i := range 4 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				c := clients[i%2]
-				for total.Load() < want && ctx.Err() == nil {
-					us, code, err := c.allocate(5)
-					if err != nil || code != 200 {
-						time.Sleep(20 * time.Millisecond) // the instance is down or refilling
-						continue
-					}
-					amu.Lock()
-					for _, u := range us {
-						got[u]++
-					}
-					amu.Unlock()
-					total.Add(int64(len(us)))
-					time.Sleep(2 * time.Millisecond)
-				}
-			}()
-		}
+		alloc := allocateUntil(ctx, clients, 4, want)
+		got, total, wg := alloc.got, &alloc.total, &alloc.wg
 		for total.Load() < want/3 {
 			time.Sleep(5 * time.Millisecond)
 		}
@@ -228,7 +188,7 @@ func TestUinServicesSurviveKill9(t *testing.T) {
 		pool1.start()
 
 		// Kill a recycle controller mid-way through the tickets.
-		for applied.Load() < abandoned*2 {
+		for applied.applied.Load() < abandoned*2 {
 			if ctx.Err() != nil {
 				t.Fatal("recycling made no progress")
 			}
@@ -257,7 +217,7 @@ func TestUinServicesSurviveKill9(t *testing.T) {
 		}
 		streamstest.ProduceSync(t, cl, logins...)
 		recyclers[0].kill()
-		t.Logf("killed recycle-1 with %d steps applied; %d users logged in during their ban", applied.Load(), len(logins))
+		t.Logf("killed recycle-1 with %d steps applied; %d users logged in during their ban", applied.applied.Load(), len(logins))
 		recyclers[0].start()
 		wg.Wait()
 
@@ -267,7 +227,7 @@ func TestUinServicesSurviveKill9(t *testing.T) {
 			pb.RecycleStepKind_DELETE, pb.RecycleStepKind_COOL_DOWN, pb.RecycleStepKind_RELEASE}
 		stopped := []pb.RecycleStepKind{pb.RecycleStepKind_TICKET_GRANTED, pb.RecycleStepKind_BAN, pb.RecycleStepKind_STOPPED}
 		wantSteps := (abandoned-len(logins))*len(full) + len(logins)*len(stopped)
-		for applied.Load() < int64(wantSteps) && ctx.Err() == nil {
+		for applied.applied.Load() < int64(wantSteps) && ctx.Err() == nil {
 			time.Sleep(20 * time.Millisecond)
 		}
 		time.Sleep(2 * time.Second) // anything applied twice would show by now
@@ -357,4 +317,81 @@ func journaledPool(t *testing.T, kc streams.Cluster, rdb redis.UniversalClient, 
 		t.Fatal(err)
 	}
 	return s.Pool
+}
+
+// allocations are callers allocating uins from pool instances over the API
+// until want uins are handed out: what each was handed, how often.
+type allocations struct {
+	mu          sync.Mutex
+	got         map[uint32]int
+	total       atomic.Int64
+	unavailable atomic.Int64 // answers 503 (down, rebuilding, refilling)
+	wg          sync.WaitGroup
+}
+
+// allocateUntil starts callers (round robin over clients) allocating 5
+// uins a call until want are handed out or ctx ends.
+func allocateUntil(ctx context.Context, clients []poolClient, callers, want int) *allocations {
+	a := &allocations{got: map[uint32]int{}}
+	for i := range callers {
+		a.wg.Add(1)
+		go func() {
+			defer a.wg.Done()
+			c := clients[i%len(clients)]
+			for a.total.Load() < int64(want) && ctx.Err() == nil {
+				us, code, err := c.allocate(5)
+				if err != nil || code != 200 {
+					if code == http.StatusServiceUnavailable {
+						a.unavailable.Add(1)
+					}
+					time.Sleep(20 * time.Millisecond) // the instance is down, rebuilding or refilling
+					continue
+				}
+				a.mu.Lock()
+				for _, u := range us {
+					a.got[u]++
+				}
+				a.mu.Unlock()
+				a.total.Add(int64(len(us)))
+				time.Sleep(2 * time.Millisecond)
+			}
+		}()
+	}
+	return a
+}
+
+// handedOut is how many distinct uins were handed out so far.
+func (a *allocations) handedOut() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.got)
+}
+
+// appliedSteps reads uin.recycle-steps of ns as a read_committed consumer
+// sees them, per uin, until ctx ends.
+type appliedSteps struct {
+	mu      sync.Mutex
+	byUin   map[uint64][]*pb.RecycleStep
+	applied atomic.Int64
+}
+
+func readSteps(ctx context.Context, t *testing.T, kc streams.Cluster, ns string) *appliedSteps {
+	s := &appliedSteps{byUin: map[uint64][]*pb.RecycleStep{}}
+	cl := streamstest.Client(t, kc, kgo.ConsumeTopics(ns+schemas.TopicRecycleSteps),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	go func() {
+		for ctx.Err() == nil {
+			cl.PollFetches(ctx).EachRecord(func(r *kgo.Record) {
+				var st pb.RecycleStep
+				if streams.Decode(r, &st) != nil {
+					return
+				}
+				s.mu.Lock()
+				s.byUin[st.Uin] = append(s.byUin[st.Uin], &st)
+				s.mu.Unlock()
+				s.applied.Add(1)
+			})
+		}
+	}()
+	return s
 }

@@ -242,6 +242,35 @@ func (s *Store) BanMany(ctx context.Context, bans []Ban) error {
 	return err
 }
 
+// bansMarker says that the bans of partition p are in Redis: the recycle
+// controller sets it once it wrote them all, and a Redis that lost its
+// data has none, so the controller writes them again from its state.
+func (s *Store) bansMarker(p int32) string { return s.prefix + "bans-gen:" + strconv.Itoa(int(p)) }
+
+// BansMissing answers which of partitions ps have no bans marker.
+func (s *Store) BansMissing(ctx context.Context, ps []int32) ([]int32, error) {
+	pipe := s.rdb.Pipeline()
+	cmds := make([]*redis.IntCmd, len(ps))
+	for i, p := range ps {
+		cmds[i] = pipe.Exists(ctx, s.bansMarker(p))
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, err
+	}
+	var out []int32
+	for i, c := range cmds {
+		if c.Val() == 0 {
+			out = append(out, ps[i])
+		}
+	}
+	return out, nil
+}
+
+// MarkBans sets partition p's bans marker.
+func (s *Store) MarkBans(ctx context.Context, p int32) error {
+	return s.rdb.Set(ctx, s.bansMarker(p), time.Now().UnixMilli(), 0).Err()
+}
+
 // UnbanMany lifts the bans of tickets that stopped (a login, an unban):
 // only a ban that ticket set, so a later ticket's ban stays.
 func (s *Store) UnbanMany(ctx context.Context, bans []Ban) error {

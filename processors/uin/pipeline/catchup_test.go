@@ -10,6 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"surge/processors/uin/pipeline"
+	"surge/processors/uin/uinkeys"
 	"surge/schemas"
 	"surge/schemas/recycling"
 	pb "surge/schemas/surgev1"
@@ -30,11 +31,6 @@ func TestLoginPublishedBeforeAGrantIsSeenByIt(t *testing.T) {
 		s := newStack(t, b, rdb, pipeline.Options{Policy: testPolicy(time.Minute), NoTracker: true,
 			StreamOpts: []streams.Option{streams.MaxBatch(50)}})
 		ns := s.Opts.Namespace
-		ctx := context.Background()
-		parts, err := streams.PartitionCount(ctx, b.Kafka, ns+schemas.TopicRecycleReqs)
-		if err != nil {
-			t.Fatal(err)
-		}
 		now := time.Now().UnixMilli()
 		day := int64(24 * time.Hour / time.Millisecond)
 		const first, n = 70_001, 24
@@ -51,7 +47,7 @@ func TestLoginPublishedBeforeAGrantIsSeenByIt(t *testing.T) {
 		streamstest.ProduceSync(t, cl, recs...)
 		// Then the grants, judged on a check that saw no login since 400
 		// days: stale for every one of them.
-		streamstest.ProduceSync(t, cl, batchedGrants(t, ns+schemas.TopicRecycleReqs, parts, first, first+n-1, recycling.Inactive, now-400*day, now-500*day)...)
+		streamstest.ProduceSync(t, cl, inactiveGrants(t, s, first, first+n-1)...)
 		start(t, s)
 		// Every grant is refused at once (a STOPPED step naming the
 		// login); no ticket is granted, no account banned.
@@ -62,4 +58,64 @@ func TestLoginPublishedBeforeAGrantIsSeenByIt(t *testing.T) {
 			}
 		}
 	})
+}
+
+// Redis loses the bans in the middle of them: the controller notices the
+// missing marker of its partitions and bans every uin at BAN again, until
+// the same time, from its own state.
+func TestBansWrittenAgainAfterRedisLostThem(t *testing.T) {
+	streamstest.EachStack(t, func(t *testing.T, b streamstest.Backend, rdb *redis.Client) {
+		s := newStack(t, b, rdb, pipeline.Options{Policy: testPolicy(time.Minute), NoTracker: true})
+		ns := s.Opts.Namespace
+		ctx := context.Background()
+		const first, n = 80_001, 30
+		streamstest.ProduceSync(t, streamstest.Client(t, b.Kafka), inactiveGrants(t, s, first, first+n-1)...)
+		start(t, s)
+		steps(t, s, 2*n, 0) // granted and banned
+		banned := func() (k int) {
+			for u := uint32(first); u < first+n; u++ {
+				if ok, _, _, err := s.Accounts.Banned(ctx, u); err == nil && ok {
+					k++
+				}
+			}
+			return k
+		}
+		if k := banned(); k != n {
+			t.Fatalf("%d of %d banned", k, n)
+		}
+		_, _, before, _ := s.Accounts.Banned(ctx, first)
+		// The loss: every ban and every marker gone.
+		keys, err := rdb.Keys(ctx, uinkeys.Prefix(ns)+"ban*").Result()
+		if err != nil || len(keys) < n {
+			t.Fatalf("%d ban keys (%v)", len(keys), err)
+		}
+		if err := rdb.Del(ctx, keys...).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if k := banned(); k != 0 {
+			t.Fatalf("%d still banned after the loss", k)
+		}
+		for deadline := time.Now().Add(30 * time.Second); banned() < n; time.Sleep(100 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d of %d banned again after the loss", banned(), n)
+			}
+		}
+		if _, left, why, _ := s.Accounts.Banned(ctx, first); why != before || left > time.Minute {
+			t.Fatalf("ban again: %s left, %q; before: %q", left, why, before)
+		}
+	})
+}
+
+// inactiveGrants are stock-classification grants for uins from..to,
+// judged inactive on a check that saw their last login 400 days ago.
+func inactiveGrants(t *testing.T, s *pipeline.Stack, from, to uint64) []*kgo.Record {
+	t.Helper()
+	topic := s.Opts.Namespace + schemas.TopicRecycleReqs
+	parts, err := streams.PartitionCount(context.Background(), s.Kafka, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now().UnixMilli()
+	day := int64(24 * time.Hour / time.Millisecond)
+	return batchedGrants(t, topic, parts, from, to, recycling.Inactive, now-400*day, now-500*day)
 }

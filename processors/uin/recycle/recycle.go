@@ -89,12 +89,13 @@ type Controller struct {
 	restore    *streams.Restorer
 	partitions int // of uin.recycle-requests, co-partitioned with uin.usage
 
-	mu       sync.Mutex // the handler, the batch hooks and reads
-	staged   *store     // the batch in flight
-	restored *store     // a rebuild in progress
-	prefetch prefetched // Redis reads for the batch in flight
-	effects  effects    // Redis writes of the batch in flight, made before it commits
-	catchUp  usageCatchUp
+	mu          sync.Mutex // the handler, the batch hooks and reads
+	staged      *store     // the batch in flight
+	restored    *store     // a rebuild in progress
+	prefetch    prefetched // Redis reads for the batch in flight
+	effects     effects    // Redis writes of the batch in flight, made before it commits
+	catchUp     usageCatchUp
+	bansChecked time.Time // when keepBans last read the markers
 	// appliedSteps counts the batch's applied steps by kind; they reach
 	// surge_uin_recycle_steps_total only when the batch commits.
 	appliedSteps map[pb.RecycleStepKind]int
@@ -163,7 +164,8 @@ func (c *Controller) Run(ctx context.Context, opts ...streams.Option) error {
 		streams.Declare(Spec, c.cfg.Namespace), // group: c.group()
 		streams.DeadLetterTopic(c.topic(schemas.TopicDeadLetter)),
 		streams.ClientOpts(kgo.Balancers(kgo.RangeBalancer())), // requests and usage co-partitioned by uin
-		streams.BeforeBatch(c.prefetchBatch),
+		streams.BeforeBatch(func(ctx context.Context, recs []*kgo.Record) { c.keepBans(ctx); c.prefetchBatch(ctx, recs) }),
+		streams.OnIdle(c.keepBans),
 		streams.BeforeCommit(c.applyEffects),
 		streams.OnBatchEnd(c.batchEnd),
 		streams.OnRetry(func() { c.batchEnd(false) }),

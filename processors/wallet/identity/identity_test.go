@@ -52,12 +52,7 @@ func TestProcessorKeepsActIDs(t *testing.T) {
 		defer cancel()
 		ns := streamstest.Unique("id") + "."
 		streamstest.CreateTopics(t, b.Kafka, 3, ns+schemas.TopicIdentities, ns+schemas.TopicDeadLetter)
-		quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-		p := identity.New(identity.Config{Env: streams.Env{Kafka: b.Kafka, Namespace: ns, Log: quiet}, Redis: rdb})
-		done := make(chan error, 1)
-		rctx, stop := context.WithCancel(ctx)
-		go func() { done <- p.Run(rctx) }()
-		defer func() { stop(); <-done }()
+		runProcessor(t, b, rdb, ns)
 		cl := streamstest.Client(t, b.Kafka)
 		link := func(app, user, phone string) *kgo.Record {
 			r, err := identity.Link(ns, &pb.IdentityLink{App: app, UserId: user, Phone: phone})
@@ -109,12 +104,7 @@ func TestIdentitiesRebuiltAfterRedisLoss(t *testing.T) {
 		defer cancel()
 		ns := streamstest.Unique("idloss") + "."
 		streamstest.CreateTopics(t, b.Kafka, 3, ns+schemas.TopicIdentities, ns+schemas.TopicDeadLetter)
-		quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-		p := identity.New(identity.Config{Env: streams.Env{Kafka: b.Kafka, Namespace: ns, Log: quiet}, Redis: rdb})
-		done := make(chan error, 1)
-		rctx, stop := context.WithCancel(ctx)
-		go func() { done <- p.Run(rctx) }()
-		defer func() { stop(); <-done }()
+		runProcessor(t, b, rdb, ns)
 		cl := streamstest.Client(t, b.Kafka)
 		var recs []*kgo.Record
 		for i := range 50 {
@@ -164,4 +154,14 @@ func TestIdentitiesRebuiltAfterRedisLoss(t *testing.T) {
 			}
 		}
 	})
+}
+
+// runProcessor runs wallet-identities on namespace ns until the test ends.
+func runProcessor(t *testing.T, b streamstest.Backend, rdb *redis.Client, ns string) {
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	p := identity.New(identity.Config{Env: streams.Env{Kafka: b.Kafka, Namespace: ns, Log: quiet}, Redis: rdb})
+	done := make(chan error, 1)
+	ctx, stop := context.WithCancel(context.Background())
+	go func() { done <- p.Run(ctx) }()
+	t.Cleanup(func() { stop(); <-done })
 }
