@@ -384,7 +384,10 @@ func (a *Allocator) Run(ctx context.Context) error {
 	done := make(chan struct{})
 	defer func() {
 		<-done
-		stop := context.WithoutCancel(ctx)
+		// Bounded: a journal that cannot be written leaves the lease listed
+		// as returning, and another instance's sweep finishes it.
+		stop, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
 		a.mu.Lock()
 		a.local = nil
 		a.mu.Unlock()
@@ -456,7 +459,12 @@ func (a *Allocator) fill(ctx context.Context, rng *rand.Rand) error {
 		// until its lease is returned (GIVEN_BACK). One that cannot be
 		// journaled stays in the lease, never handed out, and goes back
 		// to its bucket when the lease is returned.
-		if err := a.c.record(ctx, pb.PoolChange_ALLOCATE, "leased", uins); err != nil {
+		// Bounded, so a broker that does not answer stalls neither the
+		// heartbeat nor the sweeps of this loop.
+		jctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err = a.c.record(jctx, pb.PoolChange_ALLOCATE, "leased", uins)
+		cancel()
+		if err != nil {
 			return fmt.Errorf("%w: %w", errJournal, err)
 		}
 		a.mu.Lock()
