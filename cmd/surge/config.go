@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -262,7 +263,84 @@ func loadConfig(name string, args []string, extra func(*pflag.FlagSet)) (*viper.
 	if err := v.BindPFlags(fs); err != nil {
 		return nil, nil, err
 	}
+	if err := validateConfig(v, fs); err != nil {
+		return nil, nil, err
+	}
 	return v, fs, nil
+}
+
+// validateConfig refuses what would otherwise be ignored or fall back to
+// a default unseen: a key of the config file that no option has (a typo
+// such as procesor.max_batch), and a value that does not parse as its
+// option's type (SURGE_PROCESSOR_MAX_BATCH=abc) or level. Each error names
+// the key and where its value came from.
+func validateConfig(v *viper.Viper, fs *pflag.FlagSet) error {
+	known := make(map[string]bool, len(options))
+	for _, o := range options {
+		known[o.key] = true
+	}
+	file, _ := fs.GetString("config")
+	if file != "" {
+		fv := viper.New()
+		fv.SetConfigFile(file)
+		if err := fv.ReadInConfig(); err != nil {
+			return fmt.Errorf("config %s: %w", file, err)
+		}
+		for _, k := range fv.AllKeys() {
+			if !known[k] {
+				return fmt.Errorf("config %s: unknown key %q (surge config lists every key)", file, k)
+			}
+		}
+	}
+	from := func(key string) string {
+		if f := fs.Lookup(key); f != nil && f.Changed {
+			return "flag --" + key
+		}
+		env := "SURGE_" + strings.ToUpper(strings.ReplaceAll(key, ".", "_"))
+		if _, ok := os.LookupEnv(env); ok {
+			return "variable " + env
+		}
+		if file != "" {
+			return "config " + file
+		}
+		return "default"
+	}
+	for _, o := range options {
+		raw := strings.TrimSpace(v.GetString(o.key))
+		var err error
+		switch o.def.(type) {
+		case int:
+			_, err = strconv.Atoi(raw)
+		case time.Duration:
+			_, err = time.ParseDuration(raw)
+		case bool:
+			_, err = strconv.ParseBool(raw)
+		case float64:
+			_, err = strconv.ParseFloat(raw, 64)
+		}
+		if err == nil && o.key == "log.level" {
+			var lvl slog.Level
+			err = lvl.UnmarshalText([]byte(raw))
+		}
+		if err != nil {
+			return fmt.Errorf("%s: %q is not a valid %s (%s; default %v)", o.key, raw, typeName(o.def), from(o.key), o.def)
+		}
+	}
+	return nil
+}
+
+func typeName(def any) string {
+	switch def.(type) {
+	case int:
+		return "whole number"
+	case time.Duration:
+		return "duration (such as 500ms, 10s, 2m)"
+	case bool:
+		return "true or false"
+	case float64:
+		return "number"
+	}
+	return "log level (debug, info, warn or error)"
 }
 
 // needKafka is the configured cluster, which must be set, checked once:
