@@ -90,12 +90,20 @@ func CallerOf(ctx context.Context) string {
 	return s
 }
 
+// Bearer is the credential of an Authorization header value of the
+// Bearer scheme, whose name is case-insensitive (RFC 9110, 11.1).
+func Bearer(header string) (string, bool) {
+	if len(header) < 7 || !strings.EqualFold(header[:7], "bearer ") {
+		return "", false
+	}
+	return header[7:], true
+}
+
 // Require answers 401 to a request without a valid "Authorization: Bearer
 // <secret>" and passes the rest to next with the caller in the context.
 func (k *Keys) Require(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		auth := r.Header.Get("Authorization")
-		secret, ok := strings.CutPrefix(auth, "Bearer ")
+		secret, ok := Bearer(r.Header.Get("Authorization"))
 		if !ok || secret == "" {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="surge"`)
 			http.Error(w, `{"error":"missing bearer key"}`, http.StatusUnauthorized)

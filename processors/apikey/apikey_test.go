@@ -37,6 +37,7 @@ func TestRequire(t *testing.T) {
 	}{
 		{"", 401, ""}, {"Bearer ", 401, ""}, {"Basic " + secret, 401, ""},
 		{"Bearer " + secret + "x", 401, ""}, {"Bearer " + secret, 200, "reg"},
+		{"bearer " + secret, 200, "reg"}, {"BEARER " + secret, 200, "reg"}, // the scheme is case-insensitive
 	} {
 		req := httptest.NewRequest("POST", "/", nil)
 		if c.auth != "" {

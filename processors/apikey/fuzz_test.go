@@ -3,6 +3,7 @@ package apikey
 import (
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 )
 
@@ -25,7 +26,9 @@ func FuzzRequire(f *testing.F) {
 		req.Header["Authorization"] = []string{header}
 		w := httptest.NewRecorder()
 		h.ServeHTTP(w, req)
-		if want := header == "Bearer "+secret; (reached != "") != want || (want && reached != "ops") {
+		// The scheme's name in any case (RFC 9110), then the secret exactly.
+		want := len(header) == 7+len(secret) && strings.EqualFold(header[:7], "Bearer ") && header[7:] == secret
+		if (reached != "") != want || (want && reached != "ops") {
 			t.Fatalf("Authorization %q: reached as %q (code %d)", header, reached, w.Code)
 		}
 		if reached == "" && w.Code != http.StatusUnauthorized {

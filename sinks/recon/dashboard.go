@@ -80,7 +80,7 @@ func (d *Dashboard) authenticate(next http.Handler) http.Handler {
 			http.Redirect(w, r, localTarget(r.URL.Path, q), http.StatusSeeOther)
 			return
 		}
-		secret, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		secret, ok := apikey.Bearer(r.Header.Get("Authorization"))
 		if !ok {
 			if c, err := r.Cookie(keyCookie); err == nil {
 				secret = c.Value
