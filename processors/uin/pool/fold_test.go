@@ -3,6 +3,7 @@ package pool
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -139,8 +140,11 @@ func TestPoolLostAndRebuiltHandsOutNothingTwice(t *testing.T) {
 				t.Fatalf("uin %d was received but the journal does not say it is used", u)
 			}
 		}
-		if int64(len(stranded)) > leasedAtLoss {
-			t.Fatalf("%d uins journaled as allocated and never received; want at most the %d leased at the loss", len(stranded), leasedAtLoss)
+		// A refill may lease (and journal) between the count and the wipe,
+		// or lease before the wipe and journal after it: up to a refill
+		// per allocator (chunk 300, or what waiting calls want) more.
+		if int64(len(stranded)) > leasedAtLoss+2*(300+100) {
+			t.Fatalf("%d uins journaled as allocated and never received; want at most the %d leased at the loss and a refill per allocator", len(stranded), leasedAtLoss)
 		}
 		deadline := time.Now().Add(20 * time.Second)
 		for i := 0; time.Now().Before(deadline); i++ {
@@ -217,38 +221,17 @@ func TestJournalFoldsToThePool(t *testing.T) {
 		if _, err := c.Insert(ctx, all); err != nil {
 			t.Fatal(err)
 		}
+		// The fold equals Redis once the allocator is quiet: a refill's
+		// lease is in Redis a moment before its record is acknowledged.
 		check := func(when string) {
 			t.Helper()
-			f := journal.fold()
-			var pooled []uint32
-			for b := range 10 {
-				ms, err := rdb.SMembers(ctx, c.bucketPrefix()+strconv.Itoa(b)).Result()
-				if err != nil {
-					t.Fatal(err)
-				}
-				pooled = append(pooled, parseUins(ms)...)
-			}
-			slices.Sort(pooled)
-			if want := f.Pooled.ToArray(); !slices.Equal(pooled, want) {
-				t.Fatalf("%s: the buckets hold %d uins, the journal says %d are pooled", when, len(pooled), len(want))
-			}
-			used, err := c.Status(ctx, all)
-			if err != nil {
-				t.Fatal(err)
-			}
-			owners, _ := rdb.SMembers(ctx, c.leasesKey()).Result()
-			leased := map[uint32]bool{}
-			for _, o := range owners {
-				ms, _ := rdb.SMembers(ctx, c.leaseKey(o)).Result()
-				for _, u := range parseUins(ms) {
-					leased[u] = true
+			var err error
+			for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+				if err = foldMatches(ctx, rdb, c, journal, all); err == nil {
+					return
 				}
 			}
-			for i, u := range all {
-				if f.Used.Contains(u) != (used[i] || leased[u]) {
-					t.Fatalf("%s: uin %d used %v leased %v, the journal says used %v", when, u, used[i], leased[u], f.Used.Contains(u))
-				}
-			}
+			t.Fatalf("%s: %v", when, err)
 		}
 		rctx, cancel := context.WithCancel(ctx)
 		a := NewAllocator(c, "a", LowWater(50), Chunk(200), Seed(1))
@@ -287,4 +270,47 @@ func TestJournalFoldsToThePool(t *testing.T) {
 			t.Fatalf("%d uins still leased after the stop", n)
 		}
 	})
+}
+
+// foldMatches compares the journal's fold with the pool in Redis: the
+// buckets hold exactly the pooled uins, and a uin is used or leased
+// exactly when the fold says used.
+func foldMatches(ctx context.Context, rdb redis.UniversalClient, c *Central, journal *memJournal, all []uint32) error {
+	f := journal.fold()
+	var pooled []uint32
+	for b := range c.buckets {
+		ms, err := rdb.SMembers(ctx, c.bucketPrefix()+strconv.Itoa(b)).Result()
+		if err != nil {
+			return err
+		}
+		pooled = append(pooled, parseUins(ms)...)
+	}
+	slices.Sort(pooled)
+	if want := f.Pooled.ToArray(); !slices.Equal(pooled, want) {
+		return fmt.Errorf("the buckets hold %d uins, the journal says %d are pooled", len(pooled), len(want))
+	}
+	used, err := c.Status(ctx, all)
+	if err != nil {
+		return err
+	}
+	owners, err := rdb.SMembers(ctx, c.leasesKey()).Result()
+	if err != nil {
+		return err
+	}
+	leased := map[uint32]bool{}
+	for _, o := range owners {
+		ms, err := rdb.SMembers(ctx, c.leaseKey(o)).Result()
+		if err != nil {
+			return err
+		}
+		for _, u := range parseUins(ms) {
+			leased[u] = true
+		}
+	}
+	for i, u := range all {
+		if f.Used.Contains(u) != (used[i] || leased[u]) {
+			return fmt.Errorf("uin %d used %v leased %v, the journal says used %v", u, used[i], leased[u], f.Used.Contains(u))
+		}
+	}
+	return nil
 }

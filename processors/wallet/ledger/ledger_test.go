@@ -270,10 +270,12 @@ func TestBacklogInvisibleAndBookedEqualsGranted(t *testing.T) {
 			t.Fatalf("%v of 400 new orders answered by the key filter", n)
 		}
 		// The store is asked only about keys the filter holds: false
-		// positives, and the reads of u3's 20 tokens above, which may meet
-		// keys of the open batch (in the filter, not yet in the store). A
-		// filter that does not filter sends all 400 there.
-		if n := lookups.With("store_absent").Value(); n > 4+2*20 {
+		// positives, the reads of u3's 20 tokens above, which may meet keys
+		// of the open batch (in the filter, not yet in the store), and the
+		// orders of a batch aborted and booked again (in the filter from
+		// the first attempt: a busy CI machine aborted enough to reach 77).
+		// A filter that does not filter sends all 400 there.
+		if n := lookups.With("store_absent").Value(); n >= 200 {
 			t.Fatalf("%v lookups of absent orders reached the store: the filter is not filtering", n)
 		}
 		for act, want := range per {
