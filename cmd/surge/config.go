@@ -84,6 +84,7 @@ var options = []struct {
 	{"clickhouse.cluster", "", "ClickHouse cluster (remote_servers) to create the tables on: replicated local tables and Distributed ones over them, every DDL ON CLUSTER; empty: one server"},
 	{"clickhouse.replication_path", "/clickhouse/tables", "with clickhouse.cluster: the ZooKeeper/Keeper path under which the replicated tables live ({shard}/{database}/<table> follow)"},
 	{"clickhouse.chdb_dir", "", "chDB data directory in embedded mode; empty is a temporary one"},
+	{"clickhouse.serve_addr", "127.0.0.1:8123", "`clickhouse serve`: where the embedded chDB is served over ClickHouse's HTTP interface (a password is required on any address but loopback)"},
 	{"clickhouse.chdb_connections", 0, "chDB queries and inserts that may run at once; 0 is the number of CPUs (at most 8)"},
 	{"metrics.addr", "127.0.0.1:9464", "address of the Prometheus /metrics endpoint; empty disables it"},
 	{"log.level", "info", "debug, info, warn or error"},
@@ -199,6 +200,7 @@ var commandKeys = map[string][]string{
 	"consume":      {},
 	"replay":       {},
 	"rebuild":      {"wallet.", "redis."},
+	"clickhouse":   {"clickhouse.", "metrics."},
 }
 
 // takesKey reports whether command name takes key as a flag.

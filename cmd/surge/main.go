@@ -61,6 +61,8 @@ commands:
   rebuild    rebuild a system's Redis state from its topics: "rebuild
              wallet|uin|all [--force]" (the wallet's budget and stock
              counters and order claims; the uin pool)
+  clickhouse serve: the embedded chDB over ClickHouse's HTTP interface, for
+             sinks, classify and recon as separate processes
   config     print the effective configuration
   probe      ask this host's service if it is ready (/readyz on metrics.addr;
              --live: /healthz): exit 0 when it is; the image's HEALTHCHECK
@@ -107,6 +109,8 @@ func main() {
 		err = cmdReplay(ctx, args)
 	case "rebuild":
 		err = cmdRebuild(ctx, args)
+	case "clickhouse":
+		err = cmdClickhouse(ctx, args)
 	case "probe":
 		err = cmdProbe(ctx, args)
 	case "config":

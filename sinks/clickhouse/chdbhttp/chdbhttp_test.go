@@ -69,3 +69,30 @@ func TestRefusesWhatItDoesNotServe(t *testing.T) {
 		t.Fatalf("GET: %s", resp.Status)
 	}
 }
+
+// An empty result with a LowCardinality column (what `surge recon report`
+// asks of an empty recon_results) reads as no rows, and the next query on
+// the connection works: clickhouse-go decodes an empty block without the
+// column's state prefix its encoder would write.
+func TestEmptyLowCardinalityResult(t *testing.T) {
+	ep := endpoint(t)
+	ctx := context.Background()
+	st, err := clickhouse.OpenServer(ctx, ep.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	for _, q := range []string{
+		"SELECT toLowCardinality('x') AS c, 1 AS n WHERE 0",
+		"SELECT [toLowCardinality('x')] AS c, toNullable(toLowCardinality('y')) AS d WHERE 0",
+	} {
+		rows, err := st.QueryStrings(ctx, q)
+		if err != nil || len(rows) != 0 {
+			t.Fatalf("%s: %v, %v", q, rows, err)
+		}
+	}
+	rows, err := st.QueryStrings(ctx, "SELECT toLowCardinality('x') AS c, 1 AS n")
+	if err != nil || len(rows) != 1 || rows[0][0] != "x" || rows[0][1] != "1" {
+		t.Fatalf("a row: %v, %v", rows, err)
+	}
+}
