@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"surge/streams/metrics"
 	"testing"
 )
 
@@ -64,5 +65,23 @@ func TestConfigRefusesMistakes(t *testing.T) {
 		for k := range c.env {
 			os.Unsetenv(k)
 		}
+	}
+}
+
+// `surge version` says which build runs, and so does surge_build_info on
+// every service's /metrics.
+func TestVersionAndBuildInfo(t *testing.T) {
+	out, code := runToEnd(t, nil, "version")
+	if code != 0 || !strings.HasPrefix(out, "surge ") || !strings.Contains(out, "go1.") {
+		t.Fatalf("surge version: exit %d: %q", code, out)
+	}
+	reg := metrics.NewRegistry()
+	registerBuildInfo(reg)
+	var text strings.Builder
+	if err := reg.WriteText(&text); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(text.String(), "surge_build_info{") || !strings.Contains(text.String(), `go_version="go1.`) {
+		t.Fatalf("no build info:\n%s", text.String())
 	}
 }

@@ -64,6 +64,7 @@ commands:
   clickhouse serve: the embedded chDB over ClickHouse's HTTP interface, for
              sinks, classify and recon as separate processes
   config     print the effective configuration
+  version    print the build (version, VCS revision, Go version)
   probe      ask this host's service if it is ready (/readyz on metrics.addr;
              --live: /healthz): exit 0 when it is; the image's HEALTHCHECK
   completion bash|zsh: shell completion of commands and each command's flags
@@ -109,6 +110,8 @@ func main() {
 		err = cmdReplay(ctx, args)
 	case "rebuild":
 		err = cmdRebuild(ctx, args)
+	case "version", "--version":
+		cmdVersion()
 	case "clickhouse":
 		err = cmdClickhouse(ctx, args)
 	case "probe":
@@ -147,6 +150,7 @@ func serveMetrics(ctx context.Context, v *viper.Viper, log *slog.Logger) {
 	if addr == "" {
 		return
 	}
+	registerBuildInfo(metrics.Default)
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", metrics.Default.Handler())
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
