@@ -19,10 +19,9 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
-	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"surge/bench/internal/backend"
 	"surge/processors/wallet/config"
 	"surge/processors/wallet/grant"
 	"surge/processors/wallet/order"
@@ -30,7 +29,6 @@ import (
 	"surge/schemas"
 	pb "surge/schemas/surgev1"
 	"surge/streams"
-	"surge/streams/embedded"
 	"surge/streams/metrics"
 )
 
@@ -39,24 +37,13 @@ func main() {
 	redisAddr := flag.String("redis", "", "redis-server; empty starts miniredis in process")
 	n := flag.Int("grants", 1_000_000, "grants published before the rebuild")
 	flag.Parse()
-	kc, backend, stopKafka, err := embedded.KafkaOr(*brokersFlag)
+	b, err := backend.Open(*brokersFlag, *redisAddr)
 	must(err)
-	defer stopKafka()
-	if *redisAddr == "" {
-		m := miniredis.NewMiniRedis()
-		must(m.Start())
-		defer m.Close()
-		*redisAddr = m.Addr()
-	}
-	rdb := redis.NewClient(&redis.Options{Addr: *redisAddr, PoolSize: 16})
-	defer rdb.Close()
+	defer b.Close()
+	kc, rdb, cl := b.Kafka, b.Redis, b.Publisher
 	ctx := context.Background()
 	ns := fmt.Sprintf("rbench%d.", time.Now().UnixNano())
-	cl, err := kc.NewClient(kgo.ProducerLinger(5*time.Millisecond), kgo.MaxBufferedRecords(1<<20), kgo.ProducerBatchMaxBytes(1<<20))
-	must(err)
-	defer cl.Close()
 	must(streams.EnsureTopics(ctx, cl, streams.OneCopy, schemas.Namespaced(ns, schemas.TopicGrants, schemas.TopicTokens)...))
-	fmt.Printf("backend: %s; redis %s; %d cores, %s\n", backend, *redisAddr, runtime.NumCPU(), runtime.Version())
 
 	now := time.Now()
 	tree := &config.Tree{Activities: []config.Activity{{ID: "spring",

@@ -19,16 +19,14 @@ import (
 	"runtime"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
-	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"surge/bench/internal/backend"
 	"surge/processors/uin/pool"
 	"surge/processors/uin/uinkeys"
 	"surge/schemas"
 	pb "surge/schemas/surgev1"
 	"surge/streams"
-	"surge/streams/embedded"
 )
 
 func main() {
@@ -38,25 +36,14 @@ func main() {
 	allocated := flag.Int("allocated", 200_000, "of them, allocated")
 	buckets := flag.Int("buckets", 1000, "central pool buckets")
 	flag.Parse()
-	kc, backend, stopKafka, err := embedded.KafkaOr(*brokersFlag)
+	b, err := backend.Open(*brokersFlag, *redisAddr)
 	must(err)
-	defer stopKafka()
-	if *redisAddr == "" {
-		m := miniredis.NewMiniRedis()
-		must(m.Start())
-		defer m.Close()
-		*redisAddr = m.Addr()
-	}
-	rdb := redis.NewClient(&redis.Options{Addr: *redisAddr, PoolSize: 16})
-	defer rdb.Close()
+	defer b.Close()
+	kc, rdb, cl := b.Kafka, b.Redis, b.Publisher
 	ctx := context.Background()
 	ns := fmt.Sprintf("pbench%d.", time.Now().UnixNano())
 	topic := ns + schemas.TopicPool
-	cl, err := kc.NewClient(kgo.ProducerLinger(5*time.Millisecond), kgo.MaxBufferedRecords(1<<20), kgo.ProducerBatchMaxBytes(1<<20))
-	must(err)
-	defer cl.Close()
 	must(streams.EnsureTopics(ctx, cl, streams.OneCopy, schemas.Namespaced(ns, schemas.TopicPool)...))
-	fmt.Printf("backend: %s; redis %s; %d cores, %s\n", backend, *redisAddr, runtime.NumCPU(), runtime.Version())
 
 	began := time.Now()
 	records := 0
