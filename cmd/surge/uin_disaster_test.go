@@ -94,7 +94,7 @@ func TestUinRedisLossDrill(t *testing.T) {
 
 	applied := readSteps(ctx, t, b.Kafka, ns)
 	clients := []poolClient{{pa, key, &http.Client{Timeout: 5 * time.Second}}, {pbAddr, key, &http.Client{Timeout: 5 * time.Second}}}
-	const want = 1800
+	const want = 1600 // of 2,150: the rest is what the pools hold leased, and what they had leased at the loss
 	alloc := allocateUntil(ctx, clients, 4, want)
 	total := &alloc.total
 	for total.Load() < want/3 && ctx.Err() == nil {

@@ -128,14 +128,20 @@ func (c *Central) leasesKey() string            { return c.prefix + "leases" }
 func (c *Central) returningKey() string         { return c.prefix + "returning" } // leases being returned
 func (c *Central) bucketPrefix() string         { return c.prefix + "bucket:" }
 
-// leaseScript pops up to ARGV[1] uins from each bucket in KEYS[3:] and
-// records them in the lease set KEYS[1] of owner ARGV[2] (listed in
-// KEYS[2]), atomically: no moment exists at which a uin is in neither. The
-// last key is the generation, answered first.
+// leaseScript pops up to ARGV[1] uins from each bucket in KEYS[3:], and
+// ARGV[3] in all, and records them in the lease set KEYS[1] of owner
+// ARGV[2] (listed in KEYS[2]), atomically: no moment exists at which a uin
+// is in neither. The last key is the generation, answered first. (The
+// bound matters in a sparse pool, where a lease walks every bucket: a
+// leased uin counts as allocated until its lease is returned, so a big
+// lease is what a Redis loss would strand.)
 var leaseScript = redis.NewScript(guardLua + `
 local out = {redis.call('GET', KEYS[#KEYS])}
+local want = tonumber(ARGV[3])
 for i = 3, #KEYS - 1 do
-  local xs = redis.call('SPOP', KEYS[i], ARGV[1])
+  local room = want - (#out - 1)
+  if room <= 0 then break end
+  local xs = redis.call('SPOP', KEYS[i], math.min(tonumber(ARGV[1]), room))
   for _, x in ipairs(xs) do out[#out+1] = x end
 end
 for i = 2, #out, 1000 do
@@ -216,15 +222,13 @@ func (c *Central) lease(ctx context.Context, owner string, n int, rng *rand.Rand
 	for range min(16, c.buckets) {
 		pick = append(pick, rng.IntN(c.buckets))
 	}
-	out, gen, err := c.leaseFrom(ctx, owner, pick, max(n/len(pick), 1))
+	out, gen, err := c.leaseFrom(ctx, owner, pick, max(n/len(pick), 1), n)
 	if err != nil || len(out) > 0 {
 		return out, gen, err
 	}
-	all := make([]int, c.buckets)
-	for b := range all {
-		all[b] = b
-	}
-	out, gen, err = c.leaseFrom(ctx, owner, all, max(n/c.buckets, 1))
+	// Every bucket, in a random order: with the lease bounded to n, the
+	// instances must not all drain the same first buckets.
+	out, gen, err = c.leaseFrom(ctx, owner, rng.Perm(c.buckets), max(n/c.buckets, 1), n)
 	if err == nil && len(out) == 0 {
 		err = ErrExhausted
 	}
@@ -232,13 +236,13 @@ func (c *Central) lease(ctx context.Context, owner string, n int, rng *rand.Rand
 }
 
 // leaseFrom answers the uins leased and the pool's generation.
-func (c *Central) leaseFrom(ctx context.Context, owner string, buckets []int, each int) ([]uint32, string, error) {
+func (c *Central) leaseFrom(ctx context.Context, owner string, buckets []int, each, total int) ([]uint32, string, error) {
 	keys := make([]string, 0, 3+len(buckets))
 	keys = append(keys, c.leaseKey(owner), c.leasesKey())
 	for _, b := range buckets {
 		keys = append(keys, c.bucketPrefix()+strconv.Itoa(b))
 	}
-	vals, err := leaseScript.Run(ctx, c.rdb, append(keys, c.gen()), each, owner).StringSlice()
+	vals, err := leaseScript.Run(ctx, c.rdb, append(keys, c.gen()), each, owner, max(total, 1)).StringSlice()
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return nil, "", rebuildingErr(err)
 	}
