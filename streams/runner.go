@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"strconv"
 	"strings"
 	"sync"
@@ -115,7 +116,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		}
 		r.mRestarts.Inc()
 		r.log.Warn("session failed; restarting from the last commit", "err", err, "retry_in", backoff)
-		if !sleep(ctx, backoff) {
+		if !sleep(ctx, jitter(backoff)) {
 			return nil
 		}
 		backoff = min(backoff*2, r.cfg.backoffMax)
@@ -164,7 +165,7 @@ func (r *Runner) clientOpts() []kgo.Opt {
 		kgo.MaxBufferedRecords(max(2*r.cfg.maxBatch, 10000)),
 		kgo.ProducerBatchMaxBytes(int32(max(r.cfg.maxRecordBytes+(64<<10), 1<<20))),
 		kgo.RetryBackoffFn(func(n int) time.Duration {
-			return min(r.cfg.backoffMin<<min(n, 10), r.cfg.backoffMax)
+			return jitter(min(r.cfg.backoffMin<<min(n, 10), r.cfg.backoffMax))
 		}),
 		kgo.WithLogger(kgoLogger{r.log}),
 	)
@@ -239,7 +240,7 @@ func (r *Runner) waitForBroker(ctx context.Context, cl *kgo.Client) error {
 			return ctx.Err()
 		}
 		r.log.Warn("no broker reachable; retrying", "kafka", r.cfg.cluster.String(), "err", err, "retry_in", backoff)
-		if !sleep(ctx, backoff) {
+		if !sleep(ctx, jitter(backoff)) {
 			return ctx.Err()
 		}
 		backoff = min(backoff*2, r.cfg.backoffMax)
@@ -427,7 +428,7 @@ func (r *Runner) retryUntil(ctx context.Context, what string, fn func() error) b
 		}
 		r.mRetries.Inc()
 		r.log.Warn(what+" failed; retrying", "err", err, "retry_in", backoff)
-		if !sleep(ctx, backoff) {
+		if !sleep(ctx, jitter(backoff)) {
 			return false
 		}
 		backoff = min(backoff*2, r.cfg.backoffMax)
@@ -700,4 +701,13 @@ func (k kgoLogger) Log(level kgo.LogLevel, msg string, kv ...any) {
 	} else {
 		k.l.Warn("kafka: "+msg, kv...)
 	}
+}
+
+// jitter is d spread over [d/2, d): instances that failed together (a
+// broker restart) do not all retry at the same moment.
+func jitter(d time.Duration) time.Duration {
+	if d <= 1 {
+		return d
+	}
+	return d/2 + rand.N(d/2)
 }

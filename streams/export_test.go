@@ -1,0 +1,4 @@
+package streams
+
+// Jitter is jitter, for the tests.
+var Jitter = jitter
