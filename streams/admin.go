@@ -249,3 +249,30 @@ func CoPartitioned(ctx context.Context, cluster Cluster, a, b string) (int, erro
 	}
 	return na, nil
 }
+
+// RecordsIn is how many records the topics hold (end less start offsets;
+// a topic that does not exist holds none): a progress bar's total, or
+// whether a rebuild has anything to read.
+func RecordsIn(ctx context.Context, kc Cluster, topics ...string) (int64, error) {
+	cl, err := kc.NewClient()
+	if err != nil {
+		return 0, err
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	ends, err := adm.ListEndOffsets(ctx, topics...)
+	if err != nil {
+		return 0, err
+	}
+	starts, err := adm.ListStartOffsets(ctx, topics...)
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	ends.Each(func(o kadm.ListedOffset) {
+		if s, ok := starts.Lookup(o.Topic, o.Partition); ok && o.Err == nil && s.Err == nil {
+			n += o.Offset - s.Offset
+		}
+	})
+	return n, nil
+}

@@ -7,7 +7,6 @@ import (
 
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
-	"github.com/twmb/franz-go/pkg/kadm"
 
 	uinpipe "surge/processors/uin/pipeline"
 	"surge/processors/uin/pool"
@@ -99,7 +98,7 @@ func rebuildWallet(ctx context.Context, v *viper.Viper, force bool) error {
 	}
 	in := grant.New(grant.Config{Env: streams.Env{Kafka: kc, Namespace: v.GetString("wallet.namespace"), Log: log, Metrics: metrics.NewRegistry()},
 		Source: src, Keys: keys, Redis: rdb, RebuildSettle: v.GetDuration("wallet.rebuild_settle")})
-	total, err := recordsIn(ctx, kc, walletTopics(v.GetString("wallet.namespace"))...)
+	total, err := streams.RecordsIn(ctx, kc, walletTopics(v.GetString("wallet.namespace"))...)
 	if err != nil {
 		return err
 	}
@@ -130,7 +129,7 @@ func rebuildUin(ctx context.Context, v *viper.Viper, force bool) error {
 	ns := v.GetString("uin.namespace")
 	for _, lane := range []string{ns, schemas.ShadowPrefix + ns} {
 		topic := lane + schemas.TopicPool
-		total, err := recordsIn(ctx, kc, topic)
+		total, err := streams.RecordsIn(ctx, kc, topic)
 		if err != nil {
 			return err
 		}
@@ -166,30 +165,4 @@ func walletTopics(ns string) []string {
 		out = append(out, lane+schemas.TopicGrants, lane+schemas.TopicTokens)
 	}
 	return out
-}
-
-// recordsIn is how many records the topics hold (end less start offsets;
-// a topic that does not exist holds none), for a progress bar.
-func recordsIn(ctx context.Context, kc streams.Cluster, topics ...string) (int64, error) {
-	cl, err := kc.NewClient()
-	if err != nil {
-		return 0, err
-	}
-	defer cl.Close()
-	adm := kadm.NewClient(cl)
-	ends, err := adm.ListEndOffsets(ctx, topics...)
-	if err != nil {
-		return 0, err
-	}
-	starts, err := adm.ListStartOffsets(ctx, topics...)
-	if err != nil {
-		return 0, err
-	}
-	var n int64
-	ends.Each(func(o kadm.ListedOffset) {
-		if s, ok := starts.Lookup(o.Topic, o.Partition); ok && o.Err == nil && s.Err == nil {
-			n += o.Offset - s.Offset
-		}
-	})
-	return n, nil
 }

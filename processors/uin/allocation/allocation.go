@@ -218,10 +218,6 @@ func (s *Service) watch(ctx context.Context) error {
 	}
 }
 
-// Rebuilding reports whether the service waits for the pool to be in
-// Redis (rebuilt from uin.pool).
-func (s *Service) Rebuilding() bool { return !s.keeper.Ready() }
-
 // Handler is the authenticated API.
 func (s *Service) Handler() http.Handler {
 	mux := http.NewServeMux()

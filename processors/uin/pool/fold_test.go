@@ -15,6 +15,7 @@ import (
 
 	"surge/processors/uin/uinkeys"
 	pb "surge/schemas/surgev1"
+	"surge/streams/connect"
 	"surge/streams/streamstest"
 )
 
@@ -181,24 +182,13 @@ func TestPoolLostAndRebuiltHandsOutNothingTwice(t *testing.T) {
 	})
 }
 
-// wipe deletes every key under prefix, on each master of a cluster.
+// wipe deletes every key under prefix (on each master of a cluster; the
+// keys share one hash tag, so one DEL takes them all).
 func wipe(t *testing.T, rdb redis.UniversalClient, prefix string) {
 	ctx := context.Background()
-	del := func(ctx context.Context, c *redis.Client) error {
-		keys, err := c.Keys(ctx, prefix+"*").Result()
-		if err != nil || len(keys) == 0 {
-			return err
-		}
-		return c.Del(ctx, keys...).Err()
-	}
-	var err error
-	switch c := rdb.(type) {
-	case *redis.ClusterClient:
-		err = c.ForEachMaster(ctx, del)
-	case *redis.Client:
-		err = del(ctx, c)
-	default:
-		t.Fatalf("wipe: %T", rdb)
+	keys, err := connect.Scan(ctx, rdb, prefix+"*")
+	if err == nil && len(keys) > 0 {
+		err = rdb.Del(ctx, keys...).Err()
 	}
 	if err != nil {
 		t.Fatal(err)

@@ -13,7 +13,6 @@ import (
 
 	"github.com/RoaringBitmap/roaring/v2"
 	"github.com/redis/go-redis/v9"
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	pb "surge/schemas/surgev1"
@@ -96,7 +95,7 @@ func (c *Central) Rebuild(ctx context.Context, kc streams.Cluster, topic string,
 		return RebuildSummary{Waited: true, Took: time.Since(began)}, err // rebuilt while we waited for the lock
 	}
 
-	records, err := recordsOf(ctx, kc, topic)
+	records, err := streams.RecordsIn(ctx, kc, topic)
 	if err != nil {
 		return RebuildSummary{}, err
 	}
@@ -159,31 +158,6 @@ func randomHex() string {
 	b := make([]byte, 8)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
-}
-
-// recordsOf is how many records topic holds (0 for a topic not there).
-func recordsOf(ctx context.Context, kc streams.Cluster, topic string) (int64, error) {
-	cl, err := kc.NewClient()
-	if err != nil {
-		return 0, err
-	}
-	defer cl.Close()
-	adm := kadm.NewClient(cl)
-	starts, err := adm.ListStartOffsets(ctx, topic)
-	if err != nil {
-		return 0, err
-	}
-	ends, err := adm.ListEndOffsets(ctx, topic)
-	if err != nil {
-		return 0, err
-	}
-	var n int64
-	ends.Each(func(e kadm.ListedOffset) {
-		if s, ok := starts.Lookup(topic, e.Partition); ok && e.Err == nil && s.Err == nil {
-			n += e.Offset - s.Offset
-		}
-	})
-	return n, nil
 }
 
 // Restore writes a fold into Redis as the whole pool, replacing what is
@@ -332,9 +306,6 @@ func (c *Central) NewKeeper(kc streams.Cluster, topic string, o RebuildOptions) 
 	return &Keeper{c: c, kc: kc, topic: topic, o: o, interval: 2 * time.Second, lost: make(chan struct{}, 1)}
 }
 
-// Ready reports whether the pool was there at the last check.
-func (k *Keeper) Ready() bool { return k.ready.Load() }
-
 // Lost tells the keeper a change found the pool missing (ErrRebuilding).
 func (k *Keeper) Lost() {
 	k.ready.Store(false)
@@ -354,10 +325,15 @@ func (k *Keeper) Peek(ctx context.Context) bool {
 	if err != nil || !ok {
 		return false
 	}
+	k.markReady()
+	return true
+}
+
+// markReady records that the pool is there, telling OnReady if it was not.
+func (k *Keeper) markReady() {
 	if !k.ready.Swap(true) && k.OnReady != nil {
 		k.OnReady()
 	}
-	return true
 }
 
 // Check looks once, rebuilding a missing pool; it answers whether the
@@ -380,9 +356,7 @@ func (k *Keeper) Check(ctx context.Context) bool {
 			return false
 		}
 	}
-	if !k.ready.Swap(true) && k.OnReady != nil {
-		k.OnReady()
-	}
+	k.markReady()
 	return true
 }
 
