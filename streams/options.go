@@ -71,6 +71,7 @@ type config struct {
 	beforeCommit   func(ctx context.Context) error
 	afterBatch     func(ctx context.Context, out *Output) error
 	onIdle         func(ctx context.Context)
+	onSession      func(ctx context.Context) error
 	fault          func(FaultPoint)
 	readyChecks    []func() error
 	spec           *Spec  // Declare: the topics it may consume and produce
@@ -242,6 +243,17 @@ func OnIdle(fn func(ctx context.Context)) Option {
 		}
 		c.onIdle = fn
 	}
+}
+
+// OnSessionStart is called when a session starts, before it consumes; in
+// an exactly-once session, after it has initialised its producer id, which
+// fenced every earlier holder of its transactional id. A processor that
+// must see what was written under its identity before it works (the push
+// executor reads the planner's revocations) reads it here: nothing more
+// can be written under that identity during the session without fencing
+// it, which ends the session. An error ends the session (it is retried).
+func OnSessionStart(fn func(ctx context.Context) error) Option {
+	return func(c *config) { c.onSession = fn }
 }
 
 // ReadyWhen adds a condition to the runner's readiness (/readyz): while

@@ -206,7 +206,15 @@ func (r *Runner) session(ctx context.Context) error {
 		// none, and the survivor that took over would wait out the dead
 		// one's open transaction. See fence.go.
 		if _, _, err := sess.Client().ProducerID(ctx); err != nil && ctx.Err() == nil {
+			if r.cfg.onSession != nil {
+				return fmt.Errorf("initialise the producer id: %w", err) // the hook needs its predecessors fenced
+			}
 			r.log.Warn("could not initialise the producer id; the first transaction will", "err", err)
+		}
+		if r.cfg.onSession != nil {
+			if err := r.cfg.onSession(ctx); err != nil {
+				return fmt.Errorf("session start: %w", err)
+			}
 		}
 		fctx, stopFencer := context.WithCancel(ctx)
 		defer stopFencer()
@@ -222,6 +230,11 @@ func (r *Runner) session(ctx context.Context) error {
 	defer cl.AllowRebalance() // Close leaves the group, which is a rebalance
 	if err := r.waitForBroker(ctx, cl); err != nil {
 		return err
+	}
+	if r.cfg.onSession != nil {
+		if err := r.cfg.onSession(ctx); err != nil {
+			return fmt.Errorf("session start: %w", err)
+		}
 	}
 	return r.loop(ctx, cl, &offsetCommitter{cl: cl, fault: r.cfg.fault})
 }
@@ -685,7 +698,12 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-func (r *Runner) txnID() string { return r.cfg.group + "-" + r.cfg.instanceID }
+func (r *Runner) txnID() string { return TransactionalID(r.cfg.group, r.cfg.instanceID) }
+
+// TransactionalID is the transactional id of an exactly-once runner of
+// group with instance id instance. Writing under it fences that instance:
+// the push planner does so to take units back from a silent executor.
+func TransactionalID(group, instance string) string { return group + "-" + instance }
 
 // clientID is the client id of the group's member with instance id
 // instance: how the fencer tells a live instance from a departed one.

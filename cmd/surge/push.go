@@ -42,6 +42,7 @@ func startPushStack(ctx context.Context, v *viper.Viper, log *slog.Logger, bs st
 	cfg := planner.DefaultConfig()
 	cfg.UnitSize, cfg.MaxBacklog, cfg.MinLead = uint64(v.GetInt("push.unit_size")), v.GetInt("push.max_backlog"), v.GetDuration("push.min_lead")
 	cfg.CheckpointEvery = v.GetDuration("push.planner_checkpoint_every")
+	cfg.ReassignAfter = v.GetDuration("push.reassign_after")
 	opts, err := runnerOptions(v, log)
 	if err != nil {
 		stop()

@@ -325,7 +325,7 @@ func (x ExecutorCommand_Op) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ExecutorCommand_Op.Descriptor instead.
 func (ExecutorCommand_Op) EnumDescriptor() ([]byte, []int) {
-	return file_surge_v1_push_proto_rawDescGZIP(), []int{19, 0}
+	return file_surge_v1_push_proto_rawDescGZIP(), []int{22, 0}
 }
 
 type JobCommand_Op int32
@@ -377,7 +377,7 @@ func (x JobCommand_Op) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use JobCommand_Op.Descriptor instead.
 func (JobCommand_Op) EnumDescriptor() ([]byte, []int) {
-	return file_surge_v1_push_proto_rawDescGZIP(), []int{20, 0}
+	return file_surge_v1_push_proto_rawDescGZIP(), []int{23, 0}
 }
 
 // A login or logout of one user; feeds the online bitmap and offline delivery.
@@ -697,7 +697,11 @@ type JobTransition struct {
 	// clock in ms << 10, raised to stay increasing): a restore applies the
 	// transitions of different jobs in the order they happened, which the
 	// CRC filter's give-backs depend on.
-	Seq           uint64 `protobuf:"varint,11,opt,name=seq,proto3" json:"seq,omitempty"`
+	Seq uint64 `protobuf:"varint,11,opt,name=seq,proto3" json:"seq,omitempty"`
+	// On SENDING: which executor got which unit in this step (units revoked
+	// from a silent executor and sent again are among them). The step's seq
+	// is the units' dispatch_seq.
+	Dispatched    []*UnitDispatch `protobuf:"bytes,12,rep,name=dispatched,proto3" json:"dispatched,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -809,30 +813,161 @@ func (x *JobTransition) GetSeq() uint64 {
 	return 0
 }
 
-// A slice of a job assigned to one executor.
-type SendTaskUnit struct {
+func (x *JobTransition) GetDispatched() []*UnitDispatch {
+	if x != nil {
+		return x.Dispatched
+	}
+	return nil
+}
+
+// One unit handed to one executor.
+type UnitDispatch struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	UnitId        uint32                 `protobuf:"varint,1,opt,name=unit_id,json=unitId,proto3" json:"unit_id,omitempty"`
+	Executor      string                 `protobuf:"bytes,2,opt,name=executor,proto3" json:"executor,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UnitDispatch) Reset() {
+	*x = UnitDispatch{}
+	mi := &file_surge_v1_push_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UnitDispatch) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UnitDispatch) ProtoMessage() {}
+
+func (x *UnitDispatch) ProtoReflect() protoreflect.Message {
+	mi := &file_surge_v1_push_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UnitDispatch.ProtoReflect.Descriptor instead.
+func (*UnitDispatch) Descriptor() ([]byte, []int) {
+	return file_surge_v1_push_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *UnitDispatch) GetUnitId() uint32 {
+	if x != nil {
+		return x.UnitId
+	}
+	return 0
+}
+
+func (x *UnitDispatch) GetExecutor() string {
+	if x != nil {
+		return x.Executor
+	}
+	return ""
+}
+
+// One dispatch of a unit that the planner took back from an executor that
+// stopped reporting: the unit goes to another executor, and the silent one
+// must never send it.
+type RevokedUnit struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	JobId         string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
 	UnitId        uint32                 `protobuf:"varint,2,opt,name=unit_id,json=unitId,proto3" json:"unit_id,omitempty"`
-	Executor      string                 `protobuf:"bytes,3,opt,name=executor,proto3" json:"executor,omitempty"`
-	PackageUri    string                 `protobuf:"bytes,4,opt,name=package_uri,json=packageUri,proto3" json:"package_uri,omitempty"`
-	RangeStart    uint64                 `protobuf:"varint,5,opt,name=range_start,json=rangeStart,proto3" json:"range_start,omitempty"` // inclusive uin
-	RangeEnd      uint64                 `protobuf:"varint,6,opt,name=range_end,json=rangeEnd,proto3" json:"range_end,omitempty"`       // exclusive uin
-	Count         uint64                 `protobuf:"varint,7,opt,name=count,proto3" json:"count,omitempty"`
-	ContentId     string                 `protobuf:"bytes,8,opt,name=content_id,json=contentId,proto3" json:"content_id,omitempty"`
-	DisplayAtMs   int64                  `protobuf:"varint,9,opt,name=display_at_ms,json=displayAtMs,proto3" json:"display_at_ms,omitempty"`
-	Targets       []byte                 `protobuf:"bytes,10,opt,name=targets,proto3" json:"targets,omitempty"` // the unit's filtered targets, roaring-serialized
-	ContentCrc    uint32                 `protobuf:"varint,11,opt,name=content_crc,json=contentCrc,proto3" json:"content_crc,omitempty"`
-	UnitsTotal    uint32                 `protobuf:"varint,12,opt,name=units_total,json=unitsTotal,proto3" json:"units_total,omitempty"` // how many units the job was split into so far
-	Realtime      bool                   `protobuf:"varint,13,opt,name=realtime,proto3" json:"realtime,omitempty"`
-	AccountId     uint64                 `protobuf:"varint,14,opt,name=account_id,json=accountId,proto3" json:"account_id,omitempty"`
+	DispatchSeq   uint64                 `protobuf:"varint,3,opt,name=dispatch_seq,json=dispatchSeq,proto3" json:"dispatch_seq,omitempty"` // the dispatch revoked (JobTransition.seq of its SENDING step)
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RevokedUnit) Reset() {
+	*x = RevokedUnit{}
+	mi := &file_surge_v1_push_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RevokedUnit) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RevokedUnit) ProtoMessage() {}
+
+func (x *RevokedUnit) ProtoReflect() protoreflect.Message {
+	mi := &file_surge_v1_push_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RevokedUnit.ProtoReflect.Descriptor instead.
+func (*RevokedUnit) Descriptor() ([]byte, []int) {
+	return file_surge_v1_push_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *RevokedUnit) GetJobId() string {
+	if x != nil {
+		return x.JobId
+	}
+	return ""
+}
+
+func (x *RevokedUnit) GetUnitId() uint32 {
+	if x != nil {
+		return x.UnitId
+	}
+	return 0
+}
+
+func (x *RevokedUnit) GetDispatchSeq() uint64 {
+	if x != nil {
+		return x.DispatchSeq
+	}
+	return 0
+}
+
+// A slice of a job assigned to one executor.
+type SendTaskUnit struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	JobId       string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	UnitId      uint32                 `protobuf:"varint,2,opt,name=unit_id,json=unitId,proto3" json:"unit_id,omitempty"`
+	Executor    string                 `protobuf:"bytes,3,opt,name=executor,proto3" json:"executor,omitempty"`
+	PackageUri  string                 `protobuf:"bytes,4,opt,name=package_uri,json=packageUri,proto3" json:"package_uri,omitempty"`
+	RangeStart  uint64                 `protobuf:"varint,5,opt,name=range_start,json=rangeStart,proto3" json:"range_start,omitempty"` // inclusive uin
+	RangeEnd    uint64                 `protobuf:"varint,6,opt,name=range_end,json=rangeEnd,proto3" json:"range_end,omitempty"`       // exclusive uin
+	Count       uint64                 `protobuf:"varint,7,opt,name=count,proto3" json:"count,omitempty"`
+	ContentId   string                 `protobuf:"bytes,8,opt,name=content_id,json=contentId,proto3" json:"content_id,omitempty"`
+	DisplayAtMs int64                  `protobuf:"varint,9,opt,name=display_at_ms,json=displayAtMs,proto3" json:"display_at_ms,omitempty"`
+	Targets     []byte                 `protobuf:"bytes,10,opt,name=targets,proto3" json:"targets,omitempty"` // the unit's filtered targets, roaring-serialized
+	ContentCrc  uint32                 `protobuf:"varint,11,opt,name=content_crc,json=contentCrc,proto3" json:"content_crc,omitempty"`
+	UnitsTotal  uint32                 `protobuf:"varint,12,opt,name=units_total,json=unitsTotal,proto3" json:"units_total,omitempty"` // how many units the job was split into so far
+	Realtime    bool                   `protobuf:"varint,13,opt,name=realtime,proto3" json:"realtime,omitempty"`
+	AccountId   uint64                 `protobuf:"varint,14,opt,name=account_id,json=accountId,proto3" json:"account_id,omitempty"`
+	// The seq of the planner's SENDING transition that dispatched the unit:
+	// a revocation names this dispatch, not a later one of the same unit.
+	DispatchSeq uint64 `protobuf:"varint,15,opt,name=dispatch_seq,json=dispatchSeq,proto3" json:"dispatch_seq,omitempty"`
+	// A revocation, not a unit (only job_id, unit_id, dispatch_seq set): the
+	// planner took this dispatch back, writing under the executor's own
+	// transactional id (which fenced it). An executor reads its queue's
+	// revocations before it sends anything and never sends a revoked unit.
+	Revoked       bool `protobuf:"varint,16,opt,name=revoked,proto3" json:"revoked,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SendTaskUnit) Reset() {
 	*x = SendTaskUnit{}
-	mi := &file_surge_v1_push_proto_msgTypes[4]
+	mi := &file_surge_v1_push_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -844,7 +979,7 @@ func (x *SendTaskUnit) String() string {
 func (*SendTaskUnit) ProtoMessage() {}
 
 func (x *SendTaskUnit) ProtoReflect() protoreflect.Message {
-	mi := &file_surge_v1_push_proto_msgTypes[4]
+	mi := &file_surge_v1_push_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -857,7 +992,7 @@ func (x *SendTaskUnit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendTaskUnit.ProtoReflect.Descriptor instead.
 func (*SendTaskUnit) Descriptor() ([]byte, []int) {
-	return file_surge_v1_push_proto_rawDescGZIP(), []int{4}
+	return file_surge_v1_push_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *SendTaskUnit) GetJobId() string {
@@ -958,6 +1093,20 @@ func (x *SendTaskUnit) GetAccountId() uint64 {
 	return 0
 }
 
+func (x *SendTaskUnit) GetDispatchSeq() uint64 {
+	if x != nil {
+		return x.DispatchSeq
+	}
+	return 0
+}
+
+func (x *SendTaskUnit) GetRevoked() bool {
+	if x != nil {
+		return x.Revoked
+	}
+	return false
+}
+
 // A periodic report of one executor's load; the planner dispatches by it.
 type ExecutorLoad struct {
 	state        protoimpl.MessageState `protogen:"open.v1"`
@@ -975,14 +1124,19 @@ type ExecutorLoad struct {
 	// The unit was refused, not sent (its record could not be read): the
 	// planner gives its targets their quota back and the job ends
 	// PARTIALLY_COMPLETED.
-	DoneRefused   bool `protobuf:"varint,10,opt,name=done_refused,json=doneRefused,proto3" json:"done_refused,omitempty"`
+	DoneRefused bool `protobuf:"varint,10,opt,name=done_refused,json=doneRefused,proto3" json:"done_refused,omitempty"`
+	// Set on the record the planner writes under a silent executor's
+	// transactional id (fencing it): these dispatches of the executor's, not
+	// done, go to other executors. Every completion the executor committed
+	// before is ahead of this record in the partition.
+	Revoked       []*RevokedUnit `protobuf:"bytes,11,rep,name=revoked,proto3" json:"revoked,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ExecutorLoad) Reset() {
 	*x = ExecutorLoad{}
-	mi := &file_surge_v1_push_proto_msgTypes[5]
+	mi := &file_surge_v1_push_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -994,7 +1148,7 @@ func (x *ExecutorLoad) String() string {
 func (*ExecutorLoad) ProtoMessage() {}
 
 func (x *ExecutorLoad) ProtoReflect() protoreflect.Message {
-	mi := &file_surge_v1_push_proto_msgTypes[5]
+	mi := &file_surge_v1_push_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1007,7 +1161,7 @@ func (x *ExecutorLoad) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecutorLoad.ProtoReflect.Descriptor instead.
 func (*ExecutorLoad) Descriptor() ([]byte, []int) {
-	return file_surge_v1_push_proto_rawDescGZIP(), []int{5}
+	return file_surge_v1_push_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ExecutorLoad) GetExecutor() string {
@@ -1080,6 +1234,13 @@ func (x *ExecutorLoad) GetDoneRefused() bool {
 	return false
 }
 
+func (x *ExecutorLoad) GetRevoked() []*RevokedUnit {
+	if x != nil {
+		return x.Revoked
+	}
+	return nil
+}
+
 // One message waiting for an offline user (the value in the Pebble queue).
 type OfflineEntry struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1095,7 +1256,7 @@ type OfflineEntry struct {
 
 func (x *OfflineEntry) Reset() {
 	*x = OfflineEntry{}
-	mi := &file_surge_v1_push_proto_msgTypes[6]
+	mi := &file_surge_v1_push_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1107,7 +1268,7 @@ func (x *OfflineEntry) String() string {
 func (*OfflineEntry) ProtoMessage() {}
 
 func (x *OfflineEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_surge_v1_push_proto_msgTypes[6]
+	mi := &file_surge_v1_push_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1120,7 +1281,7 @@ func (x *OfflineEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OfflineEntry.ProtoReflect.Descriptor instead.
 func (*OfflineEntry) Descriptor() ([]byte, []int) {
-	return file_surge_v1_push_proto_rawDescGZIP(), []int{6}
+	return file_surge_v1_push_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *OfflineEntry) GetJobId() string {
@@ -1181,7 +1342,7 @@ type OfflineBatch struct {
 
 func (x *OfflineBatch) Reset() {
 	*x = OfflineBatch{}
-	mi := &file_surge_v1_push_proto_msgTypes[7]
+	mi := &file_surge_v1_push_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1193,7 +1354,7 @@ func (x *OfflineBatch) String() string {
 func (*OfflineBatch) ProtoMessage() {}
 
 func (x *OfflineBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_surge_v1_push_proto_msgTypes[7]
+	mi := &file_surge_v1_push_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1206,7 +1367,7 @@ func (x *OfflineBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OfflineBatch.ProtoReflect.Descriptor instead.
 func (*OfflineBatch) Descriptor() ([]byte, []int) {
-	return file_surge_v1_push_proto_rawDescGZIP(), []int{7}
+	return file_surge_v1_push_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *OfflineBatch) GetJobId() string {
@@ -1270,7 +1431,7 @@ type DeliveryReport struct {
 
 func (x *DeliveryReport) Reset() {
 	*x = DeliveryReport{}
-	mi := &file_surge_v1_push_proto_msgTypes[8]
+	mi := &file_surge_v1_push_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1282,7 +1443,7 @@ func (x *DeliveryReport) String() string {
 func (*DeliveryReport) ProtoMessage() {}
 
 func (x *DeliveryReport) ProtoReflect() protoreflect.Message {
-	mi := &file_surge_v1_push_proto_msgTypes[8]
+	mi := &file_surge_v1_push_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1295,7 +1456,7 @@ func (x *DeliveryReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeliveryReport.ProtoReflect.Descriptor instead.
 func (*DeliveryReport) Descriptor() ([]byte, []int) {
-	return file_surge_v1_push_proto_rawDescGZIP(), []int{8}
+	return file_surge_v1_push_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *DeliveryReport) GetJobId() string {
@@ -1385,7 +1546,7 @@ type AccountInfo struct {
 
 func (x *AccountInfo) Reset() {
 	*x = AccountInfo{}
-	mi := &file_surge_v1_push_proto_msgTypes[9]
+	mi := &file_surge_v1_push_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1397,7 +1558,7 @@ func (x *AccountInfo) String() string {
 func (*AccountInfo) ProtoMessage() {}
 
 func (x *AccountInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_surge_v1_push_proto_msgTypes[9]
+	mi := &file_surge_v1_push_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1410,7 +1571,7 @@ func (x *AccountInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AccountInfo.ProtoReflect.Descriptor instead.
 func (*AccountInfo) Descriptor() ([]byte, []int) {
-	return file_surge_v1_push_proto_rawDescGZIP(), []int{9}
+	return file_surge_v1_push_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *AccountInfo) GetAccountId() uint64 {
@@ -1476,7 +1637,7 @@ type TagChange struct {
 
 func (x *TagChange) Reset() {
 	*x = TagChange{}
-	mi := &file_surge_v1_push_proto_msgTypes[10]
+	mi := &file_surge_v1_push_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1488,7 +1649,7 @@ func (x *TagChange) String() string {
 func (*TagChange) ProtoMessage() {}
 
 func (x *TagChange) ProtoReflect() protoreflect.Message {
-	mi := &file_surge_v1_push_proto_msgTypes[10]
+	mi := &file_surge_v1_push_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1501,7 +1662,7 @@ func (x *TagChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TagChange.ProtoReflect.Descriptor instead.
 func (*TagChange) Descriptor() ([]byte, []int) {
-	return file_surge_v1_push_proto_rawDescGZIP(), []int{10}
+	return file_surge_v1_push_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *TagChange) GetTag() string {
@@ -1546,7 +1707,7 @@ type BlacklistChange struct {
 
 func (x *BlacklistChange) Reset() {
 	*x = BlacklistChange{}
-	mi := &file_surge_v1_push_proto_msgTypes[11]
+	mi := &file_surge_v1_push_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1558,7 +1719,7 @@ func (x *BlacklistChange) String() string {
 func (*BlacklistChange) ProtoMessage() {}
 
 func (x *BlacklistChange) ProtoReflect() protoreflect.Message {
-	mi := &file_surge_v1_push_proto_msgTypes[11]
+	mi := &file_surge_v1_push_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1571,7 +1732,7 @@ func (x *BlacklistChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlacklistChange.ProtoReflect.Descriptor instead.
 func (*BlacklistChange) Descriptor() ([]byte, []int) {
-	return file_surge_v1_push_proto_rawDescGZIP(), []int{11}
+	return file_surge_v1_push_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *BlacklistChange) GetAccountId() uint64 {
@@ -1617,7 +1778,7 @@ type PackageChunk struct {
 
 func (x *PackageChunk) Reset() {
 	*x = PackageChunk{}
-	mi := &file_surge_v1_push_proto_msgTypes[12]
+	mi := &file_surge_v1_push_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1629,7 +1790,7 @@ func (x *PackageChunk) String() string {
 func (*PackageChunk) ProtoMessage() {}
 
 func (x *PackageChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_surge_v1_push_proto_msgTypes[12]
+	mi := &file_surge_v1_push_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1642,7 +1803,7 @@ func (x *PackageChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PackageChunk.ProtoReflect.Descriptor instead.
 func (*PackageChunk) Descriptor() ([]byte, []int) {
-	return file_surge_v1_push_proto_rawDescGZIP(), []int{12}
+	return file_surge_v1_push_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *PackageChunk) GetPackageId() string {
@@ -1694,7 +1855,7 @@ type ClickEvent struct {
 
 func (x *ClickEvent) Reset() {
 	*x = ClickEvent{}
-	mi := &file_surge_v1_push_proto_msgTypes[13]
+	mi := &file_surge_v1_push_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1706,7 +1867,7 @@ func (x *ClickEvent) String() string {
 func (*ClickEvent) ProtoMessage() {}
 
 func (x *ClickEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_surge_v1_push_proto_msgTypes[13]
+	mi := &file_surge_v1_push_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1719,7 +1880,7 @@ func (x *ClickEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClickEvent.ProtoReflect.Descriptor instead.
 func (*ClickEvent) Descriptor() ([]byte, []int) {
-	return file_surge_v1_push_proto_rawDescGZIP(), []int{13}
+	return file_surge_v1_push_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ClickEvent) GetJobId() string {
@@ -1766,7 +1927,7 @@ type JobClicks struct {
 
 func (x *JobClicks) Reset() {
 	*x = JobClicks{}
-	mi := &file_surge_v1_push_proto_msgTypes[14]
+	mi := &file_surge_v1_push_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1778,7 +1939,7 @@ func (x *JobClicks) String() string {
 func (*JobClicks) ProtoMessage() {}
 
 func (x *JobClicks) ProtoReflect() protoreflect.Message {
-	mi := &file_surge_v1_push_proto_msgTypes[14]
+	mi := &file_surge_v1_push_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1791,7 +1952,7 @@ func (x *JobClicks) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobClicks.ProtoReflect.Descriptor instead.
 func (*JobClicks) Descriptor() ([]byte, []int) {
-	return file_surge_v1_push_proto_rawDescGZIP(), []int{14}
+	return file_surge_v1_push_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *JobClicks) GetJobId() string {
@@ -1847,7 +2008,7 @@ type PlannerCheckpoint struct {
 
 func (x *PlannerCheckpoint) Reset() {
 	*x = PlannerCheckpoint{}
-	mi := &file_surge_v1_push_proto_msgTypes[15]
+	mi := &file_surge_v1_push_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1859,7 +2020,7 @@ func (x *PlannerCheckpoint) String() string {
 func (*PlannerCheckpoint) ProtoMessage() {}
 
 func (x *PlannerCheckpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_surge_v1_push_proto_msgTypes[15]
+	mi := &file_surge_v1_push_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1872,7 +2033,7 @@ func (x *PlannerCheckpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlannerCheckpoint.ProtoReflect.Descriptor instead.
 func (*PlannerCheckpoint) Descriptor() ([]byte, []int) {
-	return file_surge_v1_push_proto_rawDescGZIP(), []int{15}
+	return file_surge_v1_push_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *PlannerCheckpoint) GetCheckpointId() uint64 {
@@ -1928,7 +2089,7 @@ type PlannerState struct {
 
 func (x *PlannerState) Reset() {
 	*x = PlannerState{}
-	mi := &file_surge_v1_push_proto_msgTypes[16]
+	mi := &file_surge_v1_push_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1940,7 +2101,7 @@ func (x *PlannerState) String() string {
 func (*PlannerState) ProtoMessage() {}
 
 func (x *PlannerState) ProtoReflect() protoreflect.Message {
-	mi := &file_surge_v1_push_proto_msgTypes[16]
+	mi := &file_surge_v1_push_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1953,7 +2114,7 @@ func (x *PlannerState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlannerState.ProtoReflect.Descriptor instead.
 func (*PlannerState) Descriptor() ([]byte, []int) {
-	return file_surge_v1_push_proto_rawDescGZIP(), []int{16}
+	return file_surge_v1_push_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *PlannerState) GetTransitionsNext() map[int32]int64 {
@@ -2019,13 +2180,14 @@ type PlannerOpenJob struct {
 	Position      uint64                 `protobuf:"varint,2,opt,name=position,proto3" json:"position,omitempty"` // units dispatched (SENDING's position)
 	Executors     string                 `protobuf:"bytes,3,opt,name=executors,proto3" json:"executors,omitempty"`
 	QueuedAtMs    int64                  `protobuf:"varint,4,opt,name=queued_at_ms,json=queuedAtMs,proto3" json:"queued_at_ms,omitempty"`
+	Holders       []*UnitHolder          `protobuf:"bytes,5,rep,name=holders,proto3" json:"holders,omitempty"` // each dispatched unit's latest dispatch
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PlannerOpenJob) Reset() {
 	*x = PlannerOpenJob{}
-	mi := &file_surge_v1_push_proto_msgTypes[17]
+	mi := &file_surge_v1_push_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2037,7 +2199,7 @@ func (x *PlannerOpenJob) String() string {
 func (*PlannerOpenJob) ProtoMessage() {}
 
 func (x *PlannerOpenJob) ProtoReflect() protoreflect.Message {
-	mi := &file_surge_v1_push_proto_msgTypes[17]
+	mi := &file_surge_v1_push_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2050,7 +2212,7 @@ func (x *PlannerOpenJob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlannerOpenJob.ProtoReflect.Descriptor instead.
 func (*PlannerOpenJob) Descriptor() ([]byte, []int) {
-	return file_surge_v1_push_proto_rawDescGZIP(), []int{17}
+	return file_surge_v1_push_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *PlannerOpenJob) GetJob() *SendJob {
@@ -2081,6 +2243,74 @@ func (x *PlannerOpenJob) GetQueuedAtMs() int64 {
 	return 0
 }
 
+func (x *PlannerOpenJob) GetHolders() []*UnitHolder {
+	if x != nil {
+		return x.Holders
+	}
+	return nil
+}
+
+// Who holds a dispatched unit, and by which dispatch.
+type UnitHolder struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	UnitId        uint32                 `protobuf:"varint,1,opt,name=unit_id,json=unitId,proto3" json:"unit_id,omitempty"`
+	Executor      string                 `protobuf:"bytes,2,opt,name=executor,proto3" json:"executor,omitempty"`
+	DispatchSeq   uint64                 `protobuf:"varint,3,opt,name=dispatch_seq,json=dispatchSeq,proto3" json:"dispatch_seq,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UnitHolder) Reset() {
+	*x = UnitHolder{}
+	mi := &file_surge_v1_push_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UnitHolder) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UnitHolder) ProtoMessage() {}
+
+func (x *UnitHolder) ProtoReflect() protoreflect.Message {
+	mi := &file_surge_v1_push_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UnitHolder.ProtoReflect.Descriptor instead.
+func (*UnitHolder) Descriptor() ([]byte, []int) {
+	return file_surge_v1_push_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *UnitHolder) GetUnitId() uint32 {
+	if x != nil {
+		return x.UnitId
+	}
+	return 0
+}
+
+func (x *UnitHolder) GetExecutor() string {
+	if x != nil {
+		return x.Executor
+	}
+	return ""
+}
+
+func (x *UnitHolder) GetDispatchSeq() uint64 {
+	if x != nil {
+		return x.DispatchSeq
+	}
+	return 0
+}
+
 // Who received one content (by CRC).
 type ContentSent struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -2092,7 +2322,7 @@ type ContentSent struct {
 
 func (x *ContentSent) Reset() {
 	*x = ContentSent{}
-	mi := &file_surge_v1_push_proto_msgTypes[18]
+	mi := &file_surge_v1_push_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2104,7 +2334,7 @@ func (x *ContentSent) String() string {
 func (*ContentSent) ProtoMessage() {}
 
 func (x *ContentSent) ProtoReflect() protoreflect.Message {
-	mi := &file_surge_v1_push_proto_msgTypes[18]
+	mi := &file_surge_v1_push_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2117,7 +2347,7 @@ func (x *ContentSent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContentSent.ProtoReflect.Descriptor instead.
 func (*ContentSent) Descriptor() ([]byte, []int) {
-	return file_surge_v1_push_proto_rawDescGZIP(), []int{18}
+	return file_surge_v1_push_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ContentSent) GetCrc() uint32 {
@@ -2154,7 +2384,7 @@ type ExecutorCommand struct {
 
 func (x *ExecutorCommand) Reset() {
 	*x = ExecutorCommand{}
-	mi := &file_surge_v1_push_proto_msgTypes[19]
+	mi := &file_surge_v1_push_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2166,7 +2396,7 @@ func (x *ExecutorCommand) String() string {
 func (*ExecutorCommand) ProtoMessage() {}
 
 func (x *ExecutorCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_surge_v1_push_proto_msgTypes[19]
+	mi := &file_surge_v1_push_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2179,7 +2409,7 @@ func (x *ExecutorCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecutorCommand.ProtoReflect.Descriptor instead.
 func (*ExecutorCommand) Descriptor() ([]byte, []int) {
-	return file_surge_v1_push_proto_rawDescGZIP(), []int{19}
+	return file_surge_v1_push_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ExecutorCommand) GetExecutor() string {
@@ -2230,7 +2460,7 @@ type JobCommand struct {
 
 func (x *JobCommand) Reset() {
 	*x = JobCommand{}
-	mi := &file_surge_v1_push_proto_msgTypes[20]
+	mi := &file_surge_v1_push_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2242,7 +2472,7 @@ func (x *JobCommand) String() string {
 func (*JobCommand) ProtoMessage() {}
 
 func (x *JobCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_surge_v1_push_proto_msgTypes[20]
+	mi := &file_surge_v1_push_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2255,7 +2485,7 @@ func (x *JobCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobCommand.ProtoReflect.Descriptor instead.
 func (*JobCommand) Descriptor() ([]byte, []int) {
-	return file_surge_v1_push_proto_rawDescGZIP(), []int{20}
+	return file_surge_v1_push_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *JobCommand) GetJobId() string {
@@ -2336,7 +2566,7 @@ const file_surge_v1_push_proto_rawDesc = "" +
 	"\vfilter_mask\x18\r \x01(\rR\n" +
 	"filterMask\x12%\n" +
 	"\x0einline_package\x18\x0e \x01(\fR\rinlinePackage\x12\"\n" +
-	"\rexpires_at_ms\x18\x0f \x01(\x03R\vexpiresAtMs\"\xcd\x02\n" +
+	"\rexpires_at_ms\x18\x0f \x01(\x03R\vexpiresAtMs\"\x85\x03\n" +
 	"\rJobTransition\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12&\n" +
 	"\x04from\x18\x02 \x01(\x0e2\x12.surge.v1.JobStateR\x04from\x12\"\n" +
@@ -2349,7 +2579,17 @@ const file_surge_v1_push_proto_rawDesc = "" +
 	"\atargets\x18\t \x01(\x04R\atargets\x12#\n" +
 	"\rrefused_units\x18\n" +
 	" \x03(\rR\frefusedUnits\x12\x10\n" +
-	"\x03seq\x18\v \x01(\x04R\x03seq\"\xa9\x03\n" +
+	"\x03seq\x18\v \x01(\x04R\x03seq\x126\n" +
+	"\n" +
+	"dispatched\x18\f \x03(\v2\x16.surge.v1.UnitDispatchR\n" +
+	"dispatched\"C\n" +
+	"\fUnitDispatch\x12\x17\n" +
+	"\aunit_id\x18\x01 \x01(\rR\x06unitId\x12\x1a\n" +
+	"\bexecutor\x18\x02 \x01(\tR\bexecutor\"`\n" +
+	"\vRevokedUnit\x12\x15\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x17\n" +
+	"\aunit_id\x18\x02 \x01(\rR\x06unitId\x12!\n" +
+	"\fdispatch_seq\x18\x03 \x01(\x04R\vdispatchSeq\"\xe6\x03\n" +
 	"\fSendTaskUnit\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x17\n" +
 	"\aunit_id\x18\x02 \x01(\rR\x06unitId\x12\x1a\n" +
@@ -2371,7 +2611,9 @@ const file_surge_v1_push_proto_rawDesc = "" +
 	"unitsTotal\x12\x1a\n" +
 	"\brealtime\x18\r \x01(\bR\brealtime\x12\x1d\n" +
 	"\n" +
-	"account_id\x18\x0e \x01(\x04R\taccountId\"\xc8\x02\n" +
+	"account_id\x18\x0e \x01(\x04R\taccountId\x12!\n" +
+	"\fdispatch_seq\x18\x0f \x01(\x04R\vdispatchSeq\x12\x18\n" +
+	"\arevoked\x18\x10 \x01(\bR\arevoked\"\xf9\x02\n" +
 	"\fExecutorLoad\x12\x1a\n" +
 	"\bexecutor\x18\x01 \x01(\tR\bexecutor\x12\x1f\n" +
 	"\vunits_topic\x18\x02 \x01(\tR\n" +
@@ -2385,7 +2627,8 @@ const file_surge_v1_push_proto_rawDesc = "" +
 	"doneUnitId\x12\x1b\n" +
 	"\tdone_uins\x18\t \x01(\x04R\bdoneUins\x12!\n" +
 	"\fdone_refused\x18\n" +
-	" \x01(\bR\vdoneRefused\"\xb5\x01\n" +
+	" \x01(\bR\vdoneRefused\x12/\n" +
+	"\arevoked\x18\v \x03(\v2\x15.surge.v1.RevokedUnitR\arevoked\"\xb5\x01\n" +
 	"\fOfflineEntry\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x10\n" +
 	"\x03uin\x18\x02 \x01(\rR\x03uin\x12\x1d\n" +
@@ -2484,13 +2727,19 @@ const file_surge_v1_push_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\x0e2\x12.surge.v1.JobStateR\x05value:\x028\x01\x1a<\n" +
 	"\x0eJobsTodayEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\x04R\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\"\x91\x01\n" +
+	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\"\xc1\x01\n" +
 	"\x0ePlannerOpenJob\x12#\n" +
 	"\x03job\x18\x01 \x01(\v2\x11.surge.v1.SendJobR\x03job\x12\x1a\n" +
 	"\bposition\x18\x02 \x01(\x04R\bposition\x12\x1c\n" +
 	"\texecutors\x18\x03 \x01(\tR\texecutors\x12 \n" +
 	"\fqueued_at_ms\x18\x04 \x01(\x03R\n" +
-	"queuedAtMs\"3\n" +
+	"queuedAtMs\x12.\n" +
+	"\aholders\x18\x05 \x03(\v2\x14.surge.v1.UnitHolderR\aholders\"d\n" +
+	"\n" +
+	"UnitHolder\x12\x17\n" +
+	"\aunit_id\x18\x01 \x01(\rR\x06unitId\x12\x1a\n" +
+	"\bexecutor\x18\x02 \x01(\tR\bexecutor\x12!\n" +
+	"\fdispatch_seq\x18\x03 \x01(\x04R\vdispatchSeq\"3\n" +
 	"\vContentSent\x12\x10\n" +
 	"\x03crc\x18\x01 \x01(\rR\x03crc\x12\x12\n" +
 	"\x04uins\x18\x02 \x01(\fR\x04uins\"\xd0\x01\n" +
@@ -2569,7 +2818,7 @@ func file_surge_v1_push_proto_rawDescGZIP() []byte {
 }
 
 var file_surge_v1_push_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_surge_v1_push_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
+var file_surge_v1_push_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_surge_v1_push_proto_goTypes = []any{
 	(TargetSource)(0),         // 0: surge.v1.TargetSource
 	(JobState)(0),             // 1: surge.v1.JobState
@@ -2581,26 +2830,29 @@ var file_surge_v1_push_proto_goTypes = []any{
 	(*FanDelta)(nil),          // 7: surge.v1.FanDelta
 	(*SendJob)(nil),           // 8: surge.v1.SendJob
 	(*JobTransition)(nil),     // 9: surge.v1.JobTransition
-	(*SendTaskUnit)(nil),      // 10: surge.v1.SendTaskUnit
-	(*ExecutorLoad)(nil),      // 11: surge.v1.ExecutorLoad
-	(*OfflineEntry)(nil),      // 12: surge.v1.OfflineEntry
-	(*OfflineBatch)(nil),      // 13: surge.v1.OfflineBatch
-	(*DeliveryReport)(nil),    // 14: surge.v1.DeliveryReport
-	(*AccountInfo)(nil),       // 15: surge.v1.AccountInfo
-	(*TagChange)(nil),         // 16: surge.v1.TagChange
-	(*BlacklistChange)(nil),   // 17: surge.v1.BlacklistChange
-	(*PackageChunk)(nil),      // 18: surge.v1.PackageChunk
-	(*ClickEvent)(nil),        // 19: surge.v1.ClickEvent
-	(*JobClicks)(nil),         // 20: surge.v1.JobClicks
-	(*PlannerCheckpoint)(nil), // 21: surge.v1.PlannerCheckpoint
-	(*PlannerState)(nil),      // 22: surge.v1.PlannerState
-	(*PlannerOpenJob)(nil),    // 23: surge.v1.PlannerOpenJob
-	(*ContentSent)(nil),       // 24: surge.v1.ContentSent
-	(*ExecutorCommand)(nil),   // 25: surge.v1.ExecutorCommand
-	(*JobCommand)(nil),        // 26: surge.v1.JobCommand
-	nil,                       // 27: surge.v1.PlannerState.TransitionsNextEntry
-	nil,                       // 28: surge.v1.PlannerState.StatesEntry
-	nil,                       // 29: surge.v1.PlannerState.JobsTodayEntry
+	(*UnitDispatch)(nil),      // 10: surge.v1.UnitDispatch
+	(*RevokedUnit)(nil),       // 11: surge.v1.RevokedUnit
+	(*SendTaskUnit)(nil),      // 12: surge.v1.SendTaskUnit
+	(*ExecutorLoad)(nil),      // 13: surge.v1.ExecutorLoad
+	(*OfflineEntry)(nil),      // 14: surge.v1.OfflineEntry
+	(*OfflineBatch)(nil),      // 15: surge.v1.OfflineBatch
+	(*DeliveryReport)(nil),    // 16: surge.v1.DeliveryReport
+	(*AccountInfo)(nil),       // 17: surge.v1.AccountInfo
+	(*TagChange)(nil),         // 18: surge.v1.TagChange
+	(*BlacklistChange)(nil),   // 19: surge.v1.BlacklistChange
+	(*PackageChunk)(nil),      // 20: surge.v1.PackageChunk
+	(*ClickEvent)(nil),        // 21: surge.v1.ClickEvent
+	(*JobClicks)(nil),         // 22: surge.v1.JobClicks
+	(*PlannerCheckpoint)(nil), // 23: surge.v1.PlannerCheckpoint
+	(*PlannerState)(nil),      // 24: surge.v1.PlannerState
+	(*PlannerOpenJob)(nil),    // 25: surge.v1.PlannerOpenJob
+	(*UnitHolder)(nil),        // 26: surge.v1.UnitHolder
+	(*ContentSent)(nil),       // 27: surge.v1.ContentSent
+	(*ExecutorCommand)(nil),   // 28: surge.v1.ExecutorCommand
+	(*JobCommand)(nil),        // 29: surge.v1.JobCommand
+	nil,                       // 30: surge.v1.PlannerState.TransitionsNextEntry
+	nil,                       // 31: surge.v1.PlannerState.StatesEntry
+	nil,                       // 32: surge.v1.PlannerState.JobsTodayEntry
 }
 var file_surge_v1_push_proto_depIdxs = []int32{
 	3,  // 0: surge.v1.FanDelta.op:type_name -> surge.v1.FanDelta.Op
@@ -2608,21 +2860,24 @@ var file_surge_v1_push_proto_depIdxs = []int32{
 	1,  // 2: surge.v1.JobTransition.from:type_name -> surge.v1.JobState
 	1,  // 3: surge.v1.JobTransition.to:type_name -> surge.v1.JobState
 	8,  // 4: surge.v1.JobTransition.job:type_name -> surge.v1.SendJob
-	2,  // 5: surge.v1.DeliveryReport.status:type_name -> surge.v1.DeliveryStatus
-	27, // 6: surge.v1.PlannerState.transitions_next:type_name -> surge.v1.PlannerState.TransitionsNextEntry
-	28, // 7: surge.v1.PlannerState.states:type_name -> surge.v1.PlannerState.StatesEntry
-	23, // 8: surge.v1.PlannerState.open:type_name -> surge.v1.PlannerOpenJob
-	24, // 9: surge.v1.PlannerState.sent:type_name -> surge.v1.ContentSent
-	29, // 10: surge.v1.PlannerState.jobs_today:type_name -> surge.v1.PlannerState.JobsTodayEntry
-	8,  // 11: surge.v1.PlannerOpenJob.job:type_name -> surge.v1.SendJob
-	4,  // 12: surge.v1.ExecutorCommand.op:type_name -> surge.v1.ExecutorCommand.Op
-	5,  // 13: surge.v1.JobCommand.op:type_name -> surge.v1.JobCommand.Op
-	1,  // 14: surge.v1.PlannerState.StatesEntry.value:type_name -> surge.v1.JobState
-	15, // [15:15] is the sub-list for method output_type
-	15, // [15:15] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	10, // 5: surge.v1.JobTransition.dispatched:type_name -> surge.v1.UnitDispatch
+	11, // 6: surge.v1.ExecutorLoad.revoked:type_name -> surge.v1.RevokedUnit
+	2,  // 7: surge.v1.DeliveryReport.status:type_name -> surge.v1.DeliveryStatus
+	30, // 8: surge.v1.PlannerState.transitions_next:type_name -> surge.v1.PlannerState.TransitionsNextEntry
+	31, // 9: surge.v1.PlannerState.states:type_name -> surge.v1.PlannerState.StatesEntry
+	25, // 10: surge.v1.PlannerState.open:type_name -> surge.v1.PlannerOpenJob
+	27, // 11: surge.v1.PlannerState.sent:type_name -> surge.v1.ContentSent
+	32, // 12: surge.v1.PlannerState.jobs_today:type_name -> surge.v1.PlannerState.JobsTodayEntry
+	8,  // 13: surge.v1.PlannerOpenJob.job:type_name -> surge.v1.SendJob
+	26, // 14: surge.v1.PlannerOpenJob.holders:type_name -> surge.v1.UnitHolder
+	4,  // 15: surge.v1.ExecutorCommand.op:type_name -> surge.v1.ExecutorCommand.Op
+	5,  // 16: surge.v1.JobCommand.op:type_name -> surge.v1.JobCommand.Op
+	1,  // 17: surge.v1.PlannerState.StatesEntry.value:type_name -> surge.v1.JobState
+	18, // [18:18] is the sub-list for method output_type
+	18, // [18:18] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_surge_v1_push_proto_init() }
@@ -2630,14 +2885,14 @@ func file_surge_v1_push_proto_init() {
 	if File_surge_v1_push_proto != nil {
 		return
 	}
-	file_surge_v1_push_proto_msgTypes[9].OneofWrappers = []any{}
+	file_surge_v1_push_proto_msgTypes[11].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_surge_v1_push_proto_rawDesc), len(file_surge_v1_push_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   24,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

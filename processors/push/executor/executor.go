@@ -51,6 +51,11 @@ type Executor struct {
 	online *roaring.Bitmap
 
 	loginParts int
+	// revocations: the dispatches the planner took back, read from the
+	// queue at each session's start (readRevocations).
+	revMu       sync.Mutex
+	revocations map[revocation]bool
+
 	draining   atomic.Bool
 	drainDone  atomic.Bool
 	drainedAt  atomic.Int64
@@ -82,7 +87,21 @@ func New(cfg Config) *Executor {
 func (x *Executor) topic(name string) string { return x.cfg.Namespace + name }
 
 // UnitsTopic is the executor's own queue.
-func (x *Executor) UnitsTopic() string { return x.topic(schemas.TopicUnits + "." + x.cfg.Name) }
+func (x *Executor) UnitsTopic() string { return UnitsTopic(x.cfg.Namespace, x.cfg.Name) }
+
+// UnitsTopic is the queue of executor name in namespace ns.
+func UnitsTopic(ns, name string) string { return ns + schemas.TopicUnits + "." + name }
+
+// group is executor name's consumer group (and static instance id): one
+// member, the executor.
+func group(ns, name string) string { return ns + "push-executor-" + name }
+
+// TransactionalID is the transactional id executor name commits under.
+// The planner writes its revocations under it, which fences the executor
+// (see Revocations).
+func TransactionalID(ns, name string) string {
+	return streams.TransactionalID(group(ns, name), group(ns, name))
+}
 
 // Stats are this process's counts: units, delivered and offline uins.
 func (x *Executor) Stats() (units, delivered, offline int64) {
@@ -166,14 +185,19 @@ func (x *Executor) Run(ctx context.Context, opts ...streams.Option) error {
 		streams.Kafka(x.cfg.Kafka),
 		streams.Declare(Spec, x.cfg.Namespace),
 		streams.Inputs(x.UnitsTopic()),
-		streams.Group(x.cfg.Namespace + "push-executor-" + x.cfg.Name),
-		// The group has one member, this executor: as a static member a
-		// restarted executor takes its queue back at once instead of
-		// waiting out the killed one's session.
-		streams.InstanceID(x.cfg.Namespace + "push-executor-" + x.cfg.Name),
-		streams.StaticMembership(),
 		streams.DeadLetterTopic(x.topic(schemas.TopicDeadLetter)),
 	}, opts...)
+	// The executor's identity comes last, over any instance id the caller
+	// gave: its group has one member, this executor, whose transactional
+	// id the planner must know to take units back (TransactionalID). As a
+	// static member, a restarted executor takes its queue back at once
+	// instead of waiting out the killed one's session.
+	opts = append(opts,
+		streams.Group(group(x.cfg.Namespace, x.cfg.Name)),
+		streams.InstanceID(group(x.cfg.Namespace, x.cfg.Name)),
+		streams.StaticMembership(),
+		streams.OnSessionStart(x.readRevocations),
+	)
 	r, err := streams.New("push-executor", x.Handle(), opts...)
 	if err != nil {
 		return err
@@ -287,6 +311,15 @@ func (x *Executor) heartbeat(ctx context.Context, cl *kgo.Client, stop func(), d
 // Handle is the handler over the executor's units.
 func (x *Executor) Handle() streams.Handler {
 	return streams.Typed(func(_ context.Context, in *kgo.Record, u *pb.SendTaskUnit, out *streams.Output) error {
+		if u.Revoked {
+			return nil // read at the session's start (readRevocations)
+		}
+		if x.revoked(u) {
+			x.cfg.Log.Info("executor: unit skipped: the planner took it back while this executor was silent",
+				"job", u.JobId, "unit", u.UnitId, "dispatch", u.DispatchSeq)
+			x.mUins.With(x.cfg.Name, "revoked").Add(float64(u.Count))
+			return nil
+		}
 		x.lastUnit.Store(time.Now().UnixMilli())
 		targets, err := uinset.Decode(u.Targets)
 		if err != nil {

@@ -20,6 +20,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"slices"
 	"strconv"
 	"time"
 
@@ -96,7 +97,12 @@ func (p *Planner) snapshot() (*pb.PlannerState, error) {
 	st := &pb.PlannerState{TransitionsNext: maps.Clone(p.ckpt.next), States: p.machine.States(),
 		JobsDay: p.jobsDay, JobsToday: maps.Clone(p.jobsToday)}
 	for _, q := range p.queue {
-		st.Open = append(st.Open, &pb.PlannerOpenJob{Job: q.job, Position: uint64(q.next), QueuedAtMs: q.queuedAt})
+		o := &pb.PlannerOpenJob{Job: q.job, Position: uint64(q.next), QueuedAtMs: q.queuedAt}
+		for _, u := range slices.Sorted(maps.Keys(q.holder)) {
+			h := q.holder[u]
+			o.Holders = append(o.Holders, &pb.UnitHolder{UnitId: u, Executor: h.executor, DispatchSeq: h.seq})
+		}
+		st.Open = append(st.Open, o)
 	}
 	sent, err := p.sent.Export()
 	if err != nil {

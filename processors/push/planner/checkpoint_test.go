@@ -30,6 +30,7 @@ type fakeExecutor struct {
 	capacity uint64 // reported CapacityUins
 	mu       sync.Mutex
 	draining bool              // reported: finishing its units, taking no more
+	silent   bool              // as if killed: reports nothing, sends nothing
 	refuse   map[string]uint32 // job -> a unit it reports refused (not sent)
 	holdBack map[string]bool
 	held     []*pb.SendTaskUnit        // units of held-back jobs, not finished
@@ -66,8 +67,15 @@ func (x *fakeExecutor) run(ctx context.Context) {
 	defer tick.Stop()
 	for ctx.Err() == nil {
 		x.mu.Lock()
-		draining := x.draining
+		draining, silent := x.draining, x.silent
 		x.mu.Unlock()
+		if silent {
+			select {
+			case <-ctx.Done():
+			case <-tick.C:
+			}
+			continue
+		}
 		recs := []*kgo.Record{x.load(&pb.ExecutorLoad{Executor: x.name, UnitsTopic: x.ns + schemas.TopicUnits + "." + x.name,
 			CapacityUins: x.capacity, Draining: draining, AtMs: time.Now().UnixMilli()})}
 		pctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
@@ -76,7 +84,7 @@ func (x *fakeExecutor) run(ctx context.Context) {
 		x.mu.Lock()
 		f.EachRecord(func(r *kgo.Record) {
 			u := new(pb.SendTaskUnit)
-			if streams.Decode(r, u) != nil {
+			if streams.Decode(r, u) != nil || u.Revoked {
 				return
 			}
 			if x.units == nil {

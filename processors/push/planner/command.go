@@ -3,6 +3,7 @@ package planner
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -70,9 +71,11 @@ func (p *Planner) command(ctx context.Context, e emitter, in *kgo.Record) error 
 			return refuse()
 		}
 		var dispatched uint32
+		var unsent []uint32 // taken back from a silent executor, not sent again
 		if q != nil {
-			dispatched = q.next
+			dispatched, unsent = q.next, slices.Sorted(slices.Values(q.redo))
 			p.giveBack(q.job, q.targets, dispatched, q.queuedAt, e.now)
+			p.giveBackUnits(q.job, q.targets, unsent, q.queuedAt, e.now)
 			delete(p.queue, id)
 		}
 		if id := timerOf(st, id); id != "" { // its timer need not fire
@@ -80,7 +83,7 @@ func (p *Planner) command(ctx context.Context, e emitter, in *kgo.Record) error 
 			rec.Topic = p.topic(schemas.TopicTimers)
 			e.out.Emit(rec)
 		}
-		return e.move(id, pb.JobState_CANCELLED, reason, func(t *pb.JobTransition) { t.Position = uint64(dispatched) })
+		return e.move(id, pb.JobState_CANCELLED, reason, func(t *pb.JobTransition) { t.Position, t.RefusedUnits = uint64(dispatched), unsent })
 	}
 	return streams.Reject(fmt.Sprintf("job command %v for %s: want PAUSE, RESUME or CANCEL", c.Op, id), nil)
 }

@@ -68,16 +68,43 @@ func newTestEnv(t *testing.T, b streamstest.Backend, followers uint32, executors
 	return e
 }
 
-// run runs p (and the fake executors) until stop is called.
+// run runs p, unless nil, and the fake executors until stop is called.
 func (e *testEnv) run(p *Planner, xs ...*fakeExecutor) (stop func()) {
 	ctx, cancel := context.WithCancel(e.ctx)
-	e.wg.Add(1 + len(xs))
-	go func() { defer e.wg.Done(); _ = p.Run(ctx, streams.Logger(e.log), streams.InstanceID("a")) }()
+	var wg sync.WaitGroup
+	if p != nil {
+		wg.Add(1)
+		e.wg.Add(1)
+		go func() {
+			defer e.wg.Done()
+			defer wg.Done()
+			_ = p.Run(ctx, streams.Logger(e.log), streams.InstanceID("a"))
+		}()
+	}
+	e.runIn(ctx, &wg, xs...)
+	return func() { cancel(); wg.Wait() }
+}
+
+// runPlanner runs p as instance until stop is called.
+func (e *testEnv) runPlanner(p *Planner, instance string) (stop func()) {
+	ctx, cancel := context.WithCancel(e.ctx)
+	done := make(chan struct{})
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		defer close(done)
+		_ = p.Run(ctx, streams.Logger(e.log), streams.InstanceID(instance))
+	}()
+	return func() { cancel(); <-done }
+}
+
+func (e *testEnv) runIn(ctx context.Context, wg *sync.WaitGroup, xs ...*fakeExecutor) {
+	e.wg.Add(len(xs))
+	wg.Add(len(xs))
 	for _, x := range xs {
 		x.t, x.ns, x.kafka = e.t, e.ns, e.kafka
-		go func() { defer e.wg.Done(); x.run(ctx) }()
+		go func() { defer e.wg.Done(); defer wg.Done(); x.run(ctx) }()
 	}
-	return func() { cancel(); e.wg.Wait() }
 }
 
 // send publishes m on the namespaced topic, keyed by key.

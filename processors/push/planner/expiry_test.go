@@ -24,7 +24,14 @@ func TestJobsStopAtTheirDeadline(t *testing.T) {
 		p := New(withEnv(cfg, e.kafka, e.pkgs, e.ns, e.log))
 		x := &fakeExecutor{holdBack: map[string]bool{"p": true}}
 		stop := e.run(p, x)
-		deadline := cfg.Now().Add(4 * time.Second).UnixMilli()
+		// The deadline counts from when x reports (a busy machine may take
+		// seconds to start it), and leaves p time to get its units out.
+		for end := time.Now().Add(30 * time.Second); p.LiveExecutors() == 0; time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(end) {
+				t.Fatal("executor x never reported")
+			}
+		}
+		deadline := cfg.Now().Add(6 * time.Second).UnixMilli()
 		job := func(id string, crc uint32, expires int64) {
 			e.send(schemas.TopicJobs, id, &pb.SendJob{JobId: id, AccountId: 7, Source: pb.TargetSource_FOLLOWERS, ContentId: id, ContentCrc: crc, ExpiresAtMs: expires})
 		}

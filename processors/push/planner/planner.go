@@ -13,7 +13,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"math"
 	"slices"
 	"sort"
@@ -48,7 +47,11 @@ type Config struct {
 	MaxBacklog      int           // units an executor may hold not yet done
 	MinLead         time.Duration // a scheduled job starts at least this long after creation
 	ExecutorTimeout time.Duration // an executor silent this long gets nothing new
-	QuotaSeed       uint64
+	// ReassignAfter: the units of an executor silent this long (killed,
+	// its machine gone) are taken back and sent by others (reassign.go);
+	// negative: never.
+	ReassignAfter time.Duration
+	QuotaSeed     uint64
 	// TargetCTR is the click-through rate at which an account keeps its
 	// base daily job quota; its last delivery's rate scales it (see
 	// quota.AccountDailyJobs). CTRMinTargets: smaller deliveries do not count.
@@ -71,7 +74,7 @@ type Config struct {
 // DefaultConfig is the seed's rules with limits sized for one machine.
 func DefaultConfig() Config {
 	return Config{UnitSize: 1 << 18, MaxBacklog: 8, MinLead: 15 * time.Minute,
-		ExecutorTimeout: 5 * time.Second, QuotaSeed: 1, TargetCTR: 0.05, CTRMinTargets: 100,
+		ExecutorTimeout: 5 * time.Second, ReassignAfter: 10 * time.Second, QuotaSeed: 1, TargetCTR: 0.05, CTRMinTargets: 100,
 		CheckpointEvery: 30 * time.Second}
 }
 
@@ -88,6 +91,9 @@ func (c *Config) EnsureDefaults() {
 	}
 	if c.ExecutorTimeout == 0 {
 		c.ExecutorTimeout = d.ExecutorTimeout
+	}
+	if c.ReassignAfter == 0 {
+		c.ReassignAfter = d.ReassignAfter
 	}
 	if c.Directory == nil {
 		c.Directory = directory.New(c.Namespace)
@@ -106,6 +112,11 @@ type queued struct {
 	executor map[string]bool // executors that hold units of it
 	queuedAt int64           // ms, when it was queued (planner's clock)
 	refused  []uint32        // units an executor refused (done, not sent)
+	// holder is each dispatched unit's latest dispatch, as the
+	// transitions tell it; redo are units taken back from a silent
+	// executor, sent again before the next new one (reassign.go).
+	holder map[uint32]holding
+	redo   []uint32
 }
 
 func (q *queued) score() float64 {
@@ -119,7 +130,10 @@ func (q *queued) score() float64 {
 type executorView struct {
 	load     *pb.ExecutorLoad
 	seen     time.Time
-	inflight map[string]bool // "job/unit" dispatched and not done
+	inflight map[unitRef]bool // dispatched and not done
+	// revoked: when its units were last taken back (reassign.go); it
+	// gets nothing new until it reports again.
+	revoked time.Time
 }
 
 // Planner is the processor. Its state is guarded by mu; the handler runs
@@ -139,7 +153,6 @@ type Planner struct {
 	ledger     *quota.Ledger
 	chain      *filter.Chain
 	executors  map[string]*executorView
-	ctx        context.Context
 	restoreErr error
 	illegal    int    // transitions a restore could not apply
 	seq        uint64 // the last transition's JobTransition.seq
@@ -151,9 +164,19 @@ type Planner struct {
 	// (made on first use, closed when Run ends).
 	lister *kgo.Client
 
+	// Reassignment (reassign.go): runCtx is Run's, for the revocations it
+	// writes; activeSince is when the memory was last restored (an
+	// executor not heard from since counts as silent from then);
+	// revoking is when each executor's last revocation began.
+	runCtx      context.Context
+	activeSince time.Time
+	revoking    map[string]time.Time
+	lastSweep   time.Time
+
 	mUnits, mJobs, mRejected metrics.CounterVec
 	mCheckpointBytes         metrics.GaugeVec
 	mReadAhead               metrics.CounterVec
+	mRevoked                 metrics.CounterVec
 }
 
 // New returns a planner.
@@ -166,6 +189,8 @@ func New(cfg Config) *Planner {
 	p.mRejected = reg.NewCounterVec("surge_push_jobs_refused_total", "jobs refused", "reason")
 	p.mCheckpointBytes = reg.NewGaugeVec("surge_push_planner_checkpoint_bytes", "size of the planner's last checkpoint")
 	p.mReadAhead = reg.NewCounterVec("surge_push_directory_read_ahead_total", "directory records a job's intake read ahead of the consumer")
+	p.mRevoked = reg.NewCounterVec("surge_push_units_revoked_total", "units taken back from a silent executor to be sent by others", "executor")
+	p.revoking = map[string]time.Time{}
 	p.reset()
 	return p
 }
@@ -188,7 +213,7 @@ func (p *Planner) reset() {
 		p.executors = map[string]*executorView{}
 	}
 	for _, e := range p.executors {
-		e.inflight = map[string]bool{}
+		e.inflight = map[unitRef]bool{}
 	}
 }
 
@@ -255,6 +280,7 @@ func (p *Planner) Handle() streams.Handler {
 				return err
 			}
 			p.observeLoad(&l, e.now)
+			p.revokeSilent(e.now)
 			return p.dispatch(ctx, e)
 		default:
 			var j pb.SendJob
@@ -565,16 +591,16 @@ func (p *Planner) awaitQuota(e emitter, j *pb.SendJob, res filter.Result) (bool,
 func (p *Planner) enqueue(j *pb.SendJob, kept *roaring.Bitmap, st pb.JobState, queuedAt int64) *queued {
 	total := kept.GetCardinality()
 	q := &queued{job: j, targets: kept, total: total, units: uint32((total + p.cfg.UnitSize - 1) / p.cfg.UnitSize),
-		done: map[uint32]bool{}, state: st, executor: map[string]bool{}, queuedAt: queuedAt}
+		done: map[uint32]bool{}, state: st, executor: map[string]bool{}, queuedAt: queuedAt, holder: map[uint32]holding{}}
 	p.queue[j.JobId] = q
 	return q
 }
 
 func (p *Planner) observeLoad(l *pb.ExecutorLoad, now time.Time) {
-	ev := p.executors[l.Executor]
-	if ev == nil {
-		ev = &executorView{inflight: map[string]bool{}}
-		p.executors[l.Executor] = ev
+	ev := p.executor(l.Executor)
+	if len(l.Revoked) > 0 {
+		p.takeBack(l.Executor, l.Revoked)
+		return // a revocation, written by a planner: not a sign of life
 	}
 	if l.DoneJobId != "" {
 		delete(ev.inflight, unitKey(l.DoneJobId, l.DoneUnitId))
@@ -588,14 +614,32 @@ func (p *Planner) observeLoad(l *pb.ExecutorLoad, now time.Time) {
 
 func (p *Planner) topic(name string) string { return p.cfg.Namespace + name }
 
-func unitKey(jobID string, unit uint32) string { return fmt.Sprintf("%s/%d", jobID, unit) }
+// unitRef names one unit of one job.
+type unitRef struct {
+	job  string
+	unit uint32
+}
+
+func unitKey(jobID string, unit uint32) unitRef { return unitRef{jobID, unit} }
+
+func (u unitRef) String() string { return fmt.Sprintf("%s/%d", u.job, u.unit) }
+
+// executor is the view of executor name, made on first mention.
+func (p *Planner) executor(name string) *executorView {
+	ev := p.executors[name]
+	if ev == nil {
+		ev = &executorView{inflight: map[unitRef]bool{}}
+		p.executors[name] = ev
+	}
+	return ev
+}
 
 // free is how many more units an executor takes now: within the
 // planner's backlog per executor and the capacity the executor reports
 // (uins it takes at once; a smaller machine reports less), at least one
 // unit in flight so any executor makes progress.
 func (p *Planner) free(ev *executorView, now time.Time) int {
-	if ev.load == nil || ev.load.Draining || now.Sub(ev.seen) > p.cfg.ExecutorTimeout {
+	if ev.load == nil || ev.load.Draining || now.Sub(ev.seen) > p.cfg.ExecutorTimeout || ev.revoked.After(ev.seen) {
 		return 0
 	}
 	limit := p.cfg.MaxBacklog
@@ -632,7 +676,7 @@ func (p *Planner) dispatch(_ context.Context, e emitter) error {
 		} else if draining {
 			continue // nothing more goes out until the draining executors finish its units
 		}
-		if q.next == q.units {
+		if q.next == q.units && len(q.redo) == 0 {
 			if len(q.done) == int(q.units) {
 				if err := p.finish(e, q); err != nil {
 					return err
@@ -714,6 +758,7 @@ func (q *queued) markDone(l *pb.ExecutorLoad) {
 		return
 	}
 	q.done[l.DoneUnitId] = true
+	q.redo = slices.DeleteFunc(q.redo, func(u uint32) bool { return u == l.DoneUnitId })
 	if l.DoneRefused {
 		q.refused = append(q.refused, l.DoneUnitId)
 	}
@@ -755,7 +800,7 @@ func (p *Planner) expire(e emitter, q *queued) error {
 		p.giveBack(q.job, q.targets, 0, q.queuedAt, e.now)
 		delete(p.queue, id)
 		return e.move(id, pb.JobState_EXPIRED, why+" before any unit went out", nil)
-	case len(q.done) < int(q.next):
+	case len(q.done)+len(q.redo) < int(q.next):
 		return nil // units still out: their outcome is the job's
 	}
 	if q.state == pb.JobState_PREEMPTED {
@@ -766,10 +811,14 @@ func (p *Planner) expire(e emitter, q *queued) error {
 			return err
 		}
 	}
+	// Units refused, and units taken back from a silent executor and not
+	// sent again, reached nobody: their targets get their marks back too.
+	unsent := slices.Sorted(slices.Values(append(slices.Clone(q.refused), q.redo...)))
 	p.giveBack(q.job, q.targets, q.next, q.queuedAt, e.now)
+	p.giveBackUnits(q.job, q.targets, unsent, q.queuedAt, e.now)
 	delete(p.queue, id)
-	return e.move(id, pb.JobState_PARTIALLY_COMPLETED, fmt.Sprintf("%s: %d of %d units sent", why, q.next, q.units), func(t *pb.JobTransition) {
-		t.Position, t.Targets = uint64(q.next), q.total
+	return e.move(id, pb.JobState_PARTIALLY_COMPLETED, fmt.Sprintf("%s: %d of %d units sent", why, int(q.next)-len(unsent), q.units), func(t *pb.JobTransition) {
+		t.Position, t.Targets, t.RefusedUnits = uint64(q.next), q.total, unsent
 	})
 }
 
@@ -789,7 +838,7 @@ func (p *Planner) busyWithHigher(q *queued, jobs []*queued) bool {
 // assign gives q as many units as the executors have room for, preferring
 // one executor that can take all its remaining units.
 func (p *Planner) assign(e emitter, q *queued, names []string, room map[string]int) (int, error) {
-	remaining := int(q.units - q.next)
+	remaining := len(q.redo) + int(q.units-q.next)
 	var order []string
 	for _, n := range names {
 		if room[n] >= remaining {
@@ -828,32 +877,45 @@ func (p *Planner) assign(e emitter, q *queued, names []string, room map[string]i
 	if err := e.move(id, pb.JobState_DISPATCHING, "", nil); err != nil {
 		return 0, err
 	}
-	total := 0
+	// Units taken back from a silent executor go first, then new ones.
+	var handed []*pb.UnitDispatch
 	var used []string
 	for _, pl := range plans {
-		ev := p.executors[pl.executor]
 		for range pl.n {
-			u, err := p.unit(q, q.next, pl.executor)
-			if err != nil {
-				return 0, err
+			k := q.next
+			if len(q.redo) > 0 {
+				k, q.redo = q.redo[0], q.redo[1:]
+			} else {
+				q.next++
 			}
-			if err := e.out.EmitMsg(ev.load.UnitsTopic, []byte(id), u); err != nil {
-				return 0, err
-			}
-			ev.inflight[unitKey(id, q.next)] = true
-			q.next++
-			total++
+			handed = append(handed, &pb.UnitDispatch{UnitId: k, Executor: pl.executor})
 		}
 		room[pl.executor] -= pl.n
 		q.executor[pl.executor] = true
 		used = append(used, pl.executor)
 		p.mUnits.With(pl.executor).Add(float64(pl.n))
 	}
-	err := e.move(id, pb.JobState_SENDING, "", func(t *pb.JobTransition) {
-		t.Position, t.Executor, t.Targets = uint64(q.next), strings.Join(used, ","), q.total
-	})
 	q.state = pb.JobState_SENDING
-	return total, err
+	if err := e.move(id, pb.JobState_SENDING, "", func(t *pb.JobTransition) {
+		t.Position, t.Executor, t.Targets, t.Dispatched = uint64(q.next), strings.Join(used, ","), q.total, handed
+	}); err != nil {
+		return 0, err
+	}
+	seq := p.seq // the SENDING step's: each unit names the dispatch it is
+	for _, d := range handed {
+		u, err := p.unit(q, d.UnitId, d.Executor)
+		if err != nil {
+			return 0, err
+		}
+		u.DispatchSeq = seq
+		ev := p.executors[d.Executor]
+		if err := e.out.EmitMsg(ev.load.UnitsTopic, []byte(id), u); err != nil {
+			return 0, err
+		}
+		ev.inflight[unitKey(id, d.UnitId)] = true
+		q.holder[d.UnitId] = holding{executor: d.Executor, seq: seq}
+	}
+	return len(handed), nil
 }
 
 // unit is the record of unit k of q for executor (unitSpan cuts it).
@@ -901,7 +963,7 @@ func (p *Planner) Describe(jobID string) string {
 	defer p.mu.Unlock()
 	var b strings.Builder
 	if q := p.queue[jobID]; q != nil {
-		fmt.Fprintf(&b, "%s: state %s, next %d of %d units, %d done;", jobID, q.state, q.next, q.units, len(q.done))
+		fmt.Fprintf(&b, "%s: state %s, next %d of %d units, %d done, %d to send again;", jobID, q.state, q.next, q.units, len(q.done), len(q.redo))
 	} else {
 		fmt.Fprintf(&b, "%s: not queued (%s);", jobID, p.machine.State(jobID))
 	}
@@ -911,7 +973,12 @@ func (p *Planner) Describe(jobID string) string {
 		if ev.load != nil {
 			seen = now.Sub(ev.seen)
 		}
-		fmt.Fprintf(&b, " executor %s: %d in flight %v, free %d, seen %s ago;", name, len(ev.inflight), slices.Sorted(maps.Keys(ev.inflight)), p.free(ev, now), seen.Round(time.Millisecond))
+		inflight := make([]string, 0, len(ev.inflight))
+		for u := range ev.inflight {
+			inflight = append(inflight, u.String())
+		}
+		slices.Sort(inflight)
+		fmt.Fprintf(&b, " executor %s: %d in flight %v, free %d, seen %s ago;", name, len(ev.inflight), inflight, p.free(ev, now), seen.Round(time.Millisecond))
 	}
 	return b.String()
 }

@@ -38,6 +38,7 @@ type progress struct {
 	job      *pb.SendJob
 	position uint32
 	queuedAt int64 // ms, planner's clock
+	holders  map[uint32]holding
 }
 
 func (p *Planner) restore(ctx context.Context) error {
@@ -61,7 +62,14 @@ func (p *Planner) restore(ctx context.Context) error {
 			p.reset()
 		case ok:
 			for _, o := range st.Open {
-				jobs[o.Job.GetJobId()] = &progress{job: o.Job, position: uint32(o.Position), queuedAt: o.QueuedAtMs}
+				pr := &progress{job: o.Job, position: uint32(o.Position), queuedAt: o.QueuedAtMs}
+				for _, h := range o.Holders {
+					if pr.holders == nil {
+						pr.holders = map[uint32]holding{}
+					}
+					pr.holders[h.UnitId] = holding{executor: h.Executor, seq: h.DispatchSeq}
+				}
+				jobs[o.Job.GetJobId()] = pr
 			}
 			from.Next = st.TransitionsNext
 			if from.Next == nil {
@@ -127,6 +135,9 @@ func (p *Planner) restore(ctx context.Context) error {
 		}
 		q := p.enqueue(pr.job, kept, st, pr.queuedAt)
 		q.next = pr.position
+		if pr.holders != nil {
+			q.holder = pr.holders
+		}
 		oldest = min(oldest, pr.queuedAt)
 	}
 	if len(p.queue) > 0 {
@@ -134,6 +145,8 @@ func (p *Planner) restore(ctx context.Context) error {
 			return err
 		}
 	}
+	p.rebuildInflight()
+	p.activeSince = now
 	p.ckpt.next = next
 	stats.Took = time.Since(began)
 	p.restoreStats = stats
@@ -171,6 +184,7 @@ func (p *Planner) observe(ctx context.Context, t *pb.JobTransition, jobs map[str
 		}
 	case pb.JobState_SENDING, pb.JobState_DRAINING:
 		pr.position = uint32(t.Position)
+		pr.dispatched(t)
 	case pb.JobState_CANCELLED, pb.JobState_EXPIRED, pb.JobState_PARTIALLY_COMPLETED:
 		if pr.job != nil && pr.queuedAt != 0 { // it was filtered and charged
 			kept, err := p.cfg.Packages.Get(ctx, pr.job.PackageUri)
@@ -197,12 +211,21 @@ func sameDay(ms int64, now time.Time) bool {
 
 // restoreDone marks the queued jobs' units done from push.executors: the
 // completions after the oldest was queued; the heartbeats before (a day
-// of them, several a second per executor) are not read again.
+// of them, several a second per executor) are not read again. The
+// revocations there put units back to be sent again (takeBack).
 func (p *Planner) restoreDone(ctx context.Context, kc streams.Cluster, oldest int64) error {
 	from := streams.ReplayFrom{Time: time.UnixMilli(oldest).Add(-executorClockSkew)}
 	return streams.Replay(ctx, kc, p.topic(schemas.TopicExecutors), from, func(r *kgo.Record) error {
 		var l pb.ExecutorLoad
-		if err := streams.Decode(r, &l); err == nil && l.DoneJobId != "" {
+		switch {
+		case streams.Decode(r, &l) != nil:
+		case len(l.Revoked) > 0:
+			for _, u := range l.Revoked {
+				if q := p.queue[u.JobId]; q != nil {
+					q.revoke(l.Executor, u)
+				}
+			}
+		case l.DoneJobId != "":
 			if q := p.queue[l.DoneJobId]; q != nil {
 				q.markDone(&l)
 			}
@@ -227,6 +250,9 @@ const executorClockSkew = 10 * time.Minute
 // thousands of jobs a day), so one active planner is enough; what matters
 // is that a standby takes over within seconds (SessionTimeout).
 func (p *Planner) Run(ctx context.Context, opts ...streams.Option) error {
+	p.mu.Lock()
+	p.runCtx = ctx // revocations run on it (reassign.go)
+	p.mu.Unlock()
 	inputs := append([]string{p.topic(schemas.TopicJobs), p.topic(schemas.TopicJobCommands), p.topic(schemas.TopicExecutors)}, p.cfg.Directory.Topics()...)
 	opts = append([]streams.Option{
 		streams.Kafka(p.cfg.Kafka),
