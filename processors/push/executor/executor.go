@@ -56,13 +56,13 @@ type Executor struct {
 	revMu       sync.Mutex
 	revocations map[revocation]bool
 
-	draining   atomic.Bool
-	drainDone  atomic.Bool
-	drainedAt  atomic.Int64
-	lastUnit   atomic.Int64
-	units      atomic.Int64
-	reached    atomic.Int64
-	offline    atomic.Int64
+	draining  atomic.Bool
+	drainDone atomic.Bool
+	drainedAt atomic.Int64
+	lastUnit  atomic.Int64
+	units     atomic.Int64
+	reached   atomic.Int64
+	offline   atomic.Int64
 
 	mUnits, mUins metrics.CounterVec
 }
