@@ -430,8 +430,12 @@ func readRanges(ctx context.Context, cluster Cluster, from map[string]map[int32]
 // readRangesOf is readRanges of topics that transactions alone write when
 // txn is set (CatchUp.Transactional).
 func readRangesOf(ctx context.Context, cluster Cluster, from map[string]map[int32]kgo.Offset, ends map[string]map[int32]int64, txn bool, fn func(*kgo.Record) error) error {
+	// Transaction markers are kept (not passed to fn): a partition whose
+	// tail is an aborted transaction (a batch aborted just before a
+	// restore, a fenced instance's) is seen to end at its marker at once,
+	// instead of after CatchUp's idle give-up (5 s).
 	rc, err := cluster.NewClient(kgo.ConsumePartitions(from),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.KeepControlRecords())
 	if err != nil {
 		return err
 	}
@@ -483,6 +487,9 @@ func readRangesOf(ctx context.Context, cluster Cluster, from map[string]map[int3
 					break
 				}
 				counts[p.Topic]++
+				if r.Attrs.IsControl() {
+					continue
+				}
 				if cbErr == nil {
 					cbErr = fn(r)
 				}

@@ -97,7 +97,7 @@ var options = []struct {
 	{"push.unit_size", 1 << 18, "mass push: uins per dispatched unit"},
 	{"push.max_backlog", 8, "mass push: units an executor may hold not yet done"},
 	{"push.min_lead", 15 * time.Minute, "mass push: a scheduled job starts at least this long after creation"},
-	{"push.reassign_after", 10 * time.Second, "mass push: an executor silent this long (killed, its machine gone) has its units not yet done taken back and sent by the others; it is fenced and never sends them; negative: never"},
+	{"push.reassign_after", 5 * time.Second, "mass push: an executor silent this long (killed, its machine gone) has its units not yet done taken back and sent by the others; it is fenced and never sends them; negative: never"},
 	{"push.mirror_threshold", 10_000_000, "mass push: accounts with this many followers use the local fan-list mirror"},
 	{"push.executor_capacity", 0, "`run push-executor`: uins this executor takes at once (it reports it; the planner keeps its units in flight within it, at least one); 0: only push.max_backlog limits it"},
 	{"push.drain_timeout", time.Minute, "`run push-executor`: on SIGTERM the executor drains (takes nothing new, finishes its units, exits 0) for at most this long"},

@@ -74,7 +74,7 @@ type Config struct {
 // DefaultConfig is the seed's rules with limits sized for one machine.
 func DefaultConfig() Config {
 	return Config{UnitSize: 1 << 18, MaxBacklog: 8, MinLead: 15 * time.Minute,
-		ExecutorTimeout: 5 * time.Second, ReassignAfter: 10 * time.Second, QuotaSeed: 1, TargetCTR: 0.05, CTRMinTargets: 100,
+		ExecutorTimeout: 5 * time.Second, ReassignAfter: 5 * time.Second, QuotaSeed: 1, TargetCTR: 0.05, CTRMinTargets: 100,
 		CheckpointEvery: 30 * time.Second}
 }
 
