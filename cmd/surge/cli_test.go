@@ -1,9 +1,13 @@
 package main
 
 import (
+	"net"
 	"os/exec"
 	"strings"
 	"testing"
+	"time"
+
+	"surge/streams/embedded"
 )
 
 // surge runs the built binary and returns its combined output.
@@ -56,5 +60,35 @@ func TestCompletionScript(t *testing.T) {
 	}
 	if out := surge(t, "completion", "fish"); !strings.Contains(out, "usage: surge completion bash|zsh") {
 		t.Errorf("unknown shell: %s", out)
+	}
+}
+
+// A service whose metrics address is taken (another service on this host)
+// stops at start and says so, instead of running without /readyz while
+// the other service's answers in its name (surge probe, a health check).
+func TestMetricsAddressTakenStopsTheService(t *testing.T) {
+	k, err := embedded.StartKafka()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer k.Close()
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	cmd := exec.Command(binary(t), "run", "push-presence", "--push.dir="+t.TempDir(), "--kafka.brokers="+strings.Join(k.Brokers(), ","),
+		"--metrics.addr="+taken.Addr().String())
+	done := make(chan struct{})
+	var out []byte
+	go func() { out, err = cmd.CombinedOutput(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(time.Minute):
+		_ = cmd.Process.Kill()
+		t.Fatal("the service ran on with its metrics address taken")
+	}
+	if err == nil || !strings.Contains(string(out), "metrics.addr "+taken.Addr().String()) || !strings.Contains(string(out), "address already in use") {
+		t.Fatalf("surge run with a taken metrics address: %v\n%s", err, out)
 	}
 }

@@ -73,7 +73,9 @@ func cmdClickhouse(ctx context.Context, args []string) error {
 	if err != nil {
 		return fmt.Errorf("clickhouse serve: %w", err)
 	}
-	serveMetrics(ctx, v, log)
+	if err := serveMetrics(ctx, v, log); err != nil {
+		return err
+	}
 	srv := &http.Server{Handler: chdbhttp.RequireUser(user, pass, chdbhttp.New(db)), ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		<-ctx.Done()

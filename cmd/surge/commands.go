@@ -56,7 +56,9 @@ func cmdRun(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	serveMetrics(ctx, v, log)
+	if err := serveMetrics(ctx, v, log); err != nil {
+		return err
+	}
 	if c, ok := pushServices[name]; ok {
 		return runPush(ctx, v, log, bs, c)
 	}

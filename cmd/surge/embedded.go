@@ -43,7 +43,9 @@ func cmdEmbedded(ctx context.Context, args []string) error {
 		return err
 	}
 	defer store.Close()
-	serveMetrics(ctx, v, log)
+	if err := serveMetrics(ctx, v, log); err != nil {
+		return err
+	}
 	rdb, stopRedis, err := redisOrEmbedded(ctx, v, log)
 	if err != nil {
 		return err

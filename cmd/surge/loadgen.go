@@ -43,7 +43,9 @@ func cmdLoadgen(ctx context.Context, args []string) error {
 	if err := streams.EnsureTopics(ctx, cl, replication(v), push.Topics(ns)...); err != nil {
 		return err
 	}
-	serveMetrics(ctx, v, log)
+	if err := serveMetrics(ctx, v, log); err != nil {
+		return err
+	}
 	sctx, stopStack := context.WithCancel(ctx)
 	defer stopStack()
 	stackErr := func() error { return nil }

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"os/signal"
@@ -144,21 +145,29 @@ func newLogger(v *viper.Viper) *slog.Logger {
 	return l
 }
 
-// serveMetrics exposes the default registry until ctx ends.
-func serveMetrics(ctx context.Context, v *viper.Viper, log *slog.Logger) {
+// serveMetrics exposes the default registry until ctx ends. The address
+// is bound before the service starts: a port already taken (another
+// service on this host) is an error, not a warning, since /readyz there
+// would answer for the other service (surge probe, a container's health
+// check).
+func serveMetrics(ctx context.Context, v *viper.Viper, log *slog.Logger) error {
 	addr := v.GetString("metrics.addr")
 	if addr == "" {
-		return
+		return nil
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("metrics.addr %s: %w (another service on this host? give each its own --metrics.addr, or empty to serve none)", addr, err)
 	}
 	registerBuildInfo(metrics.Default)
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", metrics.Default.Handler())
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.Handle("/readyz", health.Default.Handler()) // joined its groups; brokers and Redis answer
-	srv := &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
-		if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Warn("metrics endpoint not served", "addr", addr, "err", err)
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("metrics endpoint stopped", "addr", addr, "err", err)
 		}
 	}()
 	go func() {
@@ -168,6 +177,7 @@ func serveMetrics(ctx context.Context, v *viper.Viper, log *slog.Logger) {
 		_ = srv.Shutdown(sctx)
 	}()
 	log.Info("metrics", "url", "http://"+addr+"/metrics")
+	return nil
 }
 
 // runnerOptions turns processor.* config into runtime options.

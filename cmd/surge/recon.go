@@ -84,7 +84,9 @@ func cmdRecon(ctx context.Context, args []string) error {
 		}
 		return nil
 	case "serve":
-		serveMetrics(ctx, v, log)
+		if err := serveMetrics(ctx, v, log); err != nil {
+			return err
+		}
 		keys, err := apiKeys(v, "recon.keys", log)
 		if err != nil {
 			return err

@@ -241,7 +241,9 @@ func uinRun(ctx context.Context, v *viper.Viper, log *slog.Logger) error {
 	if err := s.CreateTopics(ctx, replication(v)); err != nil {
 		return err
 	}
-	serveMetrics(ctx, v, log)
+	if err := serveMetrics(ctx, v, log); err != nil {
+		return err
+	}
 	s.Start(ctx)
 	log.Info("uin recycling running", "kafka", bs.String(), "redis", v.GetString("redis.addr"), "checkpoints", o.Tracker.Checkpoints, "controllers", o.Controllers)
 	<-ctx.Done()

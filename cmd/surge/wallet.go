@@ -146,7 +146,9 @@ func cmdWallet(ctx context.Context, args []string) error {
 	if err := w.Start(ctx); err != nil {
 		return err
 	}
-	serveMetrics(ctx, v, log)
+	if err := serveMetrics(ctx, v, log); err != nil {
+		return err
+	}
 	gates, limits := httpLimits(v, "wallet")
 	err = admission.Serve(ctx, v.GetString("wallet.http_addr"), admission.Server(admission.New(gates).Wrap(w.Handler()), limits), limits,
 		func(a net.Addr) { log.Info("wallet API", "url", fmt.Sprintf("http://%s/v1/", a)) })
