@@ -1,16 +1,20 @@
-// Command overload offers the wallet service (a real `surge wallet`
-// process on the real broker and redis-server, default settings) grants
-// at multiples of its measured capacity and reports what the callers got:
+// Command overload offers a service (-service wallet: a real `surge
+// wallet` process, grants in signed batches; -service uin-pool: a real
+// `surge run uin-pool`, allocations of -batch uins per call; on the real
+// broker and redis-server, default settings) load at multiples of its
+// measured capacity and reports what the callers got:
 // goodput, the latency of admitted requests, how fast refusals came, the
 // process's RSS, and how soon after the load a request is served as
 // quickly as at 1x. A last phase repeats the highest multiple while
 // 10,000 idle and 250 stalled connections are held open.
-// scripts/bench-overload.sh runs it into bench/overload.txt.
+// scripts/bench-overload.sh runs it into bench/overload.txt (the wallet)
+// and bench/overload-pool.txt (SERVICE=uin-pool).
 package main
 
 import (
 	"bytes"
 	"encoding/base64"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -31,11 +35,13 @@ import (
 )
 
 var (
+	service  = flag.String("service", "wallet", "wallet or uin-pool")
+	seed     = flag.Int("seed", 3_000_000, "uin-pool: uins put in the pool before the load")
 	brokers  = flag.String("brokers", "127.0.0.1:19092", "Kafka")
 	redis    = flag.String("redis", "127.0.0.1:16379", "redis-server")
 	phase    = flag.Duration("phase", 60*time.Second, "length of each load phase")
 	factors  = flag.String("factors", "1,2,4", "offered load as multiples of the measured capacity")
-	batch    = flag.Int("batch", 100, "grants per request (JSON batch)")
+	batch    = flag.Int("batch", 100, "grants per request (JSON batch), or uins per allocation")
 	callers  = flag.Int("callers", 64, "concurrent callers while capacity is measured")
 	idle     = flag.Int("idle", 10000, "idle keep-alive connections in the last phase")
 	stalled  = flag.Int("stalled", 250, "stalled connections (4 MB announced, 64 KiB sent) in the last phase")
@@ -43,10 +49,12 @@ var (
 )
 
 var (
-	appKey = auth.Key{ID: "bench-1", App: "bench", Secret: bytes.Repeat([]byte{9}, 32)}
-	seq    atomic.Int64
-	addr   = "127.0.0.1:18581"
-	client = &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 4096, MaxConnsPerHost: 0}}
+	appKey  = auth.Key{ID: "bench-1", App: "bench", Secret: bytes.Repeat([]byte{9}, 32)}
+	poolKey = strings.Repeat("p", 40)
+	unit    = "grants" // what goodput counts
+	seq     atomic.Int64
+	addr    = "127.0.0.1:18581"
+	client  = &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 4096, MaxConnsPerHost: 0}}
 )
 
 func main() {
@@ -71,26 +79,39 @@ func main() {
 	if out, err := topics.CombinedOutput(); err != nil {
 		log.Fatalf("topics: %v\n%s", err, out)
 	}
-	wallet := exec.Command(bin, "wallet", "--wallet.http_addr", addr)
-	wallet.Env = env
-	wallet.Stderr = os.Stderr
-	must(wallet.Start())
-	defer func() { _ = wallet.Process.Kill(); _ = wallet.Wait() }()
-	pid := wallet.Process.Pid
+	svc := exec.Command(bin, "wallet", "--wallet.http_addr", addr)
+	if *service == "uin-pool" {
+		unit = "uins"
+		env = append(env, "SURGE_UIN_NAMESPACE="+ns, "SURGE_UIN_POOL_KEYS=bench:"+poolKey)
+		began := time.Now()
+		gaps := exec.Command(bin, "uin", "gaps", "--ranges", fmt.Sprintf("1-%d", *seed+1))
+		gaps.Env = env
+		out, err := gaps.CombinedOutput()
+		if err != nil {
+			log.Fatalf("uin gaps: %v\n%s", err, out)
+		}
+		fmt.Printf("pool seeded with %d uins in %s (surge uin gaps)\n", *seed, time.Since(began).Round(time.Second))
+		svc = exec.Command(bin, "run", "uin-pool", "--uin.pool_addr", addr)
+	}
+	svc.Env = env
+	svc.Stderr = os.Stderr
+	must(svc.Start())
+	defer func() { _ = svc.Process.Kill(); _ = svc.Wait() }()
+	pid := svc.Process.Pid
 	for start := time.Now(); ; time.Sleep(200 * time.Millisecond) {
 		if code, _ := send(""); code == 200 {
 			break
 		}
 		if time.Since(start) > 2*time.Minute {
-			log.Fatal("the wallet did not answer grants within 2 minutes")
+			log.Fatalf("the %s did not answer within 2 minutes", *service)
 		}
 	}
-	fmt.Printf("wallet process (pid %d), %s\n", pid, describeSettings())
+	fmt.Printf("%s process (pid %d), %s\n", *service, pid, describeSettings())
 
 	capacity := measureCapacity(15 * time.Second)
 	base := rss(pid)
-	fmt.Printf("capacity: %.0f grants/s (%d callers back to back, batches of %d, %s); RSS %d MB\n\n", capacity, *callers, *batch, "15 s", base>>20)
-	fmt.Printf("%-22s %9s %9s %7s %9s %9s %9s %9s %8s %8s %9s\n", "offered", "grants/s", "goodput", "of cap", "p50 ms", "p99 ms", "refused", "ref p99", "timeouts", "RSS MB", "back in")
+	fmt.Printf("capacity: %.0f %s/s (%d callers back to back, batches of %d, %s); RSS %d MB\n\n", capacity, unit, *callers, *batch, "15 s", base>>20)
+	fmt.Printf("%-22s %9s %9s %7s %9s %9s %9s %9s %8s %8s %9s\n", "offered", unit+"/s", "goodput", "of cap", "p50 ms", "p99 ms", "refused", "ref p99", "timeouts", "RSS MB", "back in")
 	var p50at1 time.Duration
 	fs := strings.Split(*factors, ",")
 	for i, f := range append(fs, fs[len(fs)-1]+"+conns") {
@@ -119,13 +140,20 @@ func main() {
 }
 
 func describeSettings() string {
-	return "default http.* settings (max_in_flight 64/CPU, max_queue 4x, target_latency 100 ms, max_wait 100 ms, request_timeout 2 s)" +
+	target := "100 ms"
+	if *service == "uin-pool" {
+		target = "2.1 s (uin.pool_refill_wait + 100 ms)"
+	}
+	return "default http.* settings (max_in_flight 64/CPU, max_queue 4x, target_latency " + target + ", max_wait 100 ms, request_timeout 2 s)" +
 		map[bool]string{true: "", false: "; callers send Request-Timeout: " + *deadline}[*deadline == ""]
 }
 
-// send posts one signed batch and returns its status and the grants it
-// got answered 200.
+// send makes one call and returns its status and what it got answered 200
+// (grants, or uins).
 func send(timeout string) (int, int) {
+	if *service == "uin-pool" {
+		return allocate(timeout)
+	}
 	n := seq.Add(1)
 	var b strings.Builder
 	b.WriteString(`{"grants":[`)
@@ -153,6 +181,26 @@ func send(timeout string) (int, int) {
 		return resp.StatusCode, 0
 	}
 	return 200, bytes.Count(out, []byte(`"code":200`))
+}
+
+// allocate asks the uin pool for -batch uins.
+func allocate(timeout string) (int, int) {
+	req, _ := http.NewRequest("POST", "http://"+addr+"/v1/uins?count="+strconv.Itoa(*batch), nil)
+	req.Header.Set("Authorization", "Bearer "+poolKey)
+	if timeout != "" {
+		req.Header.Set("Request-Timeout", timeout)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0, 0
+	}
+	defer resp.Body.Close()
+	var out struct{ Uins []uint32 }
+	if resp.StatusCode != 200 || json.NewDecoder(resp.Body).Decode(&out) != nil {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		return resp.StatusCode, 0
+	}
+	return 200, len(out.Uins)
 }
 
 func measureCapacity(d time.Duration) float64 {
@@ -266,10 +314,14 @@ func holdConnections(idle, stalled int) func() {
 		if err != nil {
 			break
 		}
-		req, _ := http.NewRequest("POST", "http://"+addr+"/v1/grants/batch", nil)
-		auth.Sign(req, []byte("x"), appKey, time.Now())
-		fmt.Fprintf(c, "POST /v1/grants/batch HTTP/1.1\r\nHost: w\r\nContent-Length: 4000000\r\nX-Surge-Key: %s\r\nX-Surge-Timestamp: %s\r\nX-Surge-Signature: %s\r\n\r\n",
-			req.Header.Get(auth.HeaderKey), req.Header.Get(auth.HeaderTimestamp), req.Header.Get(auth.HeaderSignature))
+		if *service == "uin-pool" {
+			fmt.Fprintf(c, "POST /v1/uins?count=1 HTTP/1.1\r\nHost: p\r\nContent-Length: 4000000\r\nAuthorization: Bearer %s\r\n\r\n", poolKey)
+		} else {
+			req, _ := http.NewRequest("POST", "http://"+addr+"/v1/grants/batch", nil)
+			auth.Sign(req, []byte("x"), appKey, time.Now())
+			fmt.Fprintf(c, "POST /v1/grants/batch HTTP/1.1\r\nHost: w\r\nContent-Length: 4000000\r\nX-Surge-Key: %s\r\nX-Surge-Timestamp: %s\r\nX-Surge-Signature: %s\r\n\r\n",
+				req.Header.Get(auth.HeaderKey), req.Header.Get(auth.HeaderTimestamp), req.Header.Get(auth.HeaderSignature))
+		}
 		_, _ = c.Write(make([]byte, 64<<10))
 		conns = append(conns, c)
 	}
