@@ -142,7 +142,7 @@ func main() {
 func describeSettings() string {
 	target := "100 ms"
 	if *service == "uin-pool" {
-		target = "2.1 s (uin.pool_refill_wait + 100 ms)"
+		target = "100 ms (refill waits excused)"
 	}
 	return "default http.* settings (max_in_flight 64/CPU, max_queue 4x, target_latency " + target + ", max_wait 100 ms, request_timeout 2 s)" +
 		map[bool]string{true: "", false: "; callers send Request-Timeout: " + *deadline}[*deadline == ""]

@@ -105,7 +105,7 @@ var options = []struct {
 	{"wallet.config", "", "`wallet`: activity tree file (YAML/TOML/JSON), reloaded on change; empty uses a built-in demo tree"},
 	{"http.max_in_flight", 0, "HTTP APIs (wallet, uin-pool): requests served at once per instance; 0: 64 per CPU"},
 	{"http.max_queue", 0, "HTTP APIs: requests that may wait for a slot; more are refused at once with 503 and Retry-After; 0: 4 x http.max_in_flight"},
-	{"http.target_latency", 100 * time.Millisecond, "HTTP APIs: how long an admitted request should take; above it fewer requests are let in at once (down to 8), below it more (up to http.max_in_flight); the uin-pool's is at least uin.pool_refill_wait + 100ms"},
+	{"http.target_latency", 100 * time.Millisecond, "HTTP APIs: how long an admitted request should take; above it fewer requests are let in at once (down to 8), below it more (up to http.max_in_flight); the uin pool's wait for a refill is not counted"},
 	{"http.max_wait", 100 * time.Millisecond, "HTTP APIs: the longest a request waits for a slot whatever its deadline; one that would wait longer is refused at once with 503 and Retry-After (a long queue only adds its wait to every answer)"},
 	{"http.request_timeout", 2 * time.Second, "HTTP APIs: a request's deadline when its client sends no Request-Timeout header (a client's own is capped by it); a request that cannot start before it is refused with 503 at once, not queued to die"},
 	{"http.max_conns", 10000, "HTTP APIs: open connections per instance; more wait in the kernel's backlog"},

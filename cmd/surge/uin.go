@@ -150,10 +150,9 @@ func poolConfig(v *viper.Viper, log *slog.Logger) (allocation.Config, error) {
 	}
 	local := max(v.GetInt("uin.pool_local"), 1)
 	gates, limits := httpLimits(v, "uin-pool")
-	// A call that finds the local pool dry waits up to the refill wait for
-	// the refill, which is not overload: a target below it would shed a
-	// burst the pool is about to serve (503 instead of uins).
-	gates.TargetLatency = max(gates.TargetLatency, v.GetDuration("uin.pool_refill_wait")+100*time.Millisecond)
+	// A call that finds the local pool dry waits up to the refill wait;
+	// the allocator excuses that wait (admission.Excuse), so the gate
+	// steers by http.target_latency like the wallet's.
 	return allocation.Config{Instance: inst, Addr: v.GetString("uin.pool_addr"), Keys: keys, Admission: gates, Limits: limits,
 		LowWater: int64(v.GetInt("uin.pool_low_water")), RebuildSettle: v.GetDuration("uin.rebuild_settle"),
 		Local: []pool.AllocatorOption{pool.LowWater(local), pool.Chunk(2 * local), pool.LeaseTTL(v.GetDuration("uin.pool_lease_ttl")), pool.RefillWait(v.GetDuration("uin.pool_refill_wait"))}}, nil

@@ -14,6 +14,7 @@
 package admission
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -118,8 +119,10 @@ func New(cfg Config) *Gate {
 // json.Decoder that stops at the value's end).
 func (g *Gate) Wrap(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		excused := new(atomic.Int64)
+		r = r.WithContext(context.WithValue(r.Context(), excuseKey{}, excused))
 		if r.Body != nil && r.Body != http.NoBody && r.ContentLength != 0 {
-			bg := &bodyGate{g: g, w: &gatedWriter{ResponseWriter: w}, r: r, body: r.Body}
+			bg := &bodyGate{g: g, w: &gatedWriter{ResponseWriter: w}, r: r, body: r.Body, excused: excused}
 			r.Body = bg
 			defer bg.release()
 			next.ServeHTTP(bg.w, r)
@@ -128,18 +131,31 @@ func (g *Gate) Wrap(next http.Handler) http.Handler {
 		if !g.admit(w, r) {
 			return
 		}
-		defer g.hold()()
+		defer g.hold(excused)()
 		next.ServeHTTP(w, r)
 	})
 }
 
+type excuseKey struct{}
+
+// Excuse tells the gate that d of the request in ctx was spent waiting on
+// something that is not this service's load (the uin pool waiting for a
+// refill its caller chose to wait for): the gate leaves it out of the
+// latency it keeps at its target, so such waits neither shrink the
+// concurrency it admits nor need a target long enough to hide them.
+func Excuse(ctx context.Context, d time.Duration) {
+	if ex, ok := ctx.Value(excuseKey{}).(*atomic.Int64); ok && d > 0 {
+		ex.Add(int64(d))
+	}
+}
+
 // hold counts an admitted request in flight and returns its release.
-func (g *Gate) hold() func() {
+func (g *Gate) hold(excused *atomic.Int64) func() {
 	g.mInFlight.Add(1)
 	start := time.Now()
 	return func() {
 		g.mInFlight.Add(-1)
-		g.slots.release(time.Since(start))
+		g.slots.release(max(time.Since(start)-time.Duration(excused.Load()), 0))
 		limit, _ := g.slots.state()
 		g.mLimit.Set(float64(limit))
 	}
@@ -158,6 +174,7 @@ type bodyGate struct {
 	body     io.ReadCloser
 	admitted func() // the slot's release, once admitted
 	refused  bool
+	excused  *atomic.Int64
 }
 
 var errOverloaded = errors.New("admission: overloaded, request refused (503 sent)")
@@ -172,7 +189,7 @@ func (b *bodyGate) Read(p []byte) (int, error) {
 			b.refused, b.w.closed = true, true
 			return n, errOverloaded
 		}
-		b.admitted = b.g.hold()
+		b.admitted = b.g.hold(b.excused)
 	}
 	return n, err
 }

@@ -213,3 +213,43 @@ func TestSlowBodiesHoldNoSlot(t *testing.T) {
 		t.Fatalf("a body with the slot free: %d, %d handled (want 202, 1)", resp.StatusCode, worked.Load())
 	}
 }
+
+// TestExcusedWaitsDoNotShrinkTheGate: requests that spend 60 ms waiting on
+// something the handler excuses (a refill its caller chose to wait for)
+// leave the gate at its limit, where the same requests unexcused cut it
+// to its floor: the target steers by the service's own work only.
+func TestExcusedWaitsDoNotShrinkTheGate(t *testing.T) {
+	limitAfter := func(excuse bool) int {
+		g := New(Config{MaxInFlight: 40, TargetLatency: 20 * time.Millisecond, Metrics: metrics.NewRegistry()})
+		h := g.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			time.Sleep(60 * time.Millisecond)
+			if excuse {
+				Excuse(r.Context(), 60*time.Millisecond)
+			}
+			w.WriteHeader(http.StatusOK)
+		}))
+		var wg sync.WaitGroup
+		for range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range 15 {
+					g.slots.mu.Lock()
+					g.slots.lastCut = time.Time{} // as if the last cut was long ago
+					g.slots.mu.Unlock()
+					w := httptest.NewRecorder()
+					h.ServeHTTP(w, httptest.NewRequest("GET", "/", nil))
+				}
+			}()
+		}
+		wg.Wait()
+		limit, _ := g.slots.state()
+		return limit
+	}
+	if got := limitAfter(false); got != 8 {
+		t.Fatalf("unexcused 60 ms requests against a 20 ms target: limit %d, want the floor 8", got)
+	}
+	if got := limitAfter(true); got != 40 {
+		t.Fatalf("excused 60 ms waits: limit %d, want it left at 40", got)
+	}
+}

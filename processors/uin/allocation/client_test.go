@@ -46,6 +46,15 @@ func startPool(t *testing.T, b streamstest.Backend, rdb *redis.Client, size int)
 // central pool too.
 func startPoolWith(t *testing.T, b streamstest.Backend, rdb *redis.Client, size int, local ...pool.AllocatorOption) (url, key string, central *pool.Central) {
 	t.Helper()
+	// These tests are about the pool, not admission control: a burst
+	// waiting on a refill is served, whatever a slow machine's scheduling
+	// does to the gate's 100 ms target and wait.
+	return startPoolGated(t, b, rdb, size, admission.Config{TargetLatency: 5 * time.Second, MaxWait: 5 * time.Second, Timeout: 10 * time.Second}, local...)
+}
+
+// startPoolGated is startPoolWith behind the given admission control.
+func startPoolGated(t *testing.T, b streamstest.Backend, rdb *redis.Client, size int, gate admission.Config, local ...pool.AllocatorOption) (url, key string, central *pool.Central) {
+	t.Helper()
 	ctx := context.Background()
 	ns := streamstest.Unique("alloc") + "."
 	streamstest.CreateTopics(t, b.Kafka, 1, ns+schemas.TopicPool, ns+schemas.TopicDeadLetter)
@@ -68,10 +77,7 @@ func startPoolWith(t *testing.T, b streamstest.Backend, rdb *redis.Client, size 
 		Instance: "t", Addr: "127.0.0.1:0", Keys: keys,
 		Local:   local,
 		Central: central, Accounts: account.NewStore(rdb, uinkeys.Prefix(ns)),
-		// These tests are about the pool, not admission control: a burst
-		// waiting on a refill (up to 2 s) is served, not refused as
-		// overload by the gate's 100 ms target and wait on a slow machine.
-		Admission: admission.Config{TargetLatency: 5 * time.Second, MaxWait: 5 * time.Second, Timeout: 10 * time.Second}})
+		Admission: gate})
 	sctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- svc.Run(sctx) }()

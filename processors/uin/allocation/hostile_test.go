@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"surge/processors/uin/pool"
+	"surge/streams/admission"
 	"surge/streams/streamstest"
 )
 
@@ -133,6 +134,35 @@ func TestBurstWaitsForRefillInsteadOfExhausted(t *testing.T) {
 		wg.Wait()
 		if codes[http.StatusOK] != 100 {
 			t.Fatalf("answers by status: %v; want all 100 served while the central pool holds 20,000", codes)
+		}
+	})
+}
+
+// TestBurstWaitingForARefillIsNotShedAsOverload: behind the default gate
+// (a 100 ms target), bursts far beyond the local pool wait for its refills
+// and are served: the allocator excuses those waits (admission.Excuse), so
+// they do not cut the gate down to shedding the next burst as overload.
+func TestBurstWaitingForARefillIsNotShedAsOverload(t *testing.T) {
+	streamstest.EachStack(t, func(t *testing.T, b streamstest.Backend, rdb *redis.Client) {
+		url, key, _ := startPoolGated(t, b, rdb, 40000, admission.Config{}, pool.LowWater(50), pool.Chunk(100))
+		codes := map[int]int{}
+		for range 3 {
+			var wg sync.WaitGroup
+			var mu sync.Mutex
+			for range 40 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					_, code := call(context.Background(), url, key, 50)
+					mu.Lock()
+					codes[code]++
+					mu.Unlock()
+				}()
+			}
+			wg.Wait()
+		}
+		if codes[http.StatusOK] != 120 {
+			t.Fatalf("answers by status over 3 bursts of 40 calls: %v; want all 120 served", codes)
 		}
 	})
 }
