@@ -7,12 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/RoaringBitmap/roaring/v2"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"google.golang.org/protobuf/proto"
 
-	"surge/processors/push/directory"
-	push "surge/processors/push/pipeline"
 	"surge/schemas"
 	pb "surge/schemas/surgev1"
 	"surge/streams"
@@ -26,54 +22,18 @@ import (
 // command on the real broker.
 func TestExecutorDrainsOnSIGTERM(t *testing.T) {
 	streamstest.Each(t, func(t *testing.T, b streamstest.Backend) {
-		ns, dir := streamstest.Unique("drain")+".", t.TempDir()
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer cancel()
-		cl := streamstest.Client(t, b.Kafka, kgo.ProducerBatchMaxBytes(1<<20))
-		if err := streams.EnsureTopics(ctx, cl, streams.OneCopy, push.Topics(ns)...); err != nil {
-			t.Fatal(err)
-		}
-		env := []string{"SURGE_KAFKA_BROKERS=" + strings.Join(b.Kafka.Seeds, ","), "SURGE_PUSH_NAMESPACE=" + ns,
-			"SURGE_PUSH_UNIT_SIZE=200", "SURGE_PUSH_MAX_BACKLOG=2", "SURGE_LOG_LEVEL=info"}
-		in := func(name string) string { return "--push.dir=" + dir + "/" + name }
-		const users = 40000
-		var recs []*kgo.Record
-		recs = append(recs, directory.AccountRecord(ns, &pb.AccountInfo{AccountId: 1, Type: "subscription",
-			Filters: proto.Uint32(1), Followers: users})) // relation only
-		target := roaring.New()
-		for u := uint32(1); u <= users; u++ {
-			target.Add(u)
-			recs = append(recs, directory.FollowRecord(ns, 1, u, true))
-			r, _ := streams.NewRecord(ns+schemas.TopicLogin, schemas.UinKey(u), &pb.LoginEvent{Uin: uint64(u), Online: true})
-			recs = append(recs, r)
-		}
-		streamstest.ProduceSync(t, cl, recs...)
-
-		runService(t, env, "presence", "push-presence", "--processor.instance_id=pres", in("pres"))
-		runService(t, env, "planner", "push-planner", "--processor.instance_id=pl", in("pl"))
-		exA := runService(t, env, "executor-a", "push-executor", "--push.executor_name=ea", in("ea"))
-		runService(t, env, "executor-b", "push-executor", "--push.executor_name=eb", in("eb"))
-		if err := streams.WaitConsumed(ctx, b.Kafka, push.PlannerGroup(ns), directory.New(ns).Topics()...); err != nil {
-			t.Fatal(err)
-		}
-		if err := streams.WaitConsumed(ctx, b.Kafka, ns+"presence", ns+schemas.TopicLogin); err != nil {
-			t.Fatal(err)
-		}
+		bed := newPushBed(t, ctx, b, "drain", "SURGE_PUSH_UNIT_SIZE=200", "SURGE_PUSH_MAX_BACKLOG=2", "SURGE_LOG_LEVEL=info")
+		ns, cl, env := bed.ns, bed.cl, bed.env
+		target := bed.onlineFollowers(40000)
+		bed.run("presence", "push-presence", "--processor.instance_id=pres")
+		bed.run("planner", "push-planner", "--processor.instance_id=pl")
+		exA := bed.run("executor-a", "push-executor", "--push.executor_name=ea")
+		bed.run("executor-b", "push-executor", "--push.executor_name=eb")
 		// Both executors report before the job goes out: one that loads its
 		// online bitmap late would otherwise find the job already sent.
-		waitFor(t, ctx, "both executors reporting", func() bool {
-			seen := map[string]bool{}
-			rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			defer cancel()
-			_ = streams.ReadToEnd(rctx, b.Kafka, ns+schemas.TopicExecutors, func(r *kgo.Record) error {
-				var l pb.ExecutorLoad
-				if streams.Decode(r, &l) == nil {
-					seen[l.Executor] = true
-				}
-				return nil
-			})
-			return seen["ea"] && seen["eb"]
-		})
+		bed.ready(ctx, "ea", "eb")
 		job := &pb.SendJob{JobId: "j1", AccountId: 1, Source: pb.TargetSource_FOLLOWERS, ContentId: "c1", ContentCrc: 1, Realtime: true}
 		jr, _ := streams.NewRecord(ns+schemas.TopicJobs, []byte(job.JobId), job)
 		streamstest.ProduceSync(t, cl, jr)

@@ -14,8 +14,6 @@ import (
 	"github.com/RoaringBitmap/roaring/v2"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"surge/processors/push/directory"
-	push "surge/processors/push/pipeline"
 	"surge/schemas"
 	pb "surge/schemas/surgev1"
 	"surge/streams"
@@ -60,33 +58,19 @@ func TestFailoverBench(t *testing.T) {
 // latency of a job published from 1 s before the kill on; seconds from the
 // kill until every later job completes within 1 s again.
 func failoverCase(t *testing.T, b streamstest.Backend, victim string, restart bool) string {
-	ns, dir := streamstest.Unique("failover")+".", t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	cl := streamstest.Client(t, b.Kafka)
-	if err := streams.EnsureTopics(ctx, cl, streams.OneCopy, push.Topics(ns)...); err != nil {
-		t.Fatal(err)
-	}
-	env := []string{"SURGE_KAFKA_BROKERS=" + strings.Join(b.Kafka.Seeds, ","), "SURGE_PUSH_NAMESPACE=" + ns, "SURGE_LOG_LEVEL=" + cmp.Or(os.Getenv("SURGE_FAILOVER_LOG"), "warn")}
-	in := func(name string) string { return "--push.dir=" + dir + "/" + name }
-	const users = 2000
-	recs := []*kgo.Record{directory.AccountRecord(ns, &pb.AccountInfo{AccountId: 1, Type: "subscription", Followers: users})}
-	for u := uint32(1); u <= users; u++ {
-		recs = append(recs, directory.FollowRecord(ns, 1, u, true))
-		r, _ := streams.NewRecord(ns+schemas.TopicLogin, schemas.UinKey(u), &pb.LoginEvent{Uin: uint64(u), Online: true})
-		recs = append(recs, r)
-	}
-	streamstest.ProduceSync(t, cl, recs...)
-	runService(t, env, "presence", "push-presence", "--processor.instance_id=pres", in("pres"))
+	bed := newPushBed(t, ctx, b, "failover", "SURGE_LOG_LEVEL="+cmp.Or(os.Getenv("SURGE_FAILOVER_LOG"), "warn"))
+	ns, cl := bed.ns, bed.cl
+	bed.onlineFollowers(2000)
+	bed.run("presence", "push-presence", "--processor.instance_id=pres")
 	planners := map[string]*service{
-		"pa": runService(t, env, "planner-a", "push-planner", "--processor.instance_id=pa", in("pa")),
-		"pb": runService(t, env, "planner-b", "push-planner", "--processor.instance_id=pb", in("pb")),
+		"pa": bed.run("planner-a", "push-planner", "--processor.instance_id=pa"),
+		"pb": bed.run("planner-b", "push-planner", "--processor.instance_id=pb"),
 	}
-	ea := runService(t, env, "executor-a", "push-executor", "--push.executor_name=ea", in("ea"))
-	runService(t, env, "executor-b", "push-executor", "--push.executor_name=eb", in("eb"))
-	if err := streams.WaitConsumed(ctx, b.Kafka, ns+"presence", ns+schemas.TopicLogin); err != nil {
-		t.Fatal(err)
-	}
+	ea := bed.run("executor-a", "push-executor", "--push.executor_name=ea")
+	bed.run("executor-b", "push-executor", "--push.executor_name=eb")
+	bed.ready(ctx, "ea", "eb")
 
 	// Completions, as a reader of push.job-transitions sees them.
 	var mu sync.Mutex

@@ -2,16 +2,12 @@ package main
 
 import (
 	"context"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/RoaringBitmap/roaring/v2"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"surge/processors/push/directory"
-	push "surge/processors/push/pipeline"
 	"surge/schemas"
 	pb "surge/schemas/surgev1"
 	"surge/streams"
@@ -26,46 +22,16 @@ import (
 // it: every target gets the message exactly once.
 func TestPushSilentExecutorsUnitsGoToOthers(t *testing.T) {
 	streamstest.Each(t, func(t *testing.T, b streamstest.Backend) {
-		ns, dir := streamstest.Unique("reassign")+".", t.TempDir()
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer cancel()
-		cl := streamstest.Client(t, b.Kafka, kgo.ProducerBatchMaxBytes(1<<20))
-		if err := streams.EnsureTopics(ctx, cl, streams.OneCopy, push.Topics(ns)...); err != nil {
-			t.Fatal(err)
-		}
-		env := []string{"SURGE_KAFKA_BROKERS=" + strings.Join(b.Kafka.Seeds, ","), "SURGE_PUSH_NAMESPACE=" + ns,
-			"SURGE_PUSH_UNIT_SIZE=500", "SURGE_PUSH_MAX_BACKLOG=3", "SURGE_LOG_LEVEL=info"}
-		in := func(name string) string { return "--push.dir=" + dir + "/" + name }
-
-		const users = 20000 // 40 units
-		target := roaring.New()
-		target.AddRange(1, users+1)
-		recs := []*kgo.Record{directory.AccountRecord(ns, &pb.AccountInfo{AccountId: 1, Type: "subscription", Followers: users})}
-		for u := uint32(1); u <= users; u++ {
-			recs = append(recs, directory.FollowRecord(ns, 1, u, true))
-			r, _ := streams.NewRecord(ns+schemas.TopicLogin, schemas.UinKey(u), &pb.LoginEvent{Uin: uint64(u), Online: true})
-			recs = append(recs, r)
-		}
-		streamstest.ProduceSync(t, cl, recs...)
-
-		runService(t, env, "presence", "push-presence", "--processor.instance_id=pres", in("pres"))
-		runService(t, env, "planner", "push-planner", "--processor.instance_id=pa", in("pa"))
-		ea := runService(t, env, "executor-a", "push-executor", "--push.executor_name=ea", in("ea"))
-		runService(t, env, "executor-b", "push-executor", "--push.executor_name=eb", in("eb"))
-		if err := streams.WaitConsumed(ctx, b.Kafka, push.PlannerGroup(ns), directory.New(ns).Topics()...); err != nil {
-			t.Fatal(err)
-		}
-		if err := streams.WaitConsumed(ctx, b.Kafka, ns+"presence", ns+schemas.TopicLogin); err != nil {
-			t.Fatal(err)
-		}
-		waitFor(t, ctx, "both executors reporting", func() bool {
-			seen := map[string]bool{}
-			_ = streams.ReadToEnd(ctx, b.Kafka, ns+schemas.TopicExecutors, func(r *kgo.Record) error {
-				seen[string(r.Key)] = true
-				return nil
-			})
-			return seen["ea"] && seen["eb"]
-		})
+		bed := newPushBed(t, ctx, b, "reassign", "SURGE_PUSH_UNIT_SIZE=500", "SURGE_PUSH_MAX_BACKLOG=3", "SURGE_LOG_LEVEL=info")
+		ns, cl := bed.ns, bed.cl
+		target := bed.onlineFollowers(20000) // 40 units
+		bed.run("presence", "push-presence", "--processor.instance_id=pres")
+		bed.run("planner", "push-planner", "--processor.instance_id=pa")
+		ea := bed.run("executor-a", "push-executor", "--push.executor_name=ea")
+		bed.run("executor-b", "push-executor", "--push.executor_name=eb")
+		bed.ready(ctx, "ea", "eb")
 
 		// ea stops; the planner still counts it alive for a few seconds
 		// (push.executor_timeout) and gives it units, which it holds.

@@ -31,18 +31,8 @@ func TestDrainingExecutorHandsOverItsJob(t *testing.T) {
 	streamstest.Each(t, func(t *testing.T, b streamstest.Backend) {
 		e, cfg, p, x, ye, stop := drainSetup(t, b)
 		e.send(schemas.TopicJobs, "d", &pb.SendJob{JobId: "d", AccountId: 7, Source: pb.TargetSource_FOLLOWERS, ContentId: "d", ContentCrc: 1})
-		units := func(f *fakeExecutor, want int) {
-			t.Helper()
-			for end := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-				if n, _ := f.received("d"); n == want {
-					return
-				} else if time.Now().After(end) {
-					t.Fatalf("executor %s holds %d units of d, want %d (%s)", f.name, n, want, p.Describe("d"))
-				}
-			}
-		}
-		units(x, 2)
-		units(ye, 2)
+		e.received(p, x, "d", 2)
+		e.received(p, ye, "d", 2)
 		e.wait(p, "d", pb.JobState_SENDING)
 
 		x.mu.Lock()

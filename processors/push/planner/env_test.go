@@ -128,6 +128,18 @@ func (e *testEnv) wait(p *Planner, id string, want pb.JobState) {
 	}
 }
 
+// received waits until executor f has received want distinct units of job.
+func (e *testEnv) received(p *Planner, f *fakeExecutor, job string, want int) {
+	e.t.Helper()
+	for end := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if n, _ := f.received(job); n == want {
+			return
+		} else if time.Now().After(end) {
+			e.t.Fatalf("executor %s holds %d units of %s, want %d (%s)", f.name, n, job, want, p.Describe(job))
+		}
+	}
+}
+
 // withEnv is cfg with the test's brokers, namespace, log and packages.
 func withEnv(cfg Config, kc streams.Cluster, pkgs numpkg.Store, ns string, log *slog.Logger) Config {
 	now := cfg.Now

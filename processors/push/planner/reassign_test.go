@@ -25,18 +25,8 @@ func TestSilentExecutorsUnitsGoToOthers(t *testing.T) {
 		y := &fakeExecutor{name: "y", holdBack: map[string]bool{"d": true}}
 		stop := e.run(p, x, y)
 		e.send(schemas.TopicJobs, "d", &pb.SendJob{JobId: "d", AccountId: 7, Source: pb.TargetSource_FOLLOWERS, ContentId: "d", ContentCrc: 1})
-		holds := func(f *fakeExecutor, want int) {
-			t.Helper()
-			for end := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-				if n, _ := f.received("d"); n == want {
-					return
-				} else if time.Now().After(end) {
-					t.Fatalf("executor %s holds %d units of d, want %d (%s)", f.name, n, want, p.Describe("d"))
-				}
-			}
-		}
-		holds(x, 3)
-		holds(y, 3)
+		e.received(p, x, "d", 3)
+		e.received(p, y, "d", 3)
 
 		x.mu.Lock()
 		x.silent = true // killed with its 3 units not sent
