@@ -6,10 +6,11 @@ package guard
 import (
 	"context"
 	"fmt"
-	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"golang.org/x/time/rate"
 )
 
 // Degrade switch names: each weak dependency can be switched off.
@@ -31,54 +32,44 @@ const (
 	CounterPrimary = "counter_primary"
 )
 
-// Bucket is a token bucket: rate per second, burst of one second.
-type Bucket struct {
-	mu     sync.Mutex
-	rate   float64
-	tokens float64
-	last   time.Time
-}
+// Bucket is a token bucket (golang.org/x/time/rate): rate per second,
+// burst of one second; rate 0 means unlimited.
+type Bucket struct{ l atomic.Pointer[rate.Limiter] }
 
 // NewBucket returns a bucket; rate 0 means unlimited.
-func NewBucket(rate int) *Bucket {
-	return &Bucket{rate: float64(rate), tokens: float64(rate), last: time.Now()}
+func NewBucket(perSecond int) *Bucket {
+	b := &Bucket{}
+	b.SetRate(perSecond)
+	return b
 }
 
-// SetRate changes the rate (hot reload).
-func (b *Bucket) SetRate(rate int) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.rate = float64(rate)
+func limiter(perSecond int) *rate.Limiter {
+	if perSecond <= 0 {
+		return rate.NewLimiter(rate.Inf, 0)
+	}
+	return rate.NewLimiter(rate.Limit(perSecond), perSecond) // starts full
+}
+
+// SetRate changes the rate (hot reload; called with every request, so a
+// rate that did not change changes nothing). A new rate starts with a
+// full second's burst, as a new bucket does.
+func (b *Bucket) SetRate(perSecond int) {
+	want := rate.Inf
+	if perSecond > 0 {
+		want = rate.Limit(perSecond)
+	}
+	if cur := b.l.Load(); cur != nil && cur.Limit() == want {
+		return
+	}
+	b.l.Store(limiter(perSecond))
 }
 
 // Allow takes n tokens if there are.
-func (b *Bucket) Allow(n int) bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.rate <= 0 {
-		return true
-	}
-	now := time.Now()
-	b.tokens = min(b.rate, b.tokens+now.Sub(b.last).Seconds()*b.rate)
-	b.last = now
-	if b.tokens < float64(n) {
-		return false
-	}
-	b.tokens -= float64(n)
-	return true
-}
+func (b *Bucket) Allow(n int) bool { return b.l.Load().AllowN(time.Now(), n) }
 
-// Wait blocks until n tokens are available or ctx ends.
-func (b *Bucket) Wait(ctx context.Context, n int) error {
-	for !b.Allow(n) {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(time.Millisecond):
-		}
-	}
-	return nil
-}
+// Wait blocks until n tokens are available or ctx ends; more than a
+// second's worth can never be, and is an error at once.
+func (b *Bucket) Wait(ctx context.Context, n int) error { return b.l.Load().WaitN(ctx, n) }
 
 // Global limits a rate over every instance with one Redis key per second.
 type Global struct {
