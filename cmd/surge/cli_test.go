@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"net"
 	"os/exec"
 	"strings"
@@ -90,5 +91,31 @@ func TestMetricsAddressTakenStopsTheService(t *testing.T) {
 	}
 	if err == nil || !strings.Contains(string(out), "metrics.addr "+taken.Addr().String()) || !strings.Contains(string(out), "address already in use") {
 		t.Fatalf("surge run with a taken metrics address: %v\n%s", err, out)
+	}
+}
+
+// log.format=json makes every log line one JSON object (a service that
+// stops at start logs its reason that way too).
+func TestLogFormatJSON(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	out, _ := exec.Command(binary(t), "embedded", "--log.format=json", "--demo.users=1", "--metrics.addr="+taken.Addr().String()).CombinedOutput()
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	logged := 0
+	for _, l := range lines {
+		if strings.HasPrefix(l, "surge:") { // the exit reason, after the logs
+			continue
+		}
+		var m map[string]any
+		if err := json.Unmarshal([]byte(l), &m); err != nil || m["msg"] == nil || m["level"] == nil {
+			t.Fatalf("not a JSON log line: %q\n%s", l, out)
+		}
+		logged++
+	}
+	if logged == 0 || !strings.Contains(string(out), "metrics.addr") {
+		t.Fatalf("want JSON log lines and the metrics.addr refusal:\n%s", out)
 	}
 }

@@ -88,6 +88,7 @@ var options = []struct {
 	{"clickhouse.chdb_connections", 0, "chDB queries and inserts that may run at once; 0 is the number of CPUs (at most 8)"},
 	{"metrics.addr", "127.0.0.1:9464", "address of the Prometheus /metrics endpoint; empty disables it"},
 	{"log.level", "info", "debug, info, warn or error"},
+	{"log.format", "text", "text (slog's key=value lines) or json (one JSON object per line, for a log pipeline)"},
 	{"demo.users", 200000, "`embedded`: users in the generated login traffic; 0 serves until interrupted"},
 	{"demo.seed", 1, "`embedded`: random seed of the generated traffic"},
 	{"push.dir", "", "mass push: number packages and Pebble stores live here; empty is a temporary directory"},
@@ -324,6 +325,9 @@ func validateConfig(v *viper.Viper, fs *pflag.FlagSet) error {
 		if err == nil && o.key == "log.level" {
 			var lvl slog.Level
 			err = lvl.UnmarshalText([]byte(raw))
+		}
+		if o.key == "log.format" && raw != "text" && raw != "json" {
+			return fmt.Errorf("log.format: %q is not text or json (%s; default text)", raw, from(o.key))
 		}
 		if err != nil {
 			return fmt.Errorf("%s: %q is not a valid %s (%s; default %v)", o.key, raw, typeName(o.def), from(o.key), o.def)

@@ -33,8 +33,9 @@ func TestConfigRefusesMistakes(t *testing.T) {
 		{"a value in the file", nil, []string{"--config", badValue}, `processor.shutdown_timeout: "soon" is not a valid duration`},
 		{"a number from the environment", map[string]string{"SURGE_PROCESSOR_MAX_BATCH": "abc"}, nil, "variable SURGE_PROCESSOR_MAX_BATCH"},
 		{"a log level", map[string]string{"SURGE_LOG_LEVEL": "verbose"}, nil, `log.level: "verbose"`},
+		{"a log format", map[string]string{"SURGE_LOG_FORMAT": "xml"}, nil, `log.format: "xml" is not text or json (variable SURGE_LOG_FORMAT`},
 		{"a boolean", map[string]string{"SURGE_PROCESSOR_STATIC_MEMBERSHIP": "maybe"}, nil, "processor.static_membership"},
-		{"good values", map[string]string{"SURGE_PROCESSOR_MAX_BATCH": "500", "SURGE_LOG_LEVEL": "DEBUG", "SURGE_UIN_REBUILD_SETTLE": "2s"}, nil, ""},
+		{"good values", map[string]string{"SURGE_PROCESSOR_MAX_BATCH": "500", "SURGE_LOG_LEVEL": "DEBUG", "SURGE_LOG_FORMAT": "json", "SURGE_UIN_REBUILD_SETTLE": "2s"}, nil, ""},
 	}
 	docs, err := os.ReadFile("../../docs/operations.md")
 	if err != nil {

@@ -140,7 +140,12 @@ func newLogger(v *viper.Viper) *slog.Logger {
 	if err := lvl.UnmarshalText([]byte(v.GetString("log.level"))); err != nil {
 		lvl = slog.LevelInfo
 	}
-	l := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+	opts := &slog.HandlerOptions{Level: lvl}
+	var h slog.Handler = slog.NewTextHandler(os.Stderr, opts)
+	if v.GetString("log.format") == "json" {
+		h = slog.NewJSONHandler(os.Stderr, opts)
+	}
+	l := slog.New(h)
 	slog.SetDefault(l)
 	return l
 }
