@@ -62,10 +62,13 @@ func (c *CatchUp) From(p int32, offset int64) {
 	}
 }
 
-// Saw records a record read.
+// Saw records a record read: data, or a transaction marker for a reader
+// that keeps them (kgo.KeepControlRecords). A marker is transactional too,
+// but what follows it is the next transaction's, not its marker, so the
+// end-2 shortcut is for data records only.
 func (c *CatchUp) Saw(r *kgo.Record) {
 	c.last[r.Partition] = r.Offset
-	c.caughtUp(r.Partition, r.Offset, r.Attrs.IsTransactional())
+	c.caughtUp(r.Partition, r.Offset, r.Attrs.IsTransactional() && !r.Attrs.IsControl())
 }
 
 // Polled is called after each poll with the number of records it gave.

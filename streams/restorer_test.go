@@ -67,3 +67,49 @@ func TestRebuildWaitsForOpenTransactions(t *testing.T) {
 		}
 	})
 }
+
+// TestReplayWaitsForTheLastTransaction: a transactional topic whose last
+// committed transaction's marker sits just before a newer transaction's
+// record, not yet committed when the replay lists the end: the replay
+// reads on until that record, not stopping at the marker (a restore that
+// did missed the planner's last transition).
+func TestReplayWaitsForTheLastTransaction(t *testing.T) {
+	streamstest.Each(t, func(t *testing.T, b streamstest.Backend) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		topic := streamstest.Unique("transitions")
+		streamstest.CreateTopics(t, b.Kafka, 1, topic)
+		txn := streamstest.Client(t, b.Kafka, kgo.TransactionalID(streamstest.Unique("writer")))
+		write := func(v string, commit bool) {
+			t.Helper()
+			if err := txn.BeginTransaction(); err != nil {
+				t.Fatal(err)
+			}
+			if err := txn.ProduceSync(ctx, &kgo.Record{Topic: topic, Value: []byte(v)}).FirstErr(); err != nil {
+				t.Fatal(err)
+			}
+			if commit {
+				if err := txn.EndTransaction(ctx, kgo.TryCommit); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		write("first", true)
+		write("second", false) // open while the replay lists the end
+		go func() {
+			time.Sleep(500 * time.Millisecond)
+			_ = txn.EndTransaction(ctx, kgo.TryCommit)
+		}()
+		var got []string
+		err := streams.Replay(ctx, b.Kafka, topic, streams.ReplayFrom{Transactional: true}, func(r *kgo.Record) error {
+			got = append(got, string(r.Value))
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != 2 || got[1] != "second" {
+			t.Fatalf("replay read %q, want [first second]", got)
+		}
+	})
+}
