@@ -115,7 +115,7 @@ var options = []struct {
 	{"wallet.http_addr", "127.0.0.1:8480", "`wallet`: address of the wallet HTTP API"},
 	{"wallet.advertise", "", "`wallet`: URL other instances send reads of this instance's users to; empty: http://<wallet.http_addr>"},
 	{"wallet.key_id", "k1", "`wallet`: id of the token signing key"},
-	{"wallet.key_seed", "", "`wallet`: base64 32-byte Ed25519 seed of the signing key; empty generates one (tokens then die with the process)"},
+	{"wallet.key_seed", "", "`wallet`: 32-byte Ed25519 seed of the signing key in base64, standard or URL-safe (`surge wallet keygen` prints one); empty generates one (tokens then die with the process)"},
 	{"wallet.dir", "", "`wallet`: ledger Pebble directory; empty is a temporary one"},
 	{"wallet.ledger_keys", 8 << 20, "`wallet`: keys (two per booking) the ledger's in-memory filter is sized for (10 bits each); past it, lookups of new orders fall back to Pebble more often"},
 	{"wallet.batch_size", stack.BatchSize, "`wallet`: concurrent grant requests coalesced into one batch (one signature per 256 tokens, one Redis round trip, one produce request)"},

@@ -58,11 +58,19 @@ func Generate(id string) (*Keyring, error) {
 	return newKeyring(id, priv, map[string]ed25519.PublicKey{id: pub}), nil
 }
 
-// FromSeed builds a keyring from a base64 32-byte seed (configuration).
+// FromSeed builds a keyring from a base64 32-byte seed (configuration):
+// standard or URL-safe base64, padded or not (`surge wallet keygen`
+// prints URL-safe without padding).
 func FromSeed(id, seedB64 string) (*Keyring, error) {
-	seed, err := base64.StdEncoding.DecodeString(seedB64)
+	var seed []byte
+	var err error
+	for _, enc := range []*base64.Encoding{base64.StdEncoding, base64.RawStdEncoding, base64.URLEncoding, base64.RawURLEncoding} {
+		if seed, err = enc.DecodeString(seedB64); err == nil {
+			break
+		}
+	}
 	if err != nil || len(seed) != ed25519.SeedSize {
-		return nil, fmt.Errorf("token: key %s: want a base64 %d-byte seed", id, ed25519.SeedSize)
+		return nil, fmt.Errorf("token: key %s: want a base64 %d-byte seed (surge wallet keygen prints one)", id, ed25519.SeedSize)
 	}
 	priv := ed25519.NewKeyFromSeed(seed)
 	return newKeyring(id, priv, map[string]ed25519.PublicKey{id: priv.Public().(ed25519.PublicKey)}), nil
