@@ -211,10 +211,8 @@ func (r *Runner) session(ctx context.Context) error {
 			}
 			r.log.Warn("could not initialise the producer id; the first transaction will", "err", err)
 		}
-		if r.cfg.onSession != nil {
-			if err := r.cfg.onSession(ctx); err != nil {
-				return fmt.Errorf("session start: %w", err)
-			}
+		if err := r.startSession(ctx); err != nil {
+			return err
 		}
 		fctx, stopFencer := context.WithCancel(ctx)
 		defer stopFencer()
@@ -231,12 +229,21 @@ func (r *Runner) session(ctx context.Context) error {
 	if err := r.waitForBroker(ctx, cl); err != nil {
 		return err
 	}
-	if r.cfg.onSession != nil {
-		if err := r.cfg.onSession(ctx); err != nil {
-			return fmt.Errorf("session start: %w", err)
-		}
+	if err := r.startSession(ctx); err != nil {
+		return err
 	}
 	return r.loop(ctx, cl, &offsetCommitter{cl: cl, fault: r.cfg.fault})
+}
+
+// startSession runs the OnSessionStart hook, if any.
+func (r *Runner) startSession(ctx context.Context) error {
+	if r.cfg.onSession == nil {
+		return nil
+	}
+	if err := r.cfg.onSession(ctx); err != nil {
+		return fmt.Errorf("session start: %w", err)
+	}
+	return nil
 }
 
 // waitForBroker pings until a broker answers, logging clearly while it does not.

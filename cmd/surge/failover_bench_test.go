@@ -195,13 +195,9 @@ func reportsOfAll(t *testing.T, ns string, kc streams.Cluster) uint64 {
 		if streams.Decode(r, &rep) != nil || (rep.Status != pb.DeliveryStatus_DELIVERED && rep.Status != pb.DeliveryStatus_DELIVERED_ON_LOGIN) {
 			return nil
 		}
-		set := roaring.New()
-		if len(rep.Uins) > 0 {
-			if err := set.UnmarshalBinary(rep.Uins); err != nil {
-				return err
-			}
-		} else {
-			set.Add(uint32(rep.Uin))
+		set, err := reportedUins(&rep)
+		if err != nil {
+			return err
 		}
 		if reached[rep.JobId] == nil {
 			reached[rep.JobId] = roaring.New()

@@ -279,13 +279,9 @@ func reportsOf(t *testing.T, ns string, kc streams.Cluster, jobID string) jobRep
 		if streams.Decode(r, &rep) != nil || rep.JobId != jobID {
 			return nil
 		}
-		set := roaring.New()
-		if len(rep.Uins) > 0 {
-			if err := set.UnmarshalBinary(rep.Uins); err != nil {
-				return err
-			}
-		} else {
-			set.Add(uint32(rep.Uin))
+		set, err := reportedUins(&rep)
+		if err != nil {
+			return err
 		}
 		switch rep.Status {
 		case pb.DeliveryStatus_DELIVERED_ON_LOGIN:
@@ -302,6 +298,17 @@ func reportsOf(t *testing.T, ns string, kc streams.Cluster, jobID string) jobRep
 		t.Fatal(err)
 	}
 	return out
+}
+
+// reportedUins are the users a delivery report names: its bitmap, or its
+// one uin.
+func reportedUins(rep *pb.DeliveryReport) (*roaring.Bitmap, error) {
+	set := roaring.New()
+	if len(rep.Uins) > 0 {
+		return set, set.UnmarshalBinary(rep.Uins)
+	}
+	set.Add(uint32(rep.Uin))
+	return set, nil
 }
 
 func stateOf(t *testing.T, kc streams.Cluster, ns, jobID string) pb.JobState {

@@ -43,25 +43,23 @@ func NewBucket(perSecond int) *Bucket {
 	return b
 }
 
-func limiter(perSecond int) *rate.Limiter {
+// limitOf is a rate per second as a limit: 0 (or less) is unlimited.
+func limitOf(perSecond int) rate.Limit {
 	if perSecond <= 0 {
-		return rate.NewLimiter(rate.Inf, 0)
+		return rate.Inf
 	}
-	return rate.NewLimiter(rate.Limit(perSecond), perSecond) // starts full
+	return rate.Limit(perSecond)
 }
 
 // SetRate changes the rate (hot reload; called with every request, so a
 // rate that did not change changes nothing). A new rate starts with a
 // full second's burst, as a new bucket does.
 func (b *Bucket) SetRate(perSecond int) {
-	want := rate.Inf
-	if perSecond > 0 {
-		want = rate.Limit(perSecond)
-	}
+	want := limitOf(perSecond)
 	if cur := b.l.Load(); cur != nil && cur.Limit() == want {
 		return
 	}
-	b.l.Store(limiter(perSecond))
+	b.l.Store(rate.NewLimiter(want, max(perSecond, 0))) // starts full
 }
 
 // Allow takes n tokens if there are.
