@@ -63,6 +63,10 @@ type Config struct {
 	RebuildSettle time.Duration
 }
 
+// commitMargin is how long a call may take beyond the allocator's refill
+// wait: the commit of what it took to Redis and uin.pool.
+const commitMargin = time.Second
+
 // MaxCount is the most uins one call allocates.
 const MaxCount = 1000
 
@@ -257,7 +261,8 @@ func (s *Service) handleAllocate(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "uin pool rebuilding from uin.pool"})
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
+	// A call may wait out the refill wait and then commit what it took.
+	ctx, cancel := context.WithTimeout(r.Context(), s.alloc.RefillWait()+commitMargin)
 	defer cancel()
 	uins, err := s.alloc.Allocate(ctx, n)
 	if err != nil && len(uins) > 0 {

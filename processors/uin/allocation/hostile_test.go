@@ -114,7 +114,10 @@ func TestCallersThatLeaveStrandNothing(t *testing.T) {
 // with "exhausted", while the local pool refills chunk by chunk.
 func TestBurstWaitsForRefillInsteadOfExhausted(t *testing.T) {
 	streamstest.EachStack(t, func(t *testing.T, b streamstest.Backend, rdb *redis.Client) {
-		url, key, _ := startPoolWith(t, b, rdb, 20000, pool.LowWater(50), pool.Chunk(100))
+		// A refill wait long enough for a slow, shared machine: the
+		// burst needs ten refills in a row, and a call that outwaits the
+		// refill wait is answered "exhausted" by design.
+		url, key, _ := startPoolWith(t, b, rdb, 20000, pool.LowWater(250), pool.Chunk(500), pool.RefillWait(60*time.Second))
 		var wg sync.WaitGroup
 		var mu sync.Mutex
 		codes := map[int]int{}
@@ -144,7 +147,10 @@ func TestBurstWaitsForRefillInsteadOfExhausted(t *testing.T) {
 // they do not cut the gate down to shedding the next burst as overload.
 func TestBurstWaitingForARefillIsNotShedAsOverload(t *testing.T) {
 	streamstest.EachStack(t, func(t *testing.T, b streamstest.Backend, rdb *redis.Client) {
-		url, key, _ := startPoolGated(t, b, rdb, 40000, admission.Config{}, pool.LowWater(50), pool.Chunk(100))
+		// The refill wait is long for a slow, shared machine (kfake and
+		// miniredis take seconds for a burst's refills there): this test
+		// is about the gate, which admits a call before it waits.
+		url, key, _ := startPoolGated(t, b, rdb, 40000, admission.Config{}, pool.LowWater(250), pool.Chunk(500), pool.RefillWait(60*time.Second))
 		codes := map[int]int{}
 		for range 3 {
 			var wg sync.WaitGroup

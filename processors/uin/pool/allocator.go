@@ -572,6 +572,9 @@ func (a *Allocator) commitLoop(ctx context.Context) {
 	}
 }
 
+// RefillWait is how long Allocate waits for refills (the RefillWait option).
+func (a *Allocator) RefillWait() time.Duration { return a.o.refillWait }
+
 // Allocate hands out up to n uins (fewer only when the pool runs dry).
 // It returns once they are marked used in Redis, so a uin the caller
 // received survives any crash as allocated, and no other caller, here or
