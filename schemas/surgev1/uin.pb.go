@@ -387,8 +387,14 @@ type Tracking struct {
 	LastLoginMs    int64                  `protobuf:"varint,10,opt,name=last_login_ms,json=lastLoginMs,proto3" json:"last_login_ms,omitempty"`
 	Verdict        string                 `protobuf:"bytes,11,opt,name=verdict,proto3" json:"verdict,omitempty"` // "" while tracked; live, abandoned, spam, handed_over
 	Channel        string                 `protobuf:"bytes,12,opt,name=channel,proto3" json:"channel,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The next offset of uin.registrations and of uin.usage after the last
+	// record applied to this state (0: none). The tracker may read a
+	// partition ahead of its consumer (a catch-up); these make a record it
+	// then delivers again a no-op.
+	RegistrationsNext int64 `protobuf:"varint,13,opt,name=registrations_next,json=registrationsNext,proto3" json:"registrations_next,omitempty"`
+	UsageNext         int64 `protobuf:"varint,14,opt,name=usage_next,json=usageNext,proto3" json:"usage_next,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *Tracking) Reset() {
@@ -503,6 +509,20 @@ func (x *Tracking) GetChannel() string {
 		return x.Channel
 	}
 	return ""
+}
+
+func (x *Tracking) GetRegistrationsNext() int64 {
+	if x != nil {
+		return x.RegistrationsNext
+	}
+	return 0
+}
+
+func (x *Tracking) GetUsageNext() int64 {
+	if x != nil {
+		return x.UsageNext
+	}
+	return 0
 }
 
 // A backup of one account's core data, keyed by username, never by uin:
@@ -1132,7 +1152,7 @@ const file_surge_v1_uin_proto_rawDesc = "" +
 	"checkpoint\x18\x02 \x01(\x05R\n" +
 	"checkpoint\x12(\n" +
 	"\x10registered_at_ms\x18\x03 \x01(\x03R\x0eregisteredAtMs\x12\x1a\n" +
-	"\tdue_at_ms\x18\x04 \x01(\x03R\adueAtMs\"\xfc\x02\n" +
+	"\tdue_at_ms\x18\x04 \x01(\x03R\adueAtMs\"\xca\x03\n" +
 	"\bTracking\x12\x10\n" +
 	"\x03uin\x18\x01 \x01(\x04R\x03uin\x12\x1a\n" +
 	"\busername\x18\x02 \x01(\tR\busername\x12(\n" +
@@ -1146,7 +1166,10 @@ const file_surge_v1_uin_proto_rawDesc = "" +
 	"\rlast_login_ms\x18\n" +
 	" \x01(\x03R\vlastLoginMs\x12\x18\n" +
 	"\averdict\x18\v \x01(\tR\averdict\x12\x18\n" +
-	"\achannel\x18\f \x01(\tR\achannel\"\xd4\x02\n" +
+	"\achannel\x18\f \x01(\tR\achannel\x12-\n" +
+	"\x12registrations_next\x18\r \x01(\x03R\x11registrationsNext\x12\x1d\n" +
+	"\n" +
+	"usage_next\x18\x0e \x01(\x03R\tusageNext\"\xd4\x02\n" +
 	"\rAccountBackup\x12\x1a\n" +
 	"\busername\x18\x01 \x01(\tR\busername\x12\x17\n" +
 	"\aold_uin\x18\x02 \x01(\x04R\x06oldUin\x12>\n" +

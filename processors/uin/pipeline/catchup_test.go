@@ -2,7 +2,9 @@ package pipeline_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
+	"surge/processors/uin/tracker"
 	"testing"
 	"time"
 
@@ -118,4 +120,109 @@ func inactiveGrants(t *testing.T, s *pipeline.Stack, from, to uint64) []*kgo.Rec
 	now := time.Now().UnixMilli()
 	day := int64(24 * time.Hour / time.Millisecond)
 	return batchedGrants(t, topic, parts, from, to, recycling.Inactive, now-400*day, now-500*day)
+}
+
+// A registration and the user's first logins are published together, as
+// a sign-up flow does: the logins count, even where the tracker's consumer
+// reads them first (here: behind a backlog of registrations on every
+// partition). Before, the tracker dropped usage of a uin it did not track
+// yet as a stock account's; now it reads its registrations partition up
+// to the broker's end first.
+func TestUsagePublishedWithItsRegistrationCounts(t *testing.T) {
+	streamstest.EachStack(t, func(t *testing.T, b streamstest.Backend, rdb *redis.Client) {
+		s := newStack(t, b, rdb, pipeline.Options{Policy: testPolicy(time.Minute),
+			StreamOpts: []streams.Option{streams.MaxBatch(50)}})
+		ns := s.Opts.Namespace
+		now := time.Now().UnixMilli()
+		const first, n, logins = 60_001, 20, 3
+		cl := streamstest.Client(t, b.Kafka)
+		// Restored accounts' registrations: tracked as handed over at
+		// once, no timers; a backlog on every partition.
+		var recs []*kgo.Record
+		for i := range 10_000 {
+			u := uint64(200_001 + i)
+			recs = append(recs, rec(t, ns+schemas.TopicRegistrations, u, &pb.UinRegistration{Uin: u, AtMs: now, Completed: true, Channel: tracker.ChannelRestore}))
+		}
+		for u := uint64(first); u < first+n; u++ {
+			recs = append(recs, rec(t, ns+schemas.TopicRegistrations, u, &pb.UinRegistration{Uin: u, AtMs: now, Completed: true, Username: fmt.Sprintf("new%d", u)}))
+		}
+		streamstest.ProduceSync(t, cl, recs...)
+		recs = recs[:0]
+		for u := uint64(first); u < first+n; u++ {
+			for i := range logins {
+				recs = append(recs, rec(t, ns+schemas.TopicUsage, u, &pb.UsageEvent{Uin: u, Kind: recycling.KindLogin, AtMs: now + int64(i), Source: "auth"}))
+			}
+		}
+		streamstest.ProduceSync(t, cl, recs...)
+		start(t, s)
+		loginsOf := func(u uint64) int64 {
+			tr, err := s.Tracker.Get(uint32(u))
+			if err != nil || tr == nil {
+				return -1
+			}
+			return tr.Logins
+		}
+		for u := uint64(first); u < first+n; u++ {
+			for deadline := time.Now().Add(60 * time.Second); loginsOf(u) != logins; time.Sleep(50 * time.Millisecond) {
+				if got := loginsOf(u); got > logins || time.Now().After(deadline) {
+					t.Fatalf("uin %d: %d logins tracked, want %d (published with its registration)", u, got, logins)
+				}
+			}
+		}
+		// Read again by the consumer after the catch-up, they count once.
+		time.Sleep(time.Second)
+		for u := uint64(first); u < first+n; u++ {
+			if got := loginsOf(u); got != logins {
+				t.Fatalf("uin %d: %d logins tracked, want %d", u, got, logins)
+			}
+		}
+	})
+}
+
+// A registration backfilled from an older system is older than every
+// checkpoint, so its checks fire at once; the user's usage, published
+// before them but behind a backlog of other usage on its partition, is
+// read before the checkpoint is judged, and an active user is not judged
+// spam ("no usage after the first day"). Before, the check was judged on
+// the registration alone.
+func TestBackfilledRegistrationJudgedWithItsUsage(t *testing.T) {
+	streamstest.EachStack(t, func(t *testing.T, b streamstest.Backend, rdb *redis.Client) {
+		day := int64(24 * time.Hour / time.Millisecond)
+		s := newStack(t, b, rdb, pipeline.Options{Policy: testPolicy(time.Minute),
+			Tracker:    tracker.Config{Checkpoints: []time.Duration{30 * 24 * time.Hour}}, // one, the last
+			StreamOpts: []streams.Option{streams.MaxBatch(50)}})
+		ns := s.Opts.Namespace
+		now := time.Now().UnixMilli()
+		const first, n = 65_001, 20
+		cl := streamstest.Client(t, b.Kafka)
+		start(t, s)
+		// A backlog of stock accounts' usage on every partition, then the
+		// backfilled registrations, each followed by the user's login.
+		var recs []*kgo.Record
+		for i := range 20_000 {
+			u := uint64(90_001 + i%5_000)
+			recs = append(recs, rec(t, ns+schemas.TopicUsage, u, &pb.UsageEvent{Uin: u, Kind: tracker.KindMessage, AtMs: now - day}))
+		}
+		streamstest.ProduceSync(t, cl, recs...)
+		recs = recs[:0]
+		for u := uint64(first); u < first+n; u++ {
+			recs = append(recs, rec(t, ns+schemas.TopicRegistrations, u, &pb.UinRegistration{Uin: u, AtMs: now - 60*day, Completed: true, Username: fmt.Sprintf("old%d", u)}))
+			recs = append(recs, rec(t, ns+schemas.TopicUsage, u, &pb.UsageEvent{Uin: u, Kind: recycling.KindLogin, AtMs: now - 50*day, Source: "auth"}))
+		}
+		streamstest.ProduceSync(t, cl, recs...)
+		verdict := func(u uint64) string {
+			tr, err := s.Tracker.Get(uint32(u))
+			if err != nil || tr == nil {
+				return "untracked"
+			}
+			return tr.Verdict
+		}
+		for u := uint64(first); u < first+n; u++ {
+			for deadline := time.Now().Add(60 * time.Second); verdict(u) != tracker.HandedOver; time.Sleep(50 * time.Millisecond) {
+				if v := verdict(u); v == recycling.Spam || v == recycling.Abandoned || time.Now().After(deadline) {
+					t.Fatalf("uin %d: verdict %q, want %q (it logged in 10 days after registering)", u, v, tracker.HandedOver)
+				}
+			}
+		}
+	})
 }

@@ -49,7 +49,9 @@ func newStack(t *testing.T, b streamstest.Backend, rdb redis.UniversalClient, o 
 	o.Namespace = streamstest.Unique("u") + "."
 	o.Dir = t.TempDir()
 	o.Log = quiet
-	o.Tracker.Checkpoints = testCheckpoints
+	if len(o.Tracker.Checkpoints) == 0 {
+		o.Tracker.Checkpoints = testCheckpoints
+	}
 	s := pipeline.New(b.Kafka, rdb, o)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

@@ -25,8 +25,8 @@ var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 // changelog, timers, recycle requests) or why it refused the record.
 // Commands (times are offsets from epoch: at=+1h):
 //
-//	register uin=N at=T [completed] [username=U] [channel=C]
-//	usage uin=N kind=K at=T
+//	register uin=N at=T [completed] [username=U] [channel=C] [offset=O]
+//	usage uin=N kind=K at=T [offset=O]   (offset: the record's in its topic)
 //	check uin=N checkpoint=I          the timer of checkpoint I fired
 //	step uin=N step=KIND at=T         a recycle step applied (uin.recycle-steps)
 //	step uins=(N,M,..) step=KIND at=T  the same step of many tickets, in one batch
@@ -64,14 +64,18 @@ func TestTrackerDataDriven(t *testing.T) {
 				}
 				return s
 			}
+			offset := int64(-1) // none: not made idempotent
+			if d.HasArg("offset") {
+				d.ScanArgs(t, "offset", &offset)
+			}
 			out := &streams.Output{}
 			var err error
 			switch d.Cmd {
 			case "register":
 				err = tr.register(&pb.UinRegistration{Uin: uin, AtMs: at(), Completed: d.HasArg("completed"),
-					Username: str("username"), Channel: str("channel")}, out)
+					Username: str("username"), Channel: str("channel")}, offset, out)
 			case "usage":
-				err = tr.usage(&pb.UsageEvent{Uin: uin, Kind: str("kind"), AtMs: at()}, out)
+				err = tr.usage(&pb.UsageEvent{Uin: uin, Kind: str("kind"), AtMs: at()}, offset, out)
 			case "check":
 				var idx int
 				d.ScanArgs(t, "checkpoint", &idx)

@@ -82,10 +82,11 @@ type Tracker struct {
 	db      *pebble.DB
 	restore *streams.Restorer
 
-	mu     sync.Mutex
-	staged *pebble.Batch
+	mu      sync.Mutex
+	staged  *pebble.Batch
+	catchUp catchUp // how far each input partition was read (catchup.go)
 
-	mVerdicts metrics.CounterVec
+	mVerdicts, mCatchUps, mReadAhead metrics.CounterVec
 }
 
 // EnsureDefaults fills what the Config left out.
@@ -107,7 +108,9 @@ func (c *Config) EnsureDefaults() {
 func New(cfg Config) *Tracker {
 	cfg.EnsureDefaults()
 	t := &Tracker{cfg: cfg,
-		mVerdicts: cfg.Metrics.NewCounterVec("surge_uin_tracking_verdicts_total", "registration check verdicts", "verdict")}
+		mVerdicts:  cfg.Metrics.NewCounterVec("surge_uin_tracking_verdicts_total", "registration check verdicts", "verdict"),
+		mCatchUps:  cfg.Metrics.NewCounterVec("surge_uin_tracking_catchups_total", "input partitions read ahead of the consumer before usage was dropped or a checkpoint judged", "topic"),
+		mReadAhead: cfg.Metrics.NewCounterVec("surge_uin_tracking_read_ahead_total", "records read ahead of the consumer by catch-ups", "topic")}
 	t.restore = streams.NewRestorer(cfg.Kafka, t.clearPartitions, t.applyChangelog, t.topic(schemas.TopicTracking))
 	return t
 }
@@ -123,6 +126,7 @@ func (t *Tracker) Run(ctx context.Context, opts ...streams.Option) error {
 		return err
 	}
 	defer db.Close()
+	defer t.catchUp.close()
 	t.mu.Lock()
 	t.db, t.staged = db, db.NewIndexedBatch()
 	t.mu.Unlock()
@@ -151,11 +155,13 @@ func (t *Tracker) batchEnd(committed bool) {
 		}
 	} else {
 		_ = t.staged.Close()
+		t.catchUp.forget(nil) // what was read in the batch is not in the state
 	}
 	t.staged = t.db.NewIndexedBatch()
 }
 
 func (t *Tracker) clearPartitions(ps map[int32]bool) error {
+	t.catchUp.forget(ps)
 	// Keys are a one-byte kind and a 4-byte uin, partitioned like the records.
 	return localstore.DeleteWhere(t.db, func(k []byte) bool {
 		return len(k) == 5 && ps[int32(streams.PartitionFor(k[1:], t.cfg.Partitions))]
@@ -211,21 +217,41 @@ func (t *Tracker) handle(ctx context.Context, in *kgo.Record, out *streams.Outpu
 	}
 	switch in.Topic {
 	case t.topic(schemas.TopicRegistrations):
+		t.catchUp.delivered(in)
 		var r pb.UinRegistration
 		if err := streams.Decode(in, &r); err != nil {
 			return err
 		}
-		return t.register(&r, out)
+		return t.register(&r, in.Offset, out)
 	case t.topic(schemas.TopicUsage):
+		t.catchUp.delivered(in)
 		var u pb.UsageEvent
 		if err := streams.Decode(in, &u); err != nil {
 			return err
 		}
-		return t.usage(&u, out)
+		if validUin(u.Uin) == nil {
+			// Usage of an untracked uin is dropped (a stock account's),
+			// unless its registration was published with it, unread.
+			if cur, err := get(t.staged, uint32(u.Uin)); err != nil {
+				return err
+			} else if cur == nil {
+				if err := t.catchUpBefore(ctx, t.topic(schemas.TopicRegistrations), in.Partition, in.Timestamp.UnixMilli(), out); err != nil {
+					return err
+				}
+			}
+		}
+		return t.usage(&u, in.Offset, out)
 	case t.topic(schemas.TopicChecks):
 		var c pb.RegistrationCheck
 		if err := streams.Decode(in, &c); err != nil {
 			return err
+		}
+		// Judge with every registration and use published before the
+		// checkpoint's timer fired (a backfilled registration's fire at once).
+		for _, topic := range []string{schemas.TopicRegistrations, schemas.TopicUsage} {
+			if err := t.catchUpBefore(ctx, t.topic(topic), in.Partition, in.Timestamp.UnixMilli(), out); err != nil {
+				return err
+			}
 		}
 		return t.check(&c, out)
 	default:
@@ -244,7 +270,9 @@ func (t *Tracker) put(s *pb.Tracking, out *streams.Output) error {
 	return out.EmitMsg(t.topic(schemas.TopicTracking), schemas.UinKey(uint32(s.Uin)), s)
 }
 
-func (t *Tracker) register(r *pb.UinRegistration, out *streams.Output) error {
+// register applies a registration record at offset of uin.registrations
+// (-1: no offset, nothing to make idempotent).
+func (t *Tracker) register(r *pb.UinRegistration, offset int64, out *streams.Output) error {
 	if err := validUin(r.Uin); err != nil {
 		return err
 	}
@@ -252,6 +280,9 @@ func (t *Tracker) register(r *pb.UinRegistration, out *streams.Output) error {
 	cur, err := get(t.staged, uin)
 	if err != nil {
 		return err
+	}
+	if cur != nil && offset >= 0 && offset < cur.RegistrationsNext {
+		return nil // applied already: read ahead by a catch-up
 	}
 	// A uin judged recyclable reaches a new registration only through the
 	// pool, after its release; the release may still be on its way here.
@@ -269,10 +300,17 @@ func (t *Tracker) register(r *pb.UinRegistration, out *streams.Output) error {
 		if r.Username != "" {
 			cur.Username = r.Username
 		}
+		cur.RegistrationsNext = max(cur.RegistrationsNext, offset+1)
 		return t.put(cur, out)
 	}
-	// A new allocation, or a completion that overtook its allocation.
-	s := &pb.Tracking{Uin: r.Uin, Username: r.Username, RegisteredAtMs: r.AtMs, Completed: r.Completed, Channel: r.Channel}
+	// A new allocation, or a completion that overtook its allocation. The
+	// offsets carry over a recycled uin's: its earlier records are applied.
+	s := &pb.Tracking{Uin: r.Uin, Username: r.Username, RegisteredAtMs: r.AtMs, Completed: r.Completed, Channel: r.Channel,
+		RegistrationsNext: offset + 1}
+	if cur != nil {
+		s.RegistrationsNext = max(s.RegistrationsNext, cur.RegistrationsNext)
+		s.UsageNext = cur.UsageNext
+	}
 	if r.Channel == ChannelRestore {
 		s.Verdict = HandedOver
 		return t.put(s, out)
@@ -297,13 +335,17 @@ func (t *Tracker) scheduleCheck(s *pb.Tracking, idx int32, out *streams.Output) 
 	return nil
 }
 
-func (t *Tracker) usage(u *pb.UsageEvent, out *streams.Output) error {
+// usage applies a usage record at offset of uin.usage (-1: no offset).
+func (t *Tracker) usage(u *pb.UsageEvent, offset int64, out *streams.Output) error {
 	if err := validUin(u.Uin); err != nil {
 		return err
 	}
 	cur, err := get(t.staged, uint32(u.Uin))
 	if err != nil || cur == nil || cur.Verdict != "" {
 		return err // not a tracked registration (stock accounts are classified elsewhere)
+	}
+	if offset >= 0 && offset < cur.UsageNext {
+		return nil // applied already: read ahead by a catch-up
 	}
 	if u.AtMs < cur.RegisteredAtMs {
 		return streams.Reject(fmt.Sprintf("usage %q of uin %d at %d precedes its registration at %d", u.Kind, u.Uin, u.AtMs, cur.RegisteredAtMs), nil)
@@ -318,6 +360,7 @@ func (t *Tracker) usage(u *pb.UsageEvent, out *streams.Output) error {
 		cur.SpamReports++
 	}
 	cur.LastUsageMs = max(cur.LastUsageMs, u.AtMs)
+	cur.UsageNext = max(cur.UsageNext, offset+1)
 	return t.put(cur, out)
 }
 
