@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -41,12 +42,18 @@ func cmdRun(ctx context.Context, args []string) error {
 	if fs.NArg() != 1 {
 		return fmt.Errorf("run takes one component name: %v", components)
 	}
+	name := fs.Arg(0)
+	if !slices.Contains(components, name) {
+		return fmt.Errorf("unknown component %q (have %v)", name, components)
+	}
+	if name == "wallet" { // the API with the ledger whose reads it serves
+		return serveWallet(ctx, v, true)
+	}
 	log := newLogger(v)
 	bs, err := needKafka(ctx, v)
 	if err != nil {
 		return err
 	}
-	name := fs.Arg(0)
 	release, err := claimInstanceID(v, name, log)
 	if err != nil {
 		return err

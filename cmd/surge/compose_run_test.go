@@ -153,8 +153,8 @@ func TestComposeServicesStartAsTheImageUser(t *testing.T) {
 		}
 		r := &running{name: name, ready: metricsAddr, env: env, args: args}
 		switch {
-		case s.Command[0] == "wallet":
-			r.read = walletRead(moved["arg"], bytes.Repeat([]byte{6}, 32))
+		case len(s.Command) > 1 && s.Command[1] == "wallet":
+			r.read = walletRead(moved["SURGE_WALLET_HTTP_ADDR"], bytes.Repeat([]byte{6}, 32))
 		case len(s.Command) > 1 && s.Command[1] == "uin-pool":
 			r.read = poolRead(moved["SURGE_UIN_POOL_ADDR"], strings.Repeat("k", 32))
 		}

@@ -48,20 +48,6 @@ func TestComposeFileParsesAndNamesRealComponents(t *testing.T) {
 		}
 		switch s.Command[0] {
 		case "topics":
-		case "wallet":
-			if s.Env["SURGE_REDIS_ADDR"] == "" {
-				t.Errorf("%s: the wallet needs redis", name)
-			}
-			// Keys from the deployer's environment, and required: never a
-			// secret in this file, never a throw-away key per instance.
-			if s.Env["SURGE_WALLET_REQUIRE_KEYS"] != "true" {
-				t.Errorf("%s: SURGE_WALLET_REQUIRE_KEYS must be \"true\"", name)
-			}
-			for _, k := range []string{"SURGE_WALLET_KEY_SEED", "SURGE_WALLET_APP_KEYS", "SURGE_WALLET_USER_KEYS"} {
-				if want := "${" + k + ":?"; !strings.HasPrefix(fmt.Sprint(s.Env[k]), want) {
-					t.Errorf("%s: %s is %v, want %s...} (required, from the environment)", name, k, s.Env[k], want)
-				}
-			}
 		case "uin":
 			if len(s.Command) < 2 || s.Command[1] != "run" && s.Command[1] != "classify" {
 				t.Errorf("%s: uin must run or classify, not %v", name, s.Command)
@@ -81,6 +67,9 @@ func TestComposeFileParsesAndNamesRealComponents(t *testing.T) {
 				t.Errorf("%s: brokers not set from the anchor: %v", name, s.Env)
 			}
 			ran[s.Command[1]] = true
+			if s.Command[1] == "wallet" {
+				checkWalletService(t, name, s.Env)
+			}
 		default:
 			t.Errorf("%s: unknown surge command %q", name, s.Command[0])
 		}
@@ -102,11 +91,35 @@ func TestEveryComponentIsDeclared(t *testing.T) {
 		declared[s.Name] = true
 	}
 	for _, name := range components {
-		if name == "push-presence" {
-			name = "presence"
+		names := []string{name}
+		switch name {
+		case "push-presence":
+			names = []string{"presence"}
+		case "wallet":
+			names = []string{"wallet-api", "wallet-ledger"}
 		}
-		if !declared[name] {
-			t.Errorf("surge run %s: no spec in processors/topology", name)
+		for _, n := range names {
+			if !declared[n] {
+				t.Errorf("surge run %s: no spec %s in processors/topology", name, n)
+			}
+		}
+	}
+}
+
+// checkWalletService checks a wallet service's environment.
+func checkWalletService(t *testing.T, name string, env map[string]any) {
+	t.Helper()
+	if addr, _ := env["SURGE_REDIS_ADDR"].(string); addr == "" {
+		t.Errorf("%s: the wallet needs redis", name)
+	}
+	// Keys from the deployer's environment, and required: never a
+	// secret in this file, never a throw-away key per instance.
+	if env["SURGE_WALLET_REQUIRE_KEYS"] != "true" {
+		t.Errorf("%s: SURGE_WALLET_REQUIRE_KEYS must be \"true\"", name)
+	}
+	for _, k := range []string{"SURGE_WALLET_KEY_SEED", "SURGE_WALLET_APP_KEYS", "SURGE_WALLET_USER_KEYS"} {
+		if want := "${" + k + ":?"; !strings.HasPrefix(fmt.Sprint(env[k]), want) {
+			t.Errorf("%s: %s is %v, want %s...} (required, from the environment)", name, k, env[k], want)
 		}
 	}
 }

@@ -39,7 +39,7 @@ commands:
   wallet     the reward wallet: grant intake, ledger, live total and the HTTP
              API (POST /v1/grants, GET /v1/users/{act}/balance|flow, POST
              /v1/users/{act}/withdrawals, GET /v1/total); kfake and miniredis
-             unless --kafka.brokers / --redis.addr
+             unless --kafka.brokers / --redis.addr (the service: surge run wallet)
   uin        uin recycling: "uin run" (registration tracker, recycle controller,
              timers), "uin classify" (stock classification from ClickHouse),
              "uin restore --username U", "uin gaps --ranges A-B", "uin demo"
@@ -48,8 +48,8 @@ commands:
   run NAME   run one processor or sink against the configured servers: presence,
              push-presence, push-planner, push-executor, push-offline, push-timers,
              push-ctr, uin-tracker, uin-recycle, uin-timers, uin-pool, uin-restore,
-             wallet-identities,
-             sink-* (one per ClickHouse table); 'surge run --help' lists them all
+             wallet (API and ledger; 'surge wallet' runs it on kfake and
+             miniredis), wallet-identities, sink-* (one per ClickHouse table); 'surge run --help' lists them all
   recon      reconciliation over ClickHouse: "recon report [--json]" (status
              per hour, open mismatches, totals), "recon run --hour TIME"
              (one hour now), "recon serve" (h+1, h+2 fallback, every minute)

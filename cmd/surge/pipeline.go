@@ -25,11 +25,12 @@ type pipeline struct {
 	errs     []error
 }
 
-// components are the names `surge run` accepts: the presence processor
-// and every fact sink.
+// components are the names `surge run` accepts: every processor and
+// every fact sink. "wallet" is wallet-api with the wallet-ledger whose
+// partitions' reads it answers (and wallet-identities beside them).
 var components = func() []string {
 	names := []string{"presence", "push-presence", "push-planner", "push-executor", "push-offline", "push-timers", "push-ctr",
-		"uin-tracker", "uin-recycle", "uin-timers", "uin-pool", "uin-restore", "wallet-identities"}
+		"uin-tracker", "uin-recycle", "uin-timers", "uin-pool", "uin-restore", "wallet", "wallet-identities"}
 	for _, f := range clickhouse.Facts() {
 		names = append(names, f.Name)
 	}

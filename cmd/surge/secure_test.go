@@ -73,7 +73,7 @@ func TestServicesOnSecuredKafka(t *testing.T) {
 	services := []*service{
 		runService(t, env, "presence", "push-presence", "--push.dir="+dir+"/presence"),
 		runService(t, env, "tracker", "uin-tracker", "--uin.dir="+dir+"/tracker"),
-		runCommand(t, env, "wallet", "wallet", "--wallet.dir="+dir+"/wallet"),
+		runCommand(t, env, "wallet", "run", "wallet", "--wallet.dir="+dir+"/wallet"),
 	}
 
 	// push-presence turns logins into presence changes.

@@ -64,6 +64,14 @@ func cmdWallet(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	return serveWallet(ctx, v, false)
+}
+
+// serveWallet runs a wallet instance: intake, ledger, live total,
+// wallet-identities and the HTTP API. As a service (surge run wallet) it
+// needs Kafka and Redis; "surge wallet" alone starts kfake and miniredis
+// in their place.
+func serveWallet(ctx context.Context, v *viper.Viper, service bool) error {
 	log := newLogger(v)
 	pct, ok, err := walletGCPercent(v, os.Getenv)
 	if err != nil {
@@ -76,11 +84,23 @@ func cmdWallet(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	bs, rdb, stop, err := kafkaAndRedis(ctx, v, log)
-	if err != nil {
-		return err
+	var bs streams.Cluster
+	var rdb redis.UniversalClient
+	if service {
+		if bs, err = needKafka(ctx, v); err != nil {
+			return err
+		}
+		if rdb, err = needRedis(ctx, v, "the wallet"); err != nil {
+			return err
+		}
+		defer rdb.Close()
+	} else {
+		var stop func()
+		if bs, rdb, stop, err = kafkaAndRedis(ctx, v, log); err != nil {
+			return err
+		}
+		defer stop()
 	}
-	defer stop()
 	release, err := claimInstanceID(v, "wallet", log)
 	if err != nil {
 		return err
