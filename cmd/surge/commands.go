@@ -14,7 +14,6 @@ import (
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"google.golang.org/protobuf/encoding/protojson"
 
 	push "surge/processors/push/pipeline"
 	"surge/processors/topology"
@@ -163,103 +162,6 @@ func cmdTopics(ctx context.Context, args []string) error {
 	}
 	fmt.Printf("%d topics ensured\n", len(topics))
 	return nil
-}
-
-func cmdProduce(ctx context.Context, args []string) error {
-	var topic, body, key string
-	var keyUin uint32
-	v, _, err := loadConfig("produce", args, func(fs *pflag.FlagSet) {
-		fs.StringVar(&topic, "topic", "", "registry topic")
-		fs.StringVar(&body, "json", "", "the record in protobuf JSON form")
-		fs.StringVar(&key, "key", "", "record key")
-		fs.Uint32Var(&keyUin, "key-uin", 0, "record key: this uin as 4 bytes big-endian (the key of every uin-keyed topic, so related topics stay co-partitioned)")
-	})
-	if err != nil {
-		return err
-	}
-	if keyUin != 0 {
-		if key != "" {
-			return fmt.Errorf("give --key or --key-uin, not both")
-		}
-		key = string(schemas.UinKey(keyUin))
-	}
-	tp, err := schemas.TopicByName(topic)
-	if err != nil {
-		return err
-	}
-	s, ok := schemas.Lookup(tp.Schema)
-	if !ok {
-		return fmt.Errorf("topic %s carries no fixed schema", topic)
-	}
-	msg := s.New()
-	if err := protojson.Unmarshal([]byte(body), msg); err != nil {
-		return fmt.Errorf("--json is not a valid %s: %w", s.Name, err)
-	}
-	rec, err := streams.NewRecord(tp.Name, []byte(key), msg)
-	if err != nil {
-		return err
-	}
-	r, err := produceOne(ctx, v, rec)
-	if err != nil {
-		return err
-	}
-	fmt.Printf("produced %s/%d@%d\n", r.Topic, r.Partition, r.Offset)
-	return nil
-}
-
-// recordJSON renders a record with its decoded value.
-func recordJSON(r *kgo.Record) map[string]any {
-	out := map[string]any{"topic": r.Topic, "partition": r.Partition, "offset": r.Offset,
-		"timestamp": r.Timestamp.UTC().Format(time.RFC3339Nano), "key": fmt.Sprintf("%x", r.Key)}
-	hdrs := map[string]string{}
-	for _, h := range r.Headers {
-		hdrs[h.Key] = string(h.Value)
-	}
-	out["headers"] = hdrs
-	if s, ok := schemas.Lookup(hdrs[schemas.HeaderSchema]); ok {
-		m := s.New()
-		if err := streams.Decode(r, m); err == nil {
-			b, _ := protojson.Marshal(m)
-			out["value"] = json.RawMessage(b)
-			return out
-		} else {
-			out["decode_error"] = err.Error()
-		}
-	}
-	out["value_hex"] = fmt.Sprintf("%x", r.Value)
-	return out
-}
-
-func cmdConsume(ctx context.Context, args []string) error {
-	var topic string
-	var maxN int
-	v, _, err := loadConfig("consume", args, func(fs *pflag.FlagSet) {
-		fs.StringVar(&topic, "topic", "", "topic to print")
-		fs.IntVar(&maxN, "max", 0, "stop after N records (0 = all currently in the topic)")
-	})
-	if err != nil {
-		return err
-	}
-	bs, err := needKafka(ctx, v)
-	if err != nil {
-		return err
-	}
-	enc := json.NewEncoder(os.Stdout)
-	n := 0
-	stopAt := fmt.Errorf("max reached")
-	err = streams.ReadToEnd(ctx, bs, topic, func(r *kgo.Record) error {
-		if err := enc.Encode(recordJSON(r)); err != nil {
-			return err
-		}
-		if n++; maxN > 0 && n >= maxN {
-			return stopAt
-		}
-		return nil
-	})
-	if err == stopAt {
-		return nil
-	}
-	return err
 }
 
 func cmdReplay(ctx context.Context, args []string) error {
