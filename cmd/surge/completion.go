@@ -6,7 +6,7 @@ import (
 )
 
 // commands are surge's top-level commands, for help and completion.
-var commands = []string{"embedded", "run", "loadgen", "wallet", "uin", "push", "recon", "topics", "produce", "consume", "replay", "rebuild", "clickhouse", "probe", "config", "version", "completion"}
+var commands = []string{"embedded", "run", "loadgen", "wallet", "uin", "push", "recon", "topics", "produce", "consume", "schemas", "replay", "rebuild", "clickhouse", "probe", "config", "version", "completion"}
 
 // completionBash is a bash (and zsh with bashcompinit) completion script:
 // commands, then each command's flags as its own --help lists them, so

@@ -55,8 +55,12 @@ commands:
              (one hour now), "recon serve" (h+1, h+2 fallback, every minute)
   topics     list the topic registry; --create creates the topics;
              --graph [--format text|mermaid|dot] who produces and consumes each
-  produce    produce one record: --topic T --json '{...}' [--key K]
-  consume    print a topic's records as JSON: --topic T [--max N]
+  produce    produce records: --topic T --json '{...}' [--key K], or one per
+             line of stdin (the message, or the envelope consume prints)
+  consume    print a topic's records as JSON: --topic T [--max N] [--follow
+             [--from-end]] [--partition P] [--offset O | --since TIME] [--key K]
+  schemas    "schemas export" the FileDescriptorSet of every topic's schema
+             (protoc --decode, kcat, Kafka UIs); "schemas list" topic -> schema
   replay     re-read a topic from --offset N or --since TIME into --into TOPIC
              (or print it)
   rebuild    rebuild a system's Redis state from its topics: "rebuild
@@ -105,6 +109,8 @@ func main() {
 		err = cmdTopics(ctx, args)
 	case "produce":
 		err = cmdProduce(ctx, args)
+	case "schemas":
+		err = cmdSchemas(ctx, args)
 	case "consume":
 		err = cmdConsume(ctx, args)
 	case "replay":

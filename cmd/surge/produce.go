@@ -217,20 +217,43 @@ func recordJSON(r *kgo.Record) map[string]any {
 }
 
 func cmdConsume(ctx context.Context, args []string) error {
-	var topic string
+	var topic, key, since string
 	var maxN int
+	var partition int32
+	var offset int64
+	var keyUin uint32
 	var follow, fromEnd bool
 	v, _, err := loadConfig("consume", args, func(fs *pflag.FlagSet) {
 		fs.StringVar(&topic, "topic", "", "topic to print")
 		fs.IntVar(&maxN, "max", 0, "stop after N records (0 = all currently in the topic, or with --follow until interrupted)")
 		fs.BoolVar(&follow, "follow", false, "keep printing records as they are published, until interrupted (Ctrl-C)")
 		fs.BoolVar(&fromEnd, "from-end", false, "with --follow: only records published from now on")
+		fs.Int32Var(&partition, "partition", -1, "only this partition (-1: all)")
+		fs.Int64Var(&offset, "offset", 0, "start at this offset in each partition read (0: the earliest retained)")
+		fs.StringVar(&since, "since", "", "start at the first record at or after this RFC 3339 time")
+		fs.StringVar(&key, "key", "", "only records with this key")
+		fs.Uint32Var(&keyUin, "key-uin", 0, "only records keyed by this uin (4 bytes big-endian)")
 	})
 	if err != nil {
 		return err
 	}
-	if fromEnd && !follow {
+	from := streams.ReplayFrom{Offset: offset}
+	switch {
+	case fromEnd && !follow:
 		return errors.New("--from-end prints records published from now on: give --follow too")
+	case fromEnd && (offset != 0 || since != ""):
+		return errors.New("give one start: --from-end, --offset or --since")
+	case offset != 0 && since != "":
+		return errors.New("give one start: --offset or --since")
+	case key != "" && keyUin != 0:
+		return errors.New("give --key or --key-uin, not both")
+	case since != "":
+		if from.Time, err = time.Parse(time.RFC3339, since); err != nil {
+			return fmt.Errorf("--since: %w", err)
+		}
+	}
+	if keyUin != 0 {
+		key = string(schemas.UinKey(keyUin))
 	}
 	bs, err := needKafka(ctx, v)
 	if err != nil {
@@ -240,6 +263,9 @@ func cmdConsume(ctx context.Context, args []string) error {
 	n := 0
 	stopAt := errors.New("max reached")
 	print := func(r *kgo.Record) error {
+		if partition >= 0 && r.Partition != partition || key != "" && string(r.Key) != key {
+			return nil
+		}
 		if err := enc.Encode(recordJSON(r)); err != nil {
 			return err
 		}
@@ -249,9 +275,18 @@ func cmdConsume(ctx context.Context, args []string) error {
 		return nil
 	}
 	if follow {
-		err = followTopic(ctx, bs, topic, fromEnd, print)
+		start := kgo.NewOffset().At(offset)
+		switch {
+		case fromEnd:
+			start = kgo.NewOffset().AtEnd()
+		case !from.Time.IsZero():
+			start = kgo.NewOffset().AfterMilli(from.Time.UnixMilli())
+		case offset == 0:
+			start = kgo.NewOffset().AtStart()
+		}
+		err = followTopic(ctx, bs, topic, partition, start, print)
 	} else {
-		err = streams.ReadToEnd(ctx, bs, topic, print)
+		err = streams.Replay(ctx, bs, topic, from, print)
 	}
 	if err == stopAt || follow && ctx.Err() != nil {
 		return nil
@@ -259,15 +294,14 @@ func cmdConsume(ctx context.Context, args []string) error {
 	return err
 }
 
-// followTopic calls fn with each committed record of topic, from its
-// start (or its end), until ctx ends or fn fails.
-func followTopic(ctx context.Context, bs streams.Cluster, topic string, fromEnd bool, fn func(*kgo.Record) error) error {
-	start := kgo.NewOffset().AtStart()
-	if fromEnd {
-		start = kgo.NewOffset().AtEnd()
+// followTopic calls fn with each committed record of topic (of one
+// partition when partition >= 0) from start, until ctx ends or fn fails.
+func followTopic(ctx context.Context, bs streams.Cluster, topic string, partition int32, start kgo.Offset, fn func(*kgo.Record) error) error {
+	consume := kgo.ConsumeTopics(topic)
+	if partition >= 0 {
+		consume = kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: {partition: start}})
 	}
-	cl, err := bs.NewClient(kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(start),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+	cl, err := bs.NewClient(consume, kgo.ConsumeResetOffset(start), kgo.FetchIsolationLevel(kgo.ReadCommitted()))
 	if err != nil {
 		return err
 	}

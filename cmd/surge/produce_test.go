@@ -88,6 +88,26 @@ func TestProduceLinesAndFollow(t *testing.T) {
 			t.Fatalf("%d records read back, want %d", len(seen), n)
 		}
 
+		// One key; one partition from an offset.
+		stdout, stderr, err = command(t, env, "consume", "--topic", topic, "--key-uin", "42")
+		if err != nil || strings.Count(stdout, "\n") != 1 || !strings.Contains(stdout, `"uin":"42"`) {
+			t.Fatalf("consume --key-uin 42: %v\n%s%s", err, stdout, stderr)
+		}
+		stdout, stderr, err = command(t, env, "consume", "--topic", topic, "--partition", "2", "--offset", "10")
+		if err != nil {
+			t.Fatalf("consume --partition 2 --offset 10: %v\n%s", err, stderr)
+		}
+		lines := strings.Split(strings.TrimSpace(stdout), "\n")
+		for _, l := range lines {
+			var r struct{ Partition, Offset int64 }
+			if json.Unmarshal([]byte(l), &r) != nil || r.Partition != 2 || r.Offset < 10 {
+				t.Fatalf("consume --partition 2 --offset 10 printed %s", l)
+			}
+		}
+		if len(lines) < n/8 {
+			t.Fatalf("consume --partition 2 --offset 10: %d records", len(lines))
+		}
+
 		// Follow from the end: what is published next, then Ctrl-C.
 		follow := exec.Command(binary(t), "consume", "--topic", topic, "--follow", "--from-end")
 		follow.Env = append(follow.Environ(), env...)
