@@ -25,6 +25,8 @@ export GOFLAGS="${GOFLAGS:+$GOFLAGS }-tags=chdb"
 unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './.git/*'))
 if [ -n "$unformatted" ]; then echo "test.sh: not gofmt-ed: $unformatted" >&2; exit 1; fi
 go vet ./...
+# The .proto files: buf lint, and nothing breaking since the last release.
+scripts/buf.sh
 # Four packages at once: the tests mostly wait on brokers, groups and
 # child processes (a sequential run kept 2 cores about 20% busy).
 go test -p 4 -count=1 -timeout 40m "$@" ./...
