@@ -34,7 +34,7 @@ var executorName = regexp.MustCompile(`^[A-Za-z0-9_-]{1,100}$`)
 
 // startPushStack starts the push components named (all when none) with
 // the push.* configuration; stop removes its temporary directory.
-func startPushStack(ctx context.Context, v *viper.Viper, log *slog.Logger, bs streams.Cluster, components []string) (*push.Stack, func(), error) {
+func startPushStack(ctx context.Context, v *viper.Viper, log *slog.Logger, bs streams.Cluster, components []string, now func() time.Time) (*push.Stack, func(), error) {
 	dir, stop, err := stateDir(v.GetString("push.dir"), "surge-push-", log)
 	if err != nil {
 		return nil, nil, err
@@ -43,6 +43,7 @@ func startPushStack(ctx context.Context, v *viper.Viper, log *slog.Logger, bs st
 	cfg.UnitSize, cfg.MaxBacklog, cfg.MinLead = uint64(v.GetInt("push.unit_size")), v.GetInt("push.max_backlog"), v.GetDuration("push.min_lead")
 	cfg.CheckpointEvery = v.GetDuration("push.planner_checkpoint_every")
 	cfg.ReassignAfter = v.GetDuration("push.reassign_after")
+	cfg.Now = now // nil: the wall clock
 	opts, err := runnerOptions(v, log)
 	if err != nil {
 		stop()
@@ -82,7 +83,7 @@ func runPush(ctx context.Context, v *viper.Viper, log *slog.Logger, bs streams.C
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	s, stop, err := startPushStack(ctx, v, log, bs, []string{component})
+	s, stop, err := startPushStack(ctx, v, log, bs, []string{component}, nil)
 	if err != nil {
 		return err
 	}
@@ -100,7 +101,7 @@ func runExecutor(signalled context.Context, v *viper.Viper, log *slog.Logger, bs
 	// The stack outlives the first signal: it is what the drain needs.
 	ctx, cancel := context.WithCancel(context.WithoutCancel(signalled))
 	defer cancel()
-	s, stop, err := startPushStack(ctx, v, log, bs, []string{push.Executor})
+	s, stop, err := startPushStack(ctx, v, log, bs, []string{push.Executor}, nil)
 	if err != nil {
 		return err
 	}
