@@ -46,25 +46,24 @@ func ReplayTo(ctx context.Context, cluster Cluster, topic string, from ReplayFro
 		return nil, err
 	}
 	adm := kadm.NewClient(cl)
-	starts, err := adm.ListStartOffsets(ctx, topic)
+	starts, err := listOffsets(ctx, adm.ListStartOffsets, topic)
 	if err != nil {
-		cl.Close()
-		return nil, err
-	}
-	if err := starts.Error(); err != nil {
 		cl.Close()
 		return nil, fmt.Errorf("replay %s: %w", topic, err)
 	}
-	ends, err := adm.ListEndOffsets(ctx, topic)
+	ends, err := listOffsets(ctx, adm.ListEndOffsets, topic)
 	if err != nil {
 		cl.Close()
-		return nil, err
+		return nil, fmt.Errorf("replay %s: %w", topic, err)
 	}
 	var byTime kadm.ListedOffsets
 	if !from.Time.IsZero() {
-		if byTime, err = adm.ListOffsetsAfterMilli(ctx, from.Time.UnixMilli(), topic); err != nil {
+		byTime, err = listOffsets(ctx, func(ctx context.Context, topics ...string) (kadm.ListedOffsets, error) {
+			return adm.ListOffsetsAfterMilli(ctx, from.Time.UnixMilli(), topics...)
+		}, topic)
+		if err != nil {
 			cl.Close()
-			return nil, err
+			return nil, fmt.Errorf("replay %s: %w", topic, err)
 		}
 	}
 	cl.Close()
@@ -114,17 +113,11 @@ func ReplayTo(ctx context.Context, cluster Cluster, topic string, from ReplayFro
 // after them are all there.
 func OffsetsReadable(ctx context.Context, cl *kgo.Client, topic string, next map[int32]int64) error {
 	adm := kadm.NewClient(cl)
-	ends, err := adm.ListEndOffsets(ctx, topic)
-	if err == nil {
-		err = ends.Error()
-	}
+	ends, err := listOffsets(ctx, adm.ListEndOffsets, topic)
 	if err != nil {
 		return err
 	}
-	starts, err := adm.ListStartOffsets(ctx, topic)
-	if err == nil {
-		err = starts.Error()
-	}
+	starts, err := listOffsets(ctx, adm.ListStartOffsets, topic)
 	if err != nil {
 		return err
 	}
@@ -141,6 +134,21 @@ func OffsetsReadable(ctx context.Context, cl *kgo.Client, topic string, next map
 		}
 	}
 	return nil
+}
+
+// listOffsets lists topic's offsets with fn, retrying for 15 seconds: a
+// partition whose leader just died answers with an error until the
+// cluster elects another and the client's metadata names it.
+func listOffsets(ctx context.Context, fn func(context.Context, ...string) (kadm.ListedOffsets, error), topic string) (kadm.ListedOffsets, error) {
+	var listed kadm.ListedOffsets
+	err := retryFor(ctx, 15*time.Second, func() error {
+		var err error
+		if listed, err = fn(ctx, topic); err == nil {
+			err = listed.Error()
+		}
+		return err
+	})
+	return listed, err
 }
 
 // ReadToEnd replays a whole topic from its earliest retained record.

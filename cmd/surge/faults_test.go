@@ -203,3 +203,63 @@ func longestGap(times []time.Time, at time.Time) (gap, after time.Duration) {
 	}
 	return gap, after
 }
+
+// A broker of the three-broker cluster is killed with -9 while a send
+// job goes out: the broker leading most partitions of push.reports, with
+// presence, the planner and two executors each their own process. The job
+// completes on the two brokers left, and every follower gets the message
+// exactly once.
+func TestBrokerKill9DuringAPushJob(t *testing.T) {
+	conf := streamstest.KafkaCluster(t)
+	kc := streams.Seeds(strings.Split(conf["SURGE_KAFKA_BROKERS"], ",")...)
+	script := conf["KAFKA_CLUSTER_SCRIPT"]
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	b := streamstest.Backend{Kafka: kc, Real: true}
+	// Small units and a short backlog: the job takes many transactions,
+	// so the kill lands in the middle of it.
+	bed := newPushBedReplicated(t, ctx, b, streams.Replication{}, "bkpush",
+		"SURGE_PUSH_UNIT_SIZE=200", "SURGE_PUSH_MAX_BACKLOG=2", "SURGE_LOG_LEVEL=info")
+	ns := bed.ns
+	target := bed.onlineFollowers(30000) // 150 units
+	bed.run("presence", "push-presence", "--processor.instance_id=pres")
+	planner := bed.run("planner", "push-planner", "--processor.instance_id=pl")
+	ea := bed.run("executor-a", "push-executor", "--push.executor_name=ea")
+	eb := bed.run("executor-b", "push-executor", "--push.executor_name=eb")
+	bed.ready(ctx, "ea", "eb")
+
+	job, _ := streams.NewRecord(ns+schemas.TopicJobs, []byte("j1"), &pb.SendJob{JobId: "j1", AccountId: 1,
+		Source: pb.TargetSource_FOLLOWERS, ContentId: "c1", ContentCrc: 1, Realtime: true})
+	streamstest.ProduceSync(t, bed.cl, job)
+	waitFor(t, ctx, "the first deliveries", func() bool {
+		n := 0
+		for _, k := range byExecutor(t, kc, ns, "j1") {
+			n += k
+		}
+		return n > 0
+	})
+	if st := stateOf(t, kc, ns, "j1"); st == pb.JobState_COMPLETED {
+		t.Fatal("the job completed before the kill: the test needs it in flight")
+	}
+	victim := busiestLeader(t, bed.cl, ns+schemas.TopicReports)
+	killedAt := time.Now()
+	if out, err := exec.Command(script, "kill", fmt.Sprint(victim)).CombinedOutput(); err != nil {
+		t.Fatalf("kill broker %d: %v\n%s", victim, err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command(script, "restart", fmt.Sprint(victim)).Run() })
+	waitFor(t, ctx, "the job completed on two brokers", func() bool { return stateOf(t, kc, ns, "j1") == pb.JobState_COMPLETED })
+	t.Logf("fault: broker %d (leader of most push.reports partitions) killed -9 during a job of %d targets; completed %s after the kill",
+		victim, target.GetCardinality(), time.Since(killedAt).Round(100*time.Millisecond))
+	r := reportsOf(t, ns, kc, "j1")
+	if r.twice != 0 {
+		t.Fatalf("%d messages delivered twice", r.twice)
+	}
+	if !r.reached.Equals(target) {
+		t.Fatalf("reached %d users, want the %d followers", r.reached.GetCardinality(), target.GetCardinality())
+	}
+	for _, s := range []*service{planner, ea, eb} {
+		if s.cmd.ProcessState != nil {
+			t.Fatalf("%s exited during the broker's death", s.name)
+		}
+	}
+}

@@ -29,12 +29,19 @@ type pushBed struct {
 	env []string
 }
 
-// newPushBed makes the namespace's topics; env is added to the services'.
+// newPushBed makes the namespace's topics (one copy each); env is added
+// to the services'.
 func newPushBed(t *testing.T, ctx context.Context, b streamstest.Backend, name string, env ...string) *pushBed {
+	t.Helper()
+	return newPushBedReplicated(t, ctx, b, streams.OneCopy, name, env...)
+}
+
+// newPushBedReplicated is newPushBed with topics of replication rep.
+func newPushBedReplicated(t *testing.T, ctx context.Context, b streamstest.Backend, rep streams.Replication, name string, env ...string) *pushBed {
 	t.Helper()
 	p := &pushBed{t: t, b: b, ns: streamstest.Unique(name) + ".", dir: t.TempDir(),
 		cl: streamstest.Client(t, b.Kafka, kgo.ProducerBatchMaxBytes(1<<20))}
-	if err := streams.EnsureTopics(ctx, p.cl, streams.OneCopy, push.Topics(p.ns)...); err != nil {
+	if err := streams.EnsureTopics(ctx, p.cl, rep, push.Topics(p.ns)...); err != nil {
 		t.Fatal(err)
 	}
 	p.env = append([]string{"SURGE_KAFKA_BROKERS=" + strings.Join(b.Kafka.Seeds, ","), "SURGE_PUSH_NAMESPACE=" + p.ns}, env...)
