@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -43,8 +44,10 @@ type composeService struct {
 // the compose file requires are given as a deployer would, and each
 // service's listen addresses are moved to free loopback ports. Each must
 // become ready (/readyz, what the image's HEALTHCHECK asks). The sinks
-// and recon need a ClickHouse server, which this machine has not; they
-// are left out.
+// and recon need a ClickHouse server: with chDB on this machine,
+// `surge clickhouse serve` stands in for compose's clickhouse service
+// (ClickHouse's HTTP interface, the user and password the compose file
+// gives), and they run too; without it they are left out.
 func TestComposeServicesStartAsTheImageUser(t *testing.T) {
 	b := streamstest.RealBroker(t)
 	rdb, ok := streamstest.RedisClient(t)
@@ -68,14 +71,16 @@ func TestComposeServicesStartAsTheImageUser(t *testing.T) {
 	ns := streamstest.Unique("compose") + "."
 	secrets := map[string]string{
 		"SURGE_REDIS_PASSWORD":      "", // the test's redis-server has none
-		"SURGE_CLICKHOUSE_PASSWORD": "unused-here",
+		"SURGE_CLICKHOUSE_PASSWORD": "a-clickhouse-password-for-compose",
 		"SURGE_WALLET_KEY_SEED":     base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{3}, 32)),
 		"SURGE_WALLET_APP_KEYS":     "rain:rain-1:" + base64.RawURLEncoding.EncodeToString(bytes.Repeat([]byte{4}, 32)),
 		"SURGE_WALLET_USER_KEYS":    "u-1:" + base64.RawURLEncoding.EncodeToString(bytes.Repeat([]byte{6}, 32)),
 		"SURGE_UIN_POOL_KEYS":       "registration:" + strings.Repeat("k", 32),
 		"SURGE_RECON_KEYS":          "ops:" + strings.Repeat("r", 32),
 	}
-	hosts := strings.NewReplacer("kafka:9092", strings.Join(b.Kafka.Seeds, ","), "redis:6379", rdb.Options().Addr)
+	clickhouseDSN, withClickhouse := composeClickhouse(t, secrets)
+	hosts := strings.NewReplacer("kafka:9092", strings.Join(b.Kafka.Seeds, ","), "redis:6379", rdb.Options().Addr,
+		"clickhouse://clickhouse:9000/default", clickhouseDSN)
 	// Unnamespaced topics for presence (it has none); namespaced ones for
 	// the rest, made by the compose file's own topics service.
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -130,8 +135,8 @@ func TestComposeServicesStartAsTheImageUser(t *testing.T) {
 	var started []*running
 	var names []string
 	for name, s := range f.Services {
-		if s.Image != "surge:latest" || len(s.Profile) > 0 || name == "topics" || name == "recon" ||
-			len(s.Command) > 1 && strings.HasPrefix(s.Command[1], "sink-") {
+		if s.Image != "surge:latest" || len(s.Profile) > 0 || name == "topics" ||
+			!withClickhouse && (name == "recon" || len(s.Command) > 1 && strings.HasPrefix(s.Command[1], "sink-")) {
 			continue
 		}
 		names = append(names, name)
@@ -225,6 +230,37 @@ func TestComposeServicesStartAsTheImageUser(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// composeClickhouse starts `surge clickhouse serve` (the test binary,
+// built with chDB) in place of compose's clickhouse service, with its
+// user and the deployer's password: the DSN the services reach it by,
+// and false when this machine has no chDB (the sinks are then left out).
+func composeClickhouse(t *testing.T, secrets map[string]string) (string, bool) {
+	t.Helper()
+	if os.Getenv("CHDB_LIB_PATH") == "" {
+		t.Log("no chDB (CHDB_LIB_PATH): the sinks and recon are left out")
+		return "clickhouse://unreachable:9000/default", false
+	}
+	addr := freePort(t)
+	srv := runCommand(t, []string{"SURGE_CLICKHOUSE_USERNAME=surge", "SURGE_CLICKHOUSE_PASSWORD=" + secrets["SURGE_CLICKHOUSE_PASSWORD"],
+		"SURGE_CLICKHOUSE_CHDB_DIR=" + t.TempDir(), "SURGE_CLICKHOUSE_SERVE_ADDR=" + addr, "SURGE_METRICS_ADDR="}, "clickhouse", "clickhouse", "serve")
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		if c, err := net.Dial("tcp", addr); err == nil {
+			c.Close()
+			break
+		}
+		if srv.cmd.ProcessState != nil || time.Now().After(deadline) {
+			srv.mu.Lock()
+			defer srv.mu.Unlock()
+			if strings.Contains(srv.log.String(), "without chDB") {
+				t.Log("the test binary has no chDB (-tags chdb): the sinks and recon are left out")
+				return "clickhouse://unreachable:9000/default", false
+			}
+			t.Fatalf("clickhouse serve never listened:\n%s", srv.log.String())
+		}
+	}
+	return "http://" + addr + "/default", true
 }
 
 // walletRead reads a user's balance from the wallet at addr with a user
