@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -138,16 +139,25 @@ func OffsetsReadable(ctx context.Context, cl *kgo.Client, topic string, next map
 
 // listOffsets lists topic's offsets with fn, retrying for 15 seconds: a
 // partition whose leader just died answers with an error until the
-// cluster elects another and the client's metadata names it.
+// cluster elects another and the client's metadata names it. A topic
+// that does not exist is answered at once (callers treat it as empty).
 func listOffsets(ctx context.Context, fn func(context.Context, ...string) (kadm.ListedOffsets, error), topic string) (kadm.ListedOffsets, error) {
 	var listed kadm.ListedOffsets
+	var absent error
 	err := retryFor(ctx, 15*time.Second, func() error {
 		var err error
 		if listed, err = fn(ctx, topic); err == nil {
 			err = listed.Error()
 		}
+		if errors.Is(err, kerr.UnknownTopicOrPartition) {
+			absent = err
+			return nil
+		}
 		return err
 	})
+	if absent != nil {
+		return listed, absent
+	}
 	return listed, err
 }
 

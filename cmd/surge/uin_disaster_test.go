@@ -24,24 +24,31 @@ import (
 	"surge/streams/streamstest"
 )
 
-// The disaster drill for the uin system, as separate processes on the
-// real broker: two uin-pool instances hand out uins to four callers while
-// the recycle services take 150 abandoned registrations through their
-// whole cycle. Midway, redis-server is killed and started empty, every
-// service is killed with -9, its local data directory deleted, and it is
-// started again. The pools answer 503 while one of them folds uin.pool
+// The disaster drill for the uin system and the wallet sharing one
+// redis-server, as separate processes on the real broker: two uin-pool
+// instances hand out uins to four callers while the recycle services take
+// 150 abandoned registrations through their whole cycle, and the wallet
+// runs a campaign whose budget and coupon stock three times as many grants
+// compete for. Midway through both, redis-server is killed and started
+// empty, every service (the wallet too) is killed with -9, its local data
+// directory deleted, and it is started again. The wallet rebuilds its
+// counters and its ledger from the topics: the budget and the sellable
+// stock are not passed, every balance is exact (walletCampaign.check). The pools answer 503 while one of them folds uin.pool
 // back into Redis, then go on. Afterwards: no uin was handed out twice
 // (none handed out before the loss either), every abandoned uin went
 // through its cycle once and is pooled or handed out, and
 // `surge rebuild uin` finds the pool there (and rebuilds it with --force
 // to the same content).
-func TestUinRedisLossDrill(t *testing.T) {
+func TestRedisLossDrillUinAndWallet(t *testing.T) {
 	b := streamstest.RealBroker(t)
 	rs := startRedisServer(t)
 	ns := streamstest.Unique("uindrill") + "."
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
 	cl := streamstest.Client(t, b.Kafka)
+	campaign := startWalletCampaign(t, ctx, b, rs.addr())
+	campaignDone := make(chan struct{})
+	go func() { defer close(campaignDone); campaign.run(ctx) }()
 	if err := streams.EnsureTopics(ctx, cl, streams.OneCopy, uinpipe.Topics(ns)...); err != nil {
 		t.Fatal(err)
 	}
@@ -95,24 +102,28 @@ func TestUinRedisLossDrill(t *testing.T) {
 	const want = 1600 // of 2,150: the rest is what the pools hold leased, and what they had leased at the loss
 	alloc := allocateUntil(ctx, clients, 4, want)
 	total := &alloc.total
-	for total.Load() < want/3 && ctx.Err() == nil {
+	for (total.Load() < want/3 || campaign.accepted() < campaignBudget/3) && ctx.Err() == nil {
 		time.Sleep(5 * time.Millisecond)
 	}
 	// The disaster: Redis restarts empty; every service dies with its
 	// local state and starts again on an empty disk.
-	before := alloc.handedOut()
+	before, spent := alloc.handedOut(), campaign.accepted()
 	rs.kill()
+	services = append(services, campaign.wallet)
 	for _, s := range services {
 		s.kill()
 	}
-	if err := os.RemoveAll(dir); err != nil {
-		t.Fatal(err)
+	for _, d := range []string{dir, campaign.dataDir} {
+		if err := os.RemoveAll(d); err != nil {
+			t.Fatal(err)
+		}
 	}
 	rs.start()
 	for _, s := range services {
 		s.start()
 	}
-	t.Logf("disaster with %d uins handed out; services restarted on an empty disk and an empty Redis", before)
+	t.Logf("disaster with %d uins handed out and %d of the wallet's %d budget spent; services restarted on an empty disk and an empty Redis",
+		before, spent, campaignBudget)
 	alloc.wg.Wait()
 	got := alloc.got
 	if ctx.Err() != nil {
@@ -192,4 +203,6 @@ func TestUinRedisLossDrill(t *testing.T) {
 			t.Fatalf("handed-out uin %d not used after a forced rebuild", u)
 		}
 	}
+	<-campaignDone
+	campaign.check(ctx)
 }
