@@ -219,9 +219,9 @@ func TestBrokerKill9DuringAPushJob(t *testing.T) {
 	// Small units and a short backlog: the job takes many transactions,
 	// so the kill lands in the middle of it.
 	bed := newPushBedReplicated(t, ctx, b, streams.Replication{}, "bkpush",
-		"SURGE_PUSH_UNIT_SIZE=200", "SURGE_PUSH_MAX_BACKLOG=2", "SURGE_LOG_LEVEL=info")
+		"SURGE_PUSH_UNIT_SIZE=100", "SURGE_PUSH_MAX_BACKLOG=2", "SURGE_LOG_LEVEL=info")
 	ns := bed.ns
-	target := bed.onlineFollowers(30000) // 150 units
+	target := bed.onlineFollowers(30000) // 300 units
 	bed.run("presence", "push-presence", "--processor.instance_id=pres")
 	planner := bed.run("planner", "push-planner", "--processor.instance_id=pl")
 	ea := bed.run("executor-a", "push-executor", "--push.executor_name=ea")

@@ -23,13 +23,14 @@ import (
 //     has been read, and an active user judged spam.
 //
 // So before the tracker drops usage of an untracked uin, it reads its
-// uin.registrations partition up to the end the broker reports now, unless
-// it has read registrations published after that usage; and before it
-// judges a checkpoint, it reads its uin.registrations and uin.usage
-// partitions up to their ends, unless it has read records of both
-// published after the checkpoint's timer fired. "Published after" is the
-// record timestamp, so producers' clocks are assumed to agree within the
-// time two related records are published apart.
+// uin.registrations partition up to the last stable offset the broker
+// reports now, unless it has read registrations published after that
+// usage; and before it judges a checkpoint, it reads its
+// uin.registrations and uin.usage partitions up to their last stable
+// offsets, unless it has read records of both published after the
+// checkpoint's timer fired. "Published after" is the record timestamp, so
+// producers' clocks are assumed to agree within the time two related
+// records are published apart.
 //
 // Records read ahead are applied and come again from the consumer later;
 // the offsets kept in each uin's state (Tracking.registrations_next,
@@ -123,7 +124,10 @@ func (t *Tracker) readAhead(ctx context.Context, topic string, p int32, out *str
 			from = o.At
 		}
 	}
-	ends, err := c.adm.ListEndOffsets(ctx, topic)
+	// The last stable offset: what producers committed before now (a
+	// transaction still open is not published yet, and reading past it
+	// would wait for its end).
+	ends, err := c.adm.ListCommittedOffsets(ctx, topic)
 	if err != nil {
 		return fmt.Errorf("tracker: catch up on %s: %w", topic, err)
 	}
