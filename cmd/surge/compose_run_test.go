@@ -160,6 +160,8 @@ func TestComposeServicesStartAsTheImageUser(t *testing.T) {
 		switch {
 		case len(s.Command) > 1 && s.Command[1] == "wallet":
 			r.read = walletRead(moved["SURGE_WALLET_HTTP_ADDR"], bytes.Repeat([]byte{6}, 32))
+		case len(s.Command) > 1 && s.Command[0] == "recon" && s.Command[1] == "serve":
+			r.read = reconRead(moved["SURGE_RECON_HTTP_ADDR"], strings.Repeat("r", 32))
 		case len(s.Command) > 1 && s.Command[1] == "uin-pool":
 			r.read = poolRead(moved["SURGE_UIN_POOL_ADDR"], strings.Repeat("k", 32))
 		}
@@ -273,6 +275,27 @@ func walletRead(addr string, secret []byte) func() error {
 			return err
 		}
 		return getOK("http://"+addr+"/v1/users/restart-probe/balance", "Bearer "+tok)
+	}
+}
+
+// reconRead opens the operators' page at addr with an API key: it must
+// show the uin pool's level (read from Redis) among the rest.
+func reconRead(addr, key string) func() error {
+	return func() error {
+		req, _ := http.NewRequest("GET", "http://"+addr+"/", nil)
+		req.Header.Set("Authorization", "Bearer "+key)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		resp, err := http.DefaultClient.Do(req.WithContext(ctx))
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK || !bytes.Contains(body, []byte(`id="pool-pooled"`)) {
+			return fmt.Errorf("operators' page: %d, the uin pool's level missing:\n%.2000s", resp.StatusCode, body)
+		}
+		return nil
 	}
 }
 

@@ -11,6 +11,8 @@ import (
 	"github.com/spf13/pflag"
 	"github.com/twmb/franz-go/pkg/kadm"
 
+	"surge/processors/uin/pool"
+	"surge/processors/uin/uinkeys"
 	"surge/sinks/clickhouse"
 	"surge/sinks/recon"
 	"surge/streams"
@@ -92,6 +94,23 @@ func cmdRecon(ctx context.Context, args []string) error {
 			return err
 		}
 		d := &recon.Dashboard{Store: st, Admin: admin, Keys: keys, Hours: hours, Log: log}
+		if v.GetString("redis.addr") != "" { // the uin pool's level, from its Redis
+			rdb, err := needRedis(ctx, v, "the operators' page's uin pool level")
+			if err != nil {
+				return err
+			}
+			defer rdb.Close()
+			// Read only: no journal, nothing written.
+			central := pool.NewCentral(rdb, uinkeys.Pool(v.GetString("uin.namespace")), v.GetInt("uin.buckets"))
+			d.Pool = func(ctx context.Context) (recon.PoolLevel, error) {
+				pooled, err := central.Size(ctx)
+				if err != nil {
+					return recon.PoolLevel{}, err
+				}
+				leased, err := central.Leased(ctx)
+				return recon.PoolLevel{Pooled: pooled, Leased: leased}, err
+			}
+		}
 		hs := &http.Server{Addr: v.GetString("recon.http_addr"), Handler: metrics.Default.InstrumentHTTP("recon", d.Handler()),
 			ReadHeaderTimeout: 5 * time.Second}
 		go func() {

@@ -21,28 +21,54 @@ import (
 
 // Dashboard is the operators' page of `surge recon serve`: hours with
 // their status, open mismatches with a drill-down, dead letters by topic
-// and reason, consumer lag per group, totals and a chart of cash grants
-// per minute. Server-rendered HTML, no script and nothing fetched from
-// elsewhere. Every page needs a key: "Authorization: Bearer <key>", or a
-// browser opens /?key=<key> once and keeps it in a cookie.
+// and reason, consumer lag per group, push jobs by state, the uin pool's
+// level, totals and a chart of cash grants per minute. Server-rendered
+// HTML that reloads itself every RefreshEvery; nothing is fetched from
+// elsewhere, and one inline script only shows the times in the viewer's
+// time zone (UTC without it). Every page needs a key: "Authorization:
+// Bearer <key>", or a browser opens /?key=<key> once and keeps it in a
+// cookie.
 type Dashboard struct {
 	Store clickhouse.Store
 	Admin *kadm.Client // nil: consumer lag is not shown
 	Keys  *apikey.Keys
+	// Pool reads the uin pool's level (nil: not shown; it lives in Redis,
+	// which recon reaches only when redis.addr is set).
+	Pool  func(ctx context.Context) (PoolLevel, error)
 	Hours int // hours back the page shows (default 24)
 	Now   func() time.Time
 	Log   *slog.Logger
 }
 
+// PoolLevel is the uin pool's central level: uins ready to hand out, and
+// uins leased to pool instances.
+type PoolLevel struct {
+	Pooled, Leased int64
+}
+
+// RefreshEvery is how often the overview reloads itself.
+const RefreshEvery = 30 * time.Second
+
 //go:embed dashboard/*.html
 var pages embed.FS
 
 var tmpl = template.Must(template.New("").Funcs(template.FuncMap{
-	"hour": func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04") },
+	"hour": func(t time.Time) template.HTML { return timeTag(t, "2006-01-02 15:04") },
 	"ms":   func(t time.Time) int64 { return t.UnixMilli() },
-	"when": func(ms int64) string { return time.UnixMilli(ms).UTC().Format("2006-01-02 15:04:05") },
+	"when": func(ms int64) template.HTML { return timeTag(time.UnixMilli(ms), "2006-01-02 15:04:05") },
 	"link": mismatchURL,
 }).ParseFS(pages, "dashboard/*.html"))
+
+// timeTag is a time in UTC inside a <time> element whose datetime the
+// page's script shows in the viewer's zone.
+func timeTag(t time.Time, layout string) template.HTML {
+	u := t.UTC()
+	seconds := ""
+	if strings.HasSuffix(layout, ":05") {
+		seconds = ` data-seconds="1"`
+	}
+	return template.HTML(fmt.Sprintf(`<time datetime="%s"%s>%s UTC</time>`, u.Format(time.RFC3339), seconds, u.Format(layout)))
+}
 
 const keyCookie = "surge_recon_key"
 
@@ -115,6 +141,15 @@ type overviewData struct {
 	Lags        []groupLag
 	LagErr      string
 	Chart       chart
+	Jobs        []jobCount // push jobs by their latest state in the window
+	Pool        *PoolLevel // nil: not known
+	PoolErr     string
+	Refresh     int // seconds between reloads
+}
+
+type jobCount struct {
+	State string
+	Jobs  int64
 }
 
 type deadLetters struct {
@@ -165,8 +200,48 @@ func (d *Dashboard) overview(w http.ResponseWriter, r *http.Request) {
 		d.fail(w, err)
 		return
 	}
+	if data.Jobs, err = d.jobsByState(ctx, since); err != nil {
+		d.fail(w, err)
+		return
+	}
 	data.Lags, data.LagErr = d.lags(ctx)
+	data.Pool, data.PoolErr = d.poolLevel(ctx)
+	data.Refresh = int(RefreshEvery / time.Second)
+	w.Header().Set("Refresh", strconv.Itoa(data.Refresh))
 	d.render(w, "overview.html", data)
+}
+
+// jobsByState counts the push jobs seen since the window's start by the
+// state of their latest transition.
+func (d *Dashboard) jobsByState(ctx context.Context, since time.Time) ([]jobCount, error) {
+	rows, err := d.Store.QueryStrings(ctx, fmt.Sprintf(`
+SELECT state, count() FROM (
+  SELECT job_id, argMax(to_state, (at_ms, position)) AS state FROM job_states
+  WHERE at_ms >= %d GROUP BY job_id)
+GROUP BY state ORDER BY count() DESC, state`, since.UnixMilli()))
+	if err != nil {
+		return nil, fmt.Errorf("jobs by state: %w", err)
+	}
+	out := make([]jobCount, 0, len(rows))
+	for _, r := range rows {
+		out = append(out, jobCount{State: r[0], Jobs: atoi(r[1])})
+	}
+	return out, nil
+}
+
+// poolLevel is the uin pool's level, or why it is not shown.
+func (d *Dashboard) poolLevel(ctx context.Context) (*PoolLevel, string) {
+	if d.Pool == nil {
+		return nil, "not configured: recon reaches the uin pool through Redis (--redis.addr)"
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	lvl, err := d.Pool(ctx)
+	if err != nil {
+		d.Log.Warn("recon: uin pool level", "err", err)
+		return nil, "Redis did not answer; the reason is in the recon service's log"
+	}
+	return &lvl, ""
 }
 
 // since is where the pages' window starts: Hours back, on the hour.

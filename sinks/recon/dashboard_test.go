@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/emulation"
 	"github.com/chromedp/chromedp"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -48,6 +49,10 @@ func seedDashboard(t *testing.T, admin ...*kadm.Client) (*httptest.Server, strin
 	exec(t, "INSERT INTO ledger (order_no, act_id, kind, amount, activity_id, scene_id, balance_after, booked_at_ms, granted_at_ms) VALUES "+strings.Join(ledger, ","))
 	exec(t, fmt.Sprintf(`INSERT INTO dead_letters (source_topic, source_partition, source_offset, processor, reason, schema_name, key_hex, value_bytes, at)
 VALUES ('push.login', 0, 1, 'presence', 'uin 4294967296 outside the 32-bit space', 'surge.v1.LoginEvent', '', 3, fromUnixTimestamp64Milli(toInt64(%d)))`, at+60000))
+	// Two push jobs in the window: one completed, one still sending.
+	exec(t, fmt.Sprintf(`INSERT INTO job_states (job_id, from_state, to_state, reason, executor, position, targets, at_ms) VALUES
+('dash-j1', 'CREATED', 'VALIDATING', '', '', 1, 0, %[1]d), ('dash-j1', 'SENDING', 'COMPLETED', '', '', 9, 100, %[2]d),
+('dash-j2', 'CREATED', 'VALIDATING', '', '', 1, 0, %[1]d), ('dash-j2', 'DISPATCHING', 'SENDING', '', 'ea', 5, 100, %[2]d)`, at, at+2000))
 	r := recon.New(recon.Config{Env: streams.Env{Log: slog.New(slog.NewTextHandler(io.Discard, nil))}, Store: store})
 	if _, bad, err := r.Run(context.Background(), recon.Hour(dashboardHour, recon.AttemptH1)); err != nil || bad == 0 {
 		t.Fatalf("reconciling the seeded hour: %d mismatches, %v", bad, err)
@@ -58,7 +63,8 @@ VALUES ('push.login', 0, 1, 'presence', 'uin 4294967296 outside the 32-bit space
 		t.Fatal(err)
 	}
 	d := &recon.Dashboard{Store: store, Keys: keys, Hours: 24, Now: func() time.Time { return dashboardHour.Add(2 * time.Hour) },
-		Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+		Log:  slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Pool: func(context.Context) (recon.PoolLevel, error) { return recon.PoolLevel{Pooled: 1234, Leased: 56}, nil }}
 	if len(admin) > 0 {
 		d.Admin = admin[0]
 	}
@@ -129,10 +135,20 @@ func TestDashboardOverHTTP(t *testing.T) {
 		t.Fatalf("overview: %d\n%s", code, page)
 	}
 	for _, want := range []string{"activity=dash-act scene=rain", "push.login", "outside the 32-bit space", "<polyline", "granted_vs_booked",
-		`<td>dash-group</td><td>Empty</td><td class="n bad">6</td>`} {
+		`<td>dash-group</td><td>Empty</td><td class="n bad">6</td>`,
+		`<td>COMPLETED</td><td class="n">1</td>`, `<td>SENDING</td><td class="n">1</td>`, // jobs by their latest state
+		`<b id="pool-pooled">1234</b>`,                                        // the uin pool's level
+		`<time datetime="2026-11-20T12:00:00Z">2026-11-20 12:00 UTC</time>`} { // in UTC until the script shows the viewer's zone
 		if !strings.Contains(page, want) {
 			t.Errorf("overview lacks %q", want)
 		}
+	}
+	req, _ := http.NewRequest("GET", srv.URL+"/", nil)
+	req.Header.Set("Authorization", "Bearer "+key)
+	if resp, err := plain.Do(req); err != nil {
+		t.Fatal(err)
+	} else if resp.Body.Close(); resp.Header.Get("Refresh") != "30" {
+		t.Errorf("overview's Refresh header: %q, want 30 (it reloads itself)", resp.Header.Get("Refresh"))
 	}
 	scope := url.QueryEscape("activity=dash-act scene=rain grants=20 lost=1 doubled=0")
 	code, detail := get(browser, fmt.Sprintf("/mismatch?check=granted_vs_booked&hour=%d&scope=%s", dashboardHour.UnixMilli(), scope))
@@ -199,7 +215,21 @@ func TestDashboardInBrowser(t *testing.T) {
 			t.Fatalf("browser: %s: %v", what, err)
 		}
 	}
+	// A viewer in Shanghai (UTC+8) sees the page's times in their zone.
+	must("a tab", chromedp.Do(ctx, chromedp.Navigate("about:blank")))
+	_, err := chromedp.Call(ctx, emulation.SetTimezoneOverride, emulation.SetTimezoneOverrideParams{TimezoneID: "Asia/Shanghai"})
+	must("time zone", err)
 	must("open the page", chromedp.Do(ctx, chromedp.Navigate(srv.URL+"/?key="+key), chromedp.WaitVisible(chromedp.CSS("#mismatches"))))
+	heading, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS("h1")))
+	must("heading", err)
+	if !strings.Contains(heading, "now 2026-11-20 20:00 GMT+8") {
+		t.Errorf("heading in Shanghai: %q, want now 2026-11-20 20:00 GMT+8 (12:00 UTC)", heading)
+	}
+	jobs, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS("#jobs")))
+	must("jobs", err)
+	if !strings.Contains(jobs, "COMPLETED") || !strings.Contains(jobs, "SENDING") {
+		t.Errorf("push jobs by state in the browser:\n%s", jobs)
+	}
 	if dir := os.Getenv("SURGE_TEST_SCREENSHOTS"); dir != "" { // to look at the page
 		png, err := chromedp.Run(ctx, chromedp.CaptureScreenshot())
 		must("screenshot", err)
