@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"surge/streams/httperr"
 )
 
 // Keys are the valid secrets by caller name.
@@ -106,12 +107,12 @@ func (k *Keys) Require(next http.Handler) http.Handler {
 		secret, ok := Bearer(r.Header.Get("Authorization"))
 		if !ok || secret == "" {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="surge"`)
-			http.Error(w, `{"error":"missing bearer key"}`, http.StatusUnauthorized)
+			httperr.Write(w, http.StatusUnauthorized, httperr.Unauthorized, "missing bearer key")
 			return
 		}
 		name, ok := k.Caller(secret)
 		if !ok {
-			http.Error(w, `{"error":"unknown key"}`, http.StatusUnauthorized)
+			httperr.Write(w, http.StatusUnauthorized, httperr.Unauthorized, "unknown key")
 			return
 		}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), callerKey{}, name)))

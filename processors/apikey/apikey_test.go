@@ -1,9 +1,11 @@
 package apikey
 
 import (
+	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"surge/streams/httperr"
 	"testing"
 )
 
@@ -47,6 +49,11 @@ func TestRequire(t *testing.T) {
 		h.ServeHTTP(rec, req)
 		if rec.Code != c.code || (c.body != "" && rec.Body.String() != c.body) {
 			t.Errorf("auth %q: %d %q, want %d %q", c.auth, rec.Code, rec.Body.String(), c.code, c.body)
+		}
+		var refusal httperr.Body
+		if c.code == 401 && (rec.Header().Get("Content-Type") != "application/json" || json.Unmarshal(rec.Body.Bytes(), &refusal) != nil ||
+			refusal.Code != httperr.Unauthorized || refusal.Error == "") {
+			t.Errorf("auth %q: refused with %q %q, want the JSON error body, code unauthorized", c.auth, rec.Header().Get("Content-Type"), rec.Body.String())
 		}
 	}
 }

@@ -17,6 +17,7 @@ import (
 
 	"surge/processors/apikey"
 	"surge/sinks/clickhouse"
+	"surge/streams/httperr"
 )
 
 // Dashboard is the operators' page of `surge recon serve`: hours with
@@ -437,7 +438,7 @@ func quote(s string) string {
 func (d *Dashboard) reportJSON(w http.ResponseWriter, r *http.Request) {
 	rep, err := BuildReport(r.Context(), d.Store, d.since(d.Now()))
 	if err != nil {
-		http.Error(w, `{"error":"report unavailable"}`, http.StatusServiceUnavailable)
+		httperr.Write(w, http.StatusServiceUnavailable, httperr.Unavailable, "report unavailable")
 		d.Log.Warn("recon: report", "err", err)
 		return
 	}

@@ -15,7 +15,6 @@ package admission
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -25,6 +24,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"surge/streams/httperr"
 	"surge/streams/metrics"
 )
 
@@ -282,7 +282,5 @@ func (g *Gate) deadline(r *http.Request) time.Duration {
 func (g *Gate) refuse(w http.ResponseWriter, reason, why string) {
 	g.mRefused.With(g.cfg.Name, reason).Inc()
 	w.Header().Set("Retry-After", strconv.Itoa(max(int(g.cfg.RetryAfter/time.Second), 1)))
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(http.StatusServiceUnavailable)
-	_ = json.NewEncoder(w).Encode(map[string]string{"error": fmt.Sprintf("overloaded: request refused because %s; retry after %s", why, g.cfg.RetryAfter)})
+	httperr.Write(w, http.StatusServiceUnavailable, httperr.Overloaded, fmt.Sprintf("overloaded: request refused because %s; retry after %s", why, g.cfg.RetryAfter))
 }

@@ -41,6 +41,7 @@ import (
 	pb "surge/schemas/surgev1"
 	"surge/streams"
 	"surge/streams/admission"
+	"surge/streams/httperr"
 	"surge/streams/metrics"
 )
 
@@ -251,14 +252,14 @@ func (s *Service) handleAllocate(w http.ResponseWriter, r *http.Request) {
 	if q := r.URL.Query().Get("count"); q != "" {
 		v, err := strconv.Atoi(q)
 		if err != nil || v < 1 || v > MaxCount {
-			writeJSON(w, http.StatusBadRequest, map[string]string{"error": fmt.Sprintf("count must be 1..%d", MaxCount)})
+			httperr.Write(w, http.StatusBadRequest, httperr.BadRequest, fmt.Sprintf("count must be 1..%d", MaxCount))
 			return
 		}
 		n = v
 	}
 	if !s.keeper.Peek(r.Context()) {
 		w.Header().Set("Retry-After", "1")
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "uin pool rebuilding from uin.pool"})
+		httperr.Write(w, http.StatusServiceUnavailable, httperr.Rebuilding, "uin pool rebuilding from uin.pool")
 		return
 	}
 	// A call may wait out the refill wait and then commit what it took.
@@ -277,16 +278,16 @@ func (s *Service) handleAllocate(w http.ResponseWriter, r *http.Request) {
 	case errors.Is(err, pool.ErrRebuilding):
 		s.keeper.Lost()
 		w.Header().Set("Retry-After", "1")
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "uin pool rebuilding from uin.pool"})
+		httperr.Write(w, http.StatusServiceUnavailable, httperr.Rebuilding, "uin pool rebuilding from uin.pool")
 		return
 	case errors.Is(err, pool.ErrExhausted):
 		w.Header().Set("Retry-After", "1")
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "uin pool exhausted"})
+		httperr.Write(w, http.StatusServiceUnavailable, httperr.Exhausted, "uin pool exhausted")
 		return
 	case err != nil:
 		s.cfg.Log.Warn("uin-pool: allocation failed", "err", err)
 		w.Header().Set("Retry-After", "1")
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "allocation unavailable: " + err.Error()})
+		httperr.Write(w, http.StatusServiceUnavailable, httperr.Unavailable, "allocation unavailable: "+err.Error())
 		return
 	}
 	if r.Context().Err() != nil {

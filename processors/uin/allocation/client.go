@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"surge/streams/httperr"
 	"time"
 )
 
@@ -167,7 +168,8 @@ func (c *Client) call(batch []*clientCall) ([]uint32, error) {
 	switch resp.StatusCode {
 	case http.StatusOK:
 	case http.StatusServiceUnavailable:
-		if bytes.Contains(body, []byte("exhausted")) {
+		var refusal httperr.Body
+		if json.Unmarshal(body, &refusal) == nil && refusal.Code == httperr.Exhausted {
 			return nil, ErrPoolDry
 		}
 		fallthrough

@@ -33,6 +33,7 @@ import (
 	"surge/schemas"
 	pb "surge/schemas/surgev1"
 	"surge/streams"
+	"surge/streams/httperr"
 )
 
 // Granter accepts one grant: the Intake itself, or a grant.Batcher that
@@ -289,7 +290,7 @@ func reply(w http.ResponseWriter, code int, body any) {
 }
 
 func fail(w http.ResponseWriter, code int, err error) {
-	reply(w, code, map[string]string{"error": err.Error()})
+	httperr.Write(w, code, httperr.ForStatus(code), err.Error())
 }
 
 // readBody reads a request body of at most limit bytes; a larger one is
@@ -420,7 +421,12 @@ func (s *Server) grantBatch(w http.ResponseWriter, r *http.Request) {
 	for i, res := range results {
 		// A caller at the peak needs the answer, not the signed token:
 		// encoding it was a third of the batch's CPU.
-		out[i] = answer(res.result, res.err, false)
+		out[i] = answer(res.code, res.result, res.err, false)
+		// An item's "code" is its HTTP status, as it always was; its
+		// error's kind is "error_code".
+		if kind, ok := out[i]["code"]; ok {
+			out[i]["error_code"] = kind
+		}
 		out[i]["code"] = res.code
 	}
 	reply(w, http.StatusOK, map[string]any{"results": out})
@@ -480,7 +486,7 @@ func (s *Server) decodeBatch(w http.ResponseWriter, r *http.Request, body []byte
 // HTTP code and body of its answer, with the signed token if withToken.
 func (s *Server) grantOne(ctx context.Context, app string, g *pb.RewardGrant, withToken bool) (int, map[string]any) {
 	code, res, err := s.accept(ctx, app, g)
-	return code, answer(res, err, withToken)
+	return code, answer(code, res, err, withToken)
 }
 
 // accept grants g for app ("" with authentication off): the HTTP code of
@@ -531,10 +537,10 @@ func codeOf(err error) int {
 	return code
 }
 
-// answer is the JSON body of one grant's outcome.
-func answer(res *grant.Result, err error, withToken bool) map[string]any {
+// answer is the JSON body of one grant's outcome, answered with status.
+func answer(status int, res *grant.Result, err error, withToken bool) map[string]any {
 	if err != nil {
-		return map[string]any{"error": err.Error()}
+		return map[string]any{"error": err.Error(), "code": httperr.ForStatus(status)}
 	}
 	out := map[string]any{"duplicate": res.Duplicate, "activity": res.Activity}
 	if res.Token != nil && withToken {
@@ -772,7 +778,7 @@ func (s *Server) moveOut(w http.ResponseWriter, r *http.Request, req *pb.Withdra
 		}
 		body := map[string]any{idKey: res.WithdrawId, "balance_after": res.BalanceAfter, "force_booked": res.ForceBooked}
 		if res.Refused {
-			body["error"] = res.Reason
+			body["error"], body["code"] = res.Reason, httperr.Conflict
 			reply(w, http.StatusConflict, body)
 			return
 		}

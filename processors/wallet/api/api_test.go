@@ -32,6 +32,7 @@ import (
 	"surge/processors/wallet/token"
 	pb "surge/schemas/surgev1"
 	"surge/streams"
+	"surge/streams/httperr"
 	"surge/streams/streamstest"
 
 	"google.golang.org/protobuf/proto"
@@ -383,8 +384,10 @@ func refusals(t *testing.T, srv *httptest.Server) {
 		{"batch of 5 MiB, signed", "POST", "/v1/grants/batch", strings.Repeat(" ", 5<<20) + "{}", credentials(t), 413},
 	} {
 		code, out := callWith(t, srv, c.method, c.path, c.body, c.sign)
-		if code != c.want || out["error"] == nil {
-			t.Errorf("%s: %d %v, want %d with an error", c.name, code, out, c.want)
+		// Every refusal is the one error body: a sentence and the code
+		// that goes with the status (streams/httperr).
+		if _, isText := out["error"].(string); code != c.want || !isText || out["code"] != string(httperr.ForStatus(c.want)) {
+			t.Errorf("%s: %d %v, want %d with an error and code %q", c.name, code, out, c.want, httperr.ForStatus(c.want))
 		}
 	}
 	// What the headers decide is decided before the body is read: each of
