@@ -33,6 +33,11 @@ const (
 	Internal     Code = "internal"     // 500
 )
 
+// Codes are every code, for documents that list them (the OpenAPI
+// descriptions, checked against this).
+var Codes = []Code{BadRequest, Unauthorized, Forbidden, NotFound, Conflict, TooLarge, RateLimited, Overloaded, Unavailable,
+	Pending, Exhausted, Rebuilding, Internal}
+
 // Body is the error body.
 type Body struct {
 	Error string `json:"error"`

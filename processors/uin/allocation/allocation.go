@@ -23,11 +23,13 @@ package allocation
 
 import (
 	"context"
+	_ "embed"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -226,8 +228,9 @@ func (s *Service) watch(ctx context.Context) error {
 // Handler is the authenticated API.
 func (s *Service) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/uins", s.handleAllocate)
-	mux.HandleFunc("GET /v1/pool", s.handlePool)
+	for pattern, h := range s.routes() {
+		mux.HandleFunc(pattern, h)
+	}
 	return s.cfg.Keys.Require(mux)
 }
 
@@ -246,6 +249,30 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 	w.WriteHeader(code)
 	_ = json.NewEncoder(w).Encode(v)
 }
+
+// routes are the API's endpoints ("METHOD /path" patterns) and their
+// handlers; openapi.yaml describes each.
+func (s *Service) routes() map[string]http.HandlerFunc {
+	return map[string]http.HandlerFunc{
+		"POST /v1/uins": s.handleAllocate,
+		"GET /v1/pool":  s.handlePool,
+	}
+}
+
+// Routes are the patterns the API serves.
+func Routes() []string {
+	var out []string
+	for p := range (&Service{}).routes() {
+		out = append(out, p)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// OpenAPI is the API's OpenAPI 3 description.
+//
+//go:embed openapi.yaml
+var OpenAPI []byte
 
 func (s *Service) handleAllocate(w http.ResponseWriter, r *http.Request) {
 	n := 1

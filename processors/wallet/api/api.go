@@ -6,11 +6,13 @@ package api
 import (
 	"bytes"
 	"context"
+	_ "embed"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -163,18 +165,43 @@ func (s *Server) FollowResults(ctx context.Context) error {
 	return err
 }
 
+// routes are the API's endpoints ("METHOD /path" patterns), each with its
+// handler behind its authentication; openapi.yaml describes each.
+func (s *Server) routes() map[string]http.HandlerFunc {
+	return map[string]http.HandlerFunc{
+		"POST /v1/grants":                  s.grant,
+		"POST /v1/grants/batch":            s.grantBatch,
+		"GET /v1/users/{act}/balance":      s.user(s.balance),
+		"GET /v1/users/{act}/flow":         s.user(s.flow),
+		"POST /v1/users/{act}/withdrawals": s.user(s.withdraw),
+		"POST /v1/users/{act}/packets":     s.user(s.packet),
+		"GET /v1/total":                    s.anyone(s.total),
+		"GET /v1/stock/{template}":         s.anyone(s.stock),
+		"GET /v1/identities/{app}/{user}":  s.app(s.identity),
+	}
+}
+
+// Routes are the patterns the API serves.
+func Routes() []string {
+	var out []string
+	for p := range (&Server{}).routes() {
+		out = append(out, p)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// OpenAPI is the API's OpenAPI 3 description.
+//
+//go:embed openapi.yaml
+var OpenAPI []byte
+
 // Handler routes the API.
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/grants", s.grant)
-	mux.HandleFunc("POST /v1/grants/batch", s.grantBatch)
-	mux.HandleFunc("GET /v1/users/{act}/balance", s.user(s.balance))
-	mux.HandleFunc("GET /v1/users/{act}/flow", s.user(s.flow))
-	mux.HandleFunc("POST /v1/users/{act}/withdrawals", s.user(s.withdraw))
-	mux.HandleFunc("POST /v1/users/{act}/packets", s.user(s.packet))
-	mux.HandleFunc("GET /v1/total", s.anyone(s.total))
-	mux.HandleFunc("GET /v1/stock/{template}", s.anyone(s.stock))
-	mux.HandleFunc("GET /v1/identities/{app}/{user}", s.app(s.identity))
+	for pattern, h := range s.routes() {
+		mux.HandleFunc(pattern, h)
+	}
 	return mux
 }
 

@@ -732,3 +732,9 @@ func TestReadsGoToThePartitionOwner(t *testing.T) {
 		}
 	})
 }
+
+// openapi.yaml describes exactly the routes the API serves, with the
+// error body every refusal is answered with.
+func TestOpenAPIMatchesTheRoutes(t *testing.T) {
+	streamstest.CheckOpenAPI(t, api.OpenAPI, api.Routes())
+}
