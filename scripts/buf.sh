@@ -11,13 +11,9 @@ ver="${BUF_VERSION:-1.47.2}"
 dir="$root/.cache/buf"
 buf="$dir/buf-$ver"
 if [ ! -x "$buf" ]; then
-  command -v npm >/dev/null || { echo "buf.sh: npm is needed" >&2; exit 1; }
-  mkdir -p "$dir"; rm -rf "$dir/pkg"
-  echo "buf.sh: fetching @bufbuild/buf-linux-x64@$ver" >&2
-  (cd "$dir" && npm pack --silent "@bufbuild/buf-linux-x64@$ver" >/dev/null)
-  mkdir -p "$dir/pkg" && tar xzf "$dir"/bufbuild-buf-linux-x64-*.tgz -C "$dir/pkg"
+  "$root/scripts/npm-fetch.sh" "@bufbuild/buf-linux-x64@$ver" "$dir/pkg"
   mv "$dir/pkg/package/bin/buf" "$buf"
-  rm -rf "$dir/pkg" "$dir"/*.tgz
+  rm -rf "$dir/pkg"
 fi
 cd "$root/schemas/proto"
 case "${1:-check}" in

@@ -8,13 +8,9 @@ ver="${CHDB_NPM_VERSION:-26.7.3-stable.1}"
 dir="$root/.cache/chdb"
 lib="$dir/libchdb.so"
 if [ ! -f "$dir/.complete-$ver" ]; then
-  command -v npm >/dev/null || { echo "chdb.sh: npm is needed" >&2; exit 1; }
-  mkdir -p "$dir"; rm -rf "$dir/pkg"
-  echo "chdb.sh: fetching @chdb/lib-linux-x64-gnu@$ver" >&2
-  (cd "$dir" && npm pack --silent "@chdb/lib-linux-x64-gnu@$ver" >/dev/null)
-  mkdir -p "$dir/pkg" && tar xzf "$dir"/chdb-lib-linux-x64-gnu-*.tgz -C "$dir/pkg"
+  "$root/scripts/npm-fetch.sh" "@chdb/lib-linux-x64-gnu@$ver" "$dir/pkg"
   mv "$dir/pkg/package/libchdb.so" "$lib"
-  rm -rf "$dir/pkg" "$dir"/*.tgz
+  rm -rf "$dir/pkg"
   touch "$dir/.complete-$ver"
 fi
 if [ "$(id -u)" = 0 ] && [ ! -e /usr/local/lib/libchdb.so ]; then ln -sf "$lib" /usr/local/lib/libchdb.so; fi

@@ -281,22 +281,7 @@ func walletRead(addr string, secret []byte) func() error {
 // reconRead opens the operators' page at addr with an API key: it must
 // show the uin pool's level (read from Redis) among the rest.
 func reconRead(addr, key string) func() error {
-	return func() error {
-		req, _ := http.NewRequest("GET", "http://"+addr+"/", nil)
-		req.Header.Set("Authorization", "Bearer "+key)
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		resp, err := http.DefaultClient.Do(req.WithContext(ctx))
-		if err != nil {
-			return err
-		}
-		defer resp.Body.Close()
-		body, _ := io.ReadAll(resp.Body)
-		if resp.StatusCode != http.StatusOK || !bytes.Contains(body, []byte(`id="pool-pooled"`)) {
-			return fmt.Errorf("operators' page: %d, the uin pool's level missing:\n%.2000s", resp.StatusCode, body)
-		}
-		return nil
-	}
+	return func() error { return getOK("http://"+addr+"/", "Bearer "+key, `id="pool-pooled"`) }
 }
 
 // poolRead reads the uin pool's state at addr with an API key.
@@ -304,13 +289,14 @@ func poolRead(addr, key string) func() error {
 	return func() error { return getOK("http://"+addr+"/v1/pool", "Bearer "+key) }
 }
 
-func getOK(url, authorization string) error {
+// getOK gets url: it must answer 200 with each of mustShow in its body.
+func getOK(url, authorization string, mustShow ...string) error {
 	req, err := http.NewRequest("GET", url, nil)
 	if err != nil {
 		return err
 	}
 	req.Header.Set("Authorization", authorization)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	resp, err := http.DefaultClient.Do(req.WithContext(ctx))
 	if err != nil {
@@ -319,7 +305,12 @@ func getOK(url, authorization string) error {
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("%s: %d %s", url, resp.StatusCode, body)
+		return fmt.Errorf("%s: %d %.2000s", url, resp.StatusCode, body)
+	}
+	for _, want := range mustShow {
+		if !bytes.Contains(body, []byte(want)) {
+			return fmt.Errorf("%s: %q not in:\n%.2000s", url, want, body)
+		}
 	}
 	return nil
 }
