@@ -92,9 +92,10 @@ func (c *catchUp) close() {
 }
 
 // catchUpBefore reads partition p of topic ahead of the consumer unless
-// every record published before publishedMs was applied already.
+// every record published up to publishedMs was applied already: a record
+// of the same millisecond may have been published before or after.
 func (t *Tracker) catchUpBefore(ctx context.Context, topic string, p int32, publishedMs int64, out *streams.Output) error {
-	if len(t.cfg.Kafka.Seeds) == 0 || t.catchUp.position(topic, p).seenMs >= publishedMs {
+	if len(t.cfg.Kafka.Seeds) == 0 || t.catchUp.position(topic, p).seenMs > publishedMs {
 		return nil
 	}
 	return t.readAhead(ctx, topic, p, out)
