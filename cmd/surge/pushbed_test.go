@@ -27,6 +27,9 @@ type pushBed struct {
 	dir string
 	cl  *kgo.Client
 	env []string
+	// presence: a presence service runs in the bed; executors then start
+	// once it has applied the logins published so far.
+	presence bool
 }
 
 // newPushBed makes the namespace's topics (one copy each); env is added
@@ -51,8 +54,26 @@ func newPushBedReplicated(t *testing.T, ctx context.Context, b streamstest.Backe
 // in is the --push.dir flag of the service called name.
 func (p *pushBed) in(name string) string { return "--push.dir=" + p.dir + "/" + name }
 
-// run starts `surge run` component as a process named name.
+// run starts `surge run` component as a process named name. An executor
+// starts once the bed's presence has applied every login published so
+// far: it loads its online bitmap from push.presence at start and then
+// follows it, with no offset a test can wait on, so a job sent right after
+// could find a follower not yet online there (CI saw 742 of 20,000 queued
+// offline that way).
 func (p *pushBed) run(name, component string, args ...string) *service {
+	p.t.Helper()
+	switch component {
+	case "push-presence":
+		p.presence = true
+	case "push-executor":
+		if p.presence {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			if err := streams.WaitConsumed(ctx, p.b.Kafka, p.ns+"presence", p.ns+schemas.TopicLogin); err != nil {
+				p.t.Fatalf("presence never applied the logins: %v", err)
+			}
+		}
+	}
 	return runService(p.t, p.env, name, append([]string{component, p.in(name)}, args...)...)
 }
 

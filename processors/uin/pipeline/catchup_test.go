@@ -179,12 +179,13 @@ func TestUsagePublishedWithItsRegistrationCounts(t *testing.T) {
 	})
 }
 
-// A registration backfilled from an older system is older than every
-// checkpoint, so its checks fire at once; the user's usage, published
-// before them but behind a backlog of other usage on its partition, is
-// read before the checkpoint is judged, and an active user is not judged
-// spam ("no usage after the first day"). Before, the check was judged on
-// the registration alone.
+// A registration backfilled from an older system arrives with its last
+// checkpoint due at once (here: 3 s after it is published, so that the
+// user's login, published right after it, is published before the
+// checkpoint fires). The login sits behind a backlog of other usage on
+// its partition; it is read before the checkpoint is judged, and the
+// active user is not judged spam ("no usage after the first day").
+// Before, the check was judged on the registration alone.
 func TestBackfilledRegistrationJudgedWithItsUsage(t *testing.T) {
 	streamstest.EachStack(t, func(t *testing.T, b streamstest.Backend, rdb *redis.Client) {
 		day := int64(24 * time.Hour / time.Millisecond)
@@ -192,22 +193,28 @@ func TestBackfilledRegistrationJudgedWithItsUsage(t *testing.T) {
 			Tracker:    tracker.Config{Checkpoints: []time.Duration{30 * 24 * time.Hour}}, // one, the last
 			StreamOpts: []streams.Option{streams.MaxBatch(50)}})
 		ns := s.Opts.Namespace
-		now := time.Now().UnixMilli()
 		const first, n = 65_001, 20
 		cl := streamstest.Client(t, b.Kafka)
 		start(t, s)
-		// A backlog of stock accounts' usage on every partition, then the
-		// backfilled registrations, each followed by the user's login.
+		// A backlog of stock accounts' usage on every partition.
 		var recs []*kgo.Record
-		for i := range 20_000 {
+		now := time.Now().UnixMilli()
+		for i := range 30_000 {
 			u := uint64(90_001 + i%5_000)
 			recs = append(recs, rec(t, ns+schemas.TopicUsage, u, &pb.UsageEvent{Uin: u, Kind: tracker.KindMessage, AtMs: now - day}))
 		}
 		streamstest.ProduceSync(t, cl, recs...)
+		// The registrations, then (acknowledged after them) each user's
+		// login, ten days after registering.
+		registered := time.Now().Add(3*time.Second).UnixMilli() - 30*day
 		recs = recs[:0]
 		for u := uint64(first); u < first+n; u++ {
-			recs = append(recs, rec(t, ns+schemas.TopicRegistrations, u, &pb.UinRegistration{Uin: u, AtMs: now - 60*day, Completed: true, Username: fmt.Sprintf("old%d", u)}))
-			recs = append(recs, rec(t, ns+schemas.TopicUsage, u, &pb.UsageEvent{Uin: u, Kind: recycling.KindLogin, AtMs: now - 50*day, Source: "auth"}))
+			recs = append(recs, rec(t, ns+schemas.TopicRegistrations, u, &pb.UinRegistration{Uin: u, AtMs: registered, Completed: true, Username: fmt.Sprintf("old%d", u)}))
+		}
+		streamstest.ProduceSync(t, cl, recs...)
+		recs = recs[:0]
+		for u := uint64(first); u < first+n; u++ {
+			recs = append(recs, rec(t, ns+schemas.TopicUsage, u, &pb.UsageEvent{Uin: u, Kind: recycling.KindLogin, AtMs: registered + 10*day, Source: "auth"}))
 		}
 		streamstest.ProduceSync(t, cl, recs...)
 		verdict := func(u uint64) string {
