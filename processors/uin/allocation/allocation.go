@@ -27,6 +27,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"slices"
@@ -260,14 +261,7 @@ func (s *Service) routes() map[string]http.HandlerFunc {
 }
 
 // Routes are the patterns the API serves.
-func Routes() []string {
-	var out []string
-	for p := range (&Service{}).routes() {
-		out = append(out, p)
-	}
-	slices.Sort(out)
-	return out
-}
+func Routes() []string { return slices.Sorted(maps.Keys((&Service{}).routes())) }
 
 // OpenAPI is the API's OpenAPI 3 description.
 //

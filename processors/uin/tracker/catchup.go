@@ -92,13 +92,14 @@ func (c *catchUp) close() {
 }
 
 // catchUpBefore reads partition p of topic ahead of the consumer unless
-// every record published up to publishedMs was applied already: a record
-// of the same millisecond may have been published before or after.
-func (t *Tracker) catchUpBefore(ctx context.Context, topic string, p int32, publishedMs int64, out *streams.Output) error {
+// every record published up to publishedMs was applied already (a record
+// of the same millisecond may have been published before or after); read
+// says whether it did.
+func (t *Tracker) catchUpBefore(ctx context.Context, topic string, p int32, publishedMs int64, out *streams.Output) (read bool, err error) {
 	if len(t.cfg.Kafka.Seeds) == 0 || t.catchUp.position(topic, p).seenMs > publishedMs {
-		return nil
+		return false, nil
 	}
-	return t.readAhead(ctx, topic, p, out)
+	return true, t.readAhead(ctx, topic, p, out)
 }
 
 // readAhead applies the records of partition p of topic from the
@@ -168,7 +169,7 @@ func (t *Tracker) applyAhead(r *kgo.Record, out *streams.Output) error {
 		if streams.Decode(r, &u) != nil {
 			return nil
 		}
-		err = t.usage(&u, r.Offset, out)
+		_, err = t.usage(&u, r.Offset, out)
 	}
 	var rejected *streams.RejectError
 	if errors.As(err, &rejected) {

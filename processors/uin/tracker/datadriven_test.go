@@ -75,7 +75,7 @@ func TestTrackerDataDriven(t *testing.T) {
 				err = tr.register(&pb.UinRegistration{Uin: uin, AtMs: at(), Completed: d.HasArg("completed"),
 					Username: str("username"), Channel: str("channel")}, offset, out)
 			case "usage":
-				err = tr.usage(&pb.UsageEvent{Uin: uin, Kind: str("kind"), AtMs: at()}, offset, out)
+				_, err = tr.usage(&pb.UsageEvent{Uin: uin, Kind: str("kind"), AtMs: at()}, offset, out)
 			case "check":
 				var idx int
 				d.ScanArgs(t, "checkpoint", &idx)

@@ -229,18 +229,18 @@ func (t *Tracker) handle(ctx context.Context, in *kgo.Record, out *streams.Outpu
 		if err := streams.Decode(in, &u); err != nil {
 			return err
 		}
-		if validUin(u.Uin) == nil {
-			// Usage of an untracked uin is dropped (a stock account's),
-			// unless its registration was published with it, unread.
-			if cur, err := get(t.staged, uint32(u.Uin)); err != nil {
-				return err
-			} else if cur == nil {
-				if err := t.catchUpBefore(ctx, t.topic(schemas.TopicRegistrations), in.Partition, in.Timestamp.UnixMilli(), out); err != nil {
-					return err
-				}
-			}
+		tracked, err := t.usage(&u, in.Offset, out)
+		if err != nil || tracked {
+			return err
 		}
-		return t.usage(&u, in.Offset, out)
+		// Usage of an untracked uin is dropped (a stock account's), unless
+		// its registration was published with it, unread.
+		read, err := t.catchUpBefore(ctx, t.topic(schemas.TopicRegistrations), in.Partition, in.Timestamp.UnixMilli(), out)
+		if err != nil || !read {
+			return err
+		}
+		_, err = t.usage(&u, in.Offset, out)
+		return err
 	case t.topic(schemas.TopicChecks):
 		var c pb.RegistrationCheck
 		if err := streams.Decode(in, &c); err != nil {
@@ -249,7 +249,7 @@ func (t *Tracker) handle(ctx context.Context, in *kgo.Record, out *streams.Outpu
 		// Judge with every registration and use published before the
 		// checkpoint's timer fired (a backfilled registration's fire at once).
 		for _, topic := range []string{schemas.TopicRegistrations, schemas.TopicUsage} {
-			if err := t.catchUpBefore(ctx, t.topic(topic), in.Partition, in.Timestamp.UnixMilli(), out); err != nil {
+			if _, err := t.catchUpBefore(ctx, t.topic(topic), in.Partition, in.Timestamp.UnixMilli(), out); err != nil {
 				return err
 			}
 		}
@@ -336,19 +336,21 @@ func (t *Tracker) scheduleCheck(s *pb.Tracking, idx int32, out *streams.Output) 
 }
 
 // usage applies a usage record at offset of uin.usage (-1: no offset).
-func (t *Tracker) usage(u *pb.UsageEvent, offset int64, out *streams.Output) error {
+// tracked is false when the uin has no tracking state at all: a stock
+// account's, or one whose registration is not read yet.
+func (t *Tracker) usage(u *pb.UsageEvent, offset int64, out *streams.Output) (tracked bool, err error) {
 	if err := validUin(u.Uin); err != nil {
-		return err
+		return false, err
 	}
 	cur, err := get(t.staged, uint32(u.Uin))
 	if err != nil || cur == nil || cur.Verdict != "" {
-		return err // not a tracked registration (stock accounts are classified elsewhere)
+		return cur != nil, err // not a registration tracked now (stock accounts are classified elsewhere)
 	}
 	if offset >= 0 && offset < cur.UsageNext {
-		return nil // applied already: read ahead by a catch-up
+		return true, nil // applied already: read ahead by a catch-up
 	}
 	if u.AtMs < cur.RegisteredAtMs {
-		return streams.Reject(fmt.Sprintf("usage %q of uin %d at %d precedes its registration at %d", u.Kind, u.Uin, u.AtMs, cur.RegisteredAtMs), nil)
+		return true, streams.Reject(fmt.Sprintf("usage %q of uin %d at %d precedes its registration at %d", u.Kind, u.Uin, u.AtMs, cur.RegisteredAtMs), nil)
 	}
 	switch u.Kind {
 	case recycling.KindLogin:
@@ -361,7 +363,7 @@ func (t *Tracker) usage(u *pb.UsageEvent, offset int64, out *streams.Output) err
 	}
 	cur.LastUsageMs = max(cur.LastUsageMs, u.AtMs)
 	cur.UsageNext = max(cur.UsageNext, offset+1)
-	return t.put(cur, out)
+	return true, t.put(cur, out)
 }
 
 // Judge applies the rules at checkpoint idx: the category to recycle as

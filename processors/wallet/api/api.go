@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"slices"
 	"strconv"
@@ -182,14 +183,7 @@ func (s *Server) routes() map[string]http.HandlerFunc {
 }
 
 // Routes are the patterns the API serves.
-func Routes() []string {
-	var out []string
-	for p := range (&Server{}).routes() {
-		out = append(out, p)
-	}
-	slices.Sort(out)
-	return out
-}
+func Routes() []string { return slices.Sorted(maps.Keys((&Server{}).routes())) }
 
 // OpenAPI is the API's OpenAPI 3 description.
 //
