@@ -45,6 +45,7 @@ var (
 	callers  = flag.Int("callers", 64, "concurrent callers while capacity is measured")
 	idle     = flag.Int("idle", 10000, "idle keep-alive connections in the last phase")
 	stalled  = flag.Int("stalled", 250, "stalled connections (4 MB announced, 64 KiB sent) in the last phase")
+	fixedCap = flag.Float64("capacity", 0, "take this as the capacity (grants or uins per second) instead of measuring it: the same offered load for runs compared side by side")
 	deadline = flag.String("request-timeout", "", "Request-Timeout header each caller sends (empty: none, the server's default applies)")
 )
 
@@ -73,7 +74,7 @@ func main() {
 		"SURGE_WALLET_KEY_SEED="+base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{1}, 32)),
 		"SURGE_WALLET_APP_KEYS=bench:bench-1:"+base64.RawURLEncoding.EncodeToString(appKey.Secret),
 		"SURGE_WALLET_USER_KEYS=u-1:"+base64.RawURLEncoding.EncodeToString(bytes.Repeat([]byte{2}, 32)),
-		"SURGE_METRICS_ADDR=127.0.0.1:19581", "SURGE_WALLET_DIR="+filepath.Join(dir, "ledger"), "SURGE_LOG_LEVEL=warn")
+		"SURGE_METRICS_ADDR="+metricsAddr, "SURGE_WALLET_DIR="+filepath.Join(dir, "ledger"), "SURGE_LOG_LEVEL=warn")
 	topics := exec.Command(bin, "topics", "--create")
 	topics.Env = env
 	if out, err := topics.CombinedOutput(); err != nil {
@@ -108,10 +109,17 @@ func main() {
 	}
 	fmt.Printf("%s process (pid %d), %s\n", *service, pid, describeSettings())
 
-	capacity := measureCapacity(15 * time.Second)
+	capacity := *fixedCap
+	if capacity <= 0 {
+		capacity = measureCapacity(15 * time.Second)
+	}
 	base := rss(pid)
-	fmt.Printf("capacity: %.0f %s/s (%d callers back to back, batches of %d, %s); RSS %d MB\n\n", capacity, unit, *callers, *batch, "15 s", base>>20)
-	fmt.Printf("%-22s %9s %9s %7s %9s %9s %9s %9s %8s %8s %9s\n", "offered", unit+"/s", "goodput", "of cap", "p50 ms", "p99 ms", "refused", "ref p99", "timeouts", "RSS MB", "back in")
+	how := fmt.Sprintf("%d callers back to back, batches of %d, 15 s", *callers, *batch)
+	if *fixedCap > 0 {
+		how = "given by -capacity, not measured"
+	}
+	fmt.Printf("capacity: %.0f %s/s (%s); RSS %d MB\n\n", capacity, unit, how, base>>20)
+	fmt.Printf("%-26s %9s %9s %7s %9s %9s %9s %9s %9s %9s %8s %8s %9s\n", "offered", unit+"/s", "goodput", "of cap", "p50 ms", "p99 ms", "svc p99", "refused", "ref p99", "svc ref", "timeouts", "RSS MB", "back in")
 	var p50at1 time.Duration
 	fs := strings.Split(*factors, ",")
 	for i, f := range append(fs, fs[len(fs)-1]+"+conns") {
@@ -133,18 +141,18 @@ func main() {
 		if hostile {
 			label = fmt.Sprintf("%sx +%dk idle +%d stalled", strings.TrimSuffix(f, "+conns"), *idle/1000, *stalled)
 		}
-		fmt.Printf("%-22s %9.0f %9.0f %6.0f%% %9.1f %9.1f %9d %9.1f %8d %8d %9s\n", label, r.offered, r.goodput, 100*r.goodput/capacity,
-			ms(r.p50), ms(r.p99), r.refused, ms(r.refusedP99), r.timeouts, r.maxRSS>>20, back.Round(10*time.Millisecond))
+		fmt.Printf("%-26s %9.0f %9.0f %6.0f%% %9.1f %9.1f %9.1f %9d %9.1f %9.1f %8d %8d %9s\n", label, r.offered, r.goodput, 100*r.goodput/capacity,
+			ms(r.p50), ms(r.p99), ms(r.svcP99), r.refused, ms(r.refusedP99), ms(r.svcRefusedP99), r.timeouts, r.maxRSS>>20, back.Round(10*time.Millisecond))
 	}
 	fmt.Printf("\nRSS at 1x capacity: %d MB before the phases\n", base>>20)
 }
 
 func describeSettings() string {
-	target := "100 ms"
+	target := "25 ms"
 	if *service == "uin-pool" {
-		target = "100 ms (refill waits excused)"
+		target = "25 ms (refill waits excused)"
 	}
-	return "default http.* settings (max_in_flight 64/CPU, max_queue 4x, target_latency " + target + ", max_wait 100 ms, request_timeout 2 s)" +
+	return "default http.* settings (max_in_flight 64/CPU, max_queue 4x, target_latency " + target + ", max_wait 5 ms, request_timeout 2 s)" +
 		map[bool]string{true: "", false: "; callers send Request-Timeout: " + *deadline}[*deadline == ""]
 }
 
@@ -224,8 +232,11 @@ func measureCapacity(d time.Duration) float64 {
 type result struct {
 	offered, goodput     float64
 	p50, p99, refusedP99 time.Duration
-	refused, timeouts    int
-	maxRSS               int64
+	// the service's own view (its request histogram): from arrival to
+	// answer, without the client's wait for a core
+	svcP99, svcRefusedP99 time.Duration
+	refused, timeouts     int
+	maxRSS                int64
 }
 
 // offer sends requests open-loop at rate grants/s for d: each on its own
@@ -251,6 +262,7 @@ func offer(rate float64, d time.Duration, pid int) result {
 		}
 	}()
 	var wg sync.WaitGroup
+	before := scrapeServed(apiLabel())
 	start := time.Now()
 	sent := 0
 	for next := start; next.Before(start.Add(d)); next = next.Add(interval) {
@@ -278,7 +290,8 @@ func offer(rate float64, d time.Duration, pid int) result {
 	}
 	wg.Wait()
 	close(done)
-	return result{offered: float64(sent**batch) / d.Seconds(), goodput: float64(granted) / d.Seconds(),
+	after := scrapeServed(apiLabel())
+	return result{svcP99: after.p99(before, false), svcRefusedP99: after.p99(before, true), offered: float64(sent**batch) / d.Seconds(), goodput: float64(granted) / d.Seconds(),
 		p50: pct(admitted, 50), p99: pct(admitted, 99), refusedP99: pct(refusedLat, 99),
 		refused: refused, timeouts: timeouts, maxRSS: maxRSS.Load()}
 }

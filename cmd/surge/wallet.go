@@ -170,7 +170,7 @@ func serveWallet(ctx context.Context, v *viper.Viper, service bool) error {
 		return err
 	}
 	gates, limits := httpLimits(v, "wallet")
-	err = admission.Serve(ctx, v.GetString("wallet.http_addr"), admission.Server(admission.New(gates).Wrap(w.Handler()), limits), limits,
+	err = admission.Serve(ctx, v.GetString("wallet.http_addr"), admission.Server(w.Handler(gates), limits), limits,
 		func(a net.Addr) { log.Info("wallet API", "url", fmt.Sprintf("http://%s/v1/", a)) })
 	return errors.Join(err, <-ledDone)
 }

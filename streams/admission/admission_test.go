@@ -258,3 +258,53 @@ func TestExcusedWaitsDoNotShrinkTheGate(t *testing.T) {
 		t.Fatalf("excused 150 ms waits: limit %d, want it left at 40", got)
 	}
 }
+
+// A request refused once its body has arrived is counted in the request
+// metrics as the 503 its client got, not as the 400 the handler writes
+// when the gate cuts its read short.
+func TestRefusalsCountedAsTheClientSawThem(t *testing.T) {
+	reg := metrics.NewRegistry()
+	release := make(chan struct{})
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, err := io.ReadAll(r.Body); err != nil {
+			http.Error(w, "bad body", http.StatusBadRequest)
+			return
+		}
+		<-release
+	})
+	g := New(Config{MaxInFlight: 1, MaxQueue: 1, Timeout: time.Second, MaxWait: 10 * time.Millisecond, Name: "test", Metrics: reg})
+	srv := httptest.NewServer(g.Instrumented("test", h))
+	defer srv.Close()
+	post := func() int {
+		resp, err := http.Post(srv.URL, "application/json", strings.NewReader(`{"a":1}`))
+		if err != nil {
+			t.Error(err)
+			return 0
+		}
+		defer resp.Body.Close()
+		return resp.StatusCode
+	}
+	held := make(chan int, 1)
+	go func() { held <- post() }()
+	for g.slots.tryAcquire() { // wait for the first request to hold the only slot
+		g.slots.giveBack()
+		time.Sleep(time.Millisecond)
+	}
+	if code := post(); code != http.StatusServiceUnavailable {
+		t.Fatalf("second request: %d, want 503", code)
+	}
+	close(release)
+	if code := <-held; code != http.StatusOK {
+		t.Fatalf("first request: %d", code)
+	}
+	seen := reg.NewHistogramVec("surge_http_request_duration_seconds", "", metrics.LatencyBuckets, "api", "method", "code")
+	if n := seen.With("test", "POST", "503").Count(); n != 1 {
+		t.Errorf("refusals counted as 503: %d, want 1", n)
+	}
+	if n := seen.With("test", "POST", "400").Count(); n != 0 {
+		t.Errorf("refusals counted as 400: %d, want 0", n)
+	}
+	if n := seen.With("test", "POST", "200").Count(); n != 1 {
+		t.Errorf("served: %d, want 1", n)
+	}
+}

@@ -1,9 +1,13 @@
 package streamstest
 
 import (
+	"bytes"
 	"context"
+	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
+	"surge/streams/openapi"
 	"testing"
 
 	"github.com/getkin/kin-openapi/openapi3"
@@ -80,5 +84,23 @@ func CheckOpenAPI(t *testing.T, doc []byte, routes []string) {
 	}
 	if got := errBody.Properties["code"].Enum; !slices.Equal(got, codes) {
 		t.Errorf("Error.code lists %v, httperr has %v", got, codes)
+	}
+}
+
+// CheckOpenAPIServed asks h for its document (openapi.Route) without
+// credentials, as a client generator would: it must answer the embedded
+// document as YAML.
+func CheckOpenAPIServed(t *testing.T, h http.Handler, doc []byte) {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest("GET", strings.TrimPrefix(openapi.Route, "GET "), nil))
+	if rec.Code != http.StatusOK {
+		t.Fatalf("GET %s without credentials: %d %s", openapi.Route, rec.Code, rec.Body)
+	}
+	if ct := rec.Header().Get("Content-Type"); ct != "application/yaml" {
+		t.Errorf("GET %s: Content-Type %q", openapi.Route, ct)
+	}
+	if !bytes.Equal(rec.Body.Bytes(), doc) {
+		t.Errorf("GET %s answered %d bytes, not the embedded document (%d)", openapi.Route, rec.Body.Len(), len(doc))
 	}
 }

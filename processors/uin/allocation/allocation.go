@@ -32,6 +32,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"surge/streams/openapi"
 	"sync/atomic"
 	"time"
 
@@ -162,7 +163,7 @@ func (s *Service) Run(ctx context.Context, opts ...streams.Option) error {
 	go func() { errs <- s.consumeReleases(ctx, opts...) }()
 	adm := s.cfg.Admission
 	adm.Name, adm.Metrics = "uin-pool", s.cfg.Metrics
-	srv := admission.Server(s.cfg.Metrics.InstrumentHTTP("uin-pool", admission.New(adm).Wrap(s.Handler())), s.cfg.Limits)
+	srv := admission.Server(admission.New(adm).Instrumented("uin-pool", s.Handler()), s.cfg.Limits)
 	srv.Protocols = protocols()
 	go func() {
 		if err := srv.Serve(admission.LimitListener(ln, s.cfg.Limits)); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -232,7 +233,10 @@ func (s *Service) Handler() http.Handler {
 	for pattern, h := range s.routes() {
 		mux.HandleFunc(pattern, h)
 	}
-	return s.cfg.Keys.Require(mux)
+	outer := http.NewServeMux()
+	outer.Handle("/", s.cfg.Keys.Require(mux))
+	outer.HandleFunc(openapi.Route, openapi.Handler(OpenAPI)) // no key: the description holds no data
+	return outer
 }
 
 // giveBack puts uins committed for r's caller, who never received them,
@@ -261,7 +265,9 @@ func (s *Service) routes() map[string]http.HandlerFunc {
 }
 
 // Routes are the patterns the API serves.
-func Routes() []string { return slices.Sorted(maps.Keys((&Service{}).routes())) }
+func Routes() []string {
+	return slices.Sorted(slices.Values(append(slices.Collect(maps.Keys((&Service{}).routes())), openapi.Route)))
+}
 
 // OpenAPI is the API's OpenAPI 3 description.
 //

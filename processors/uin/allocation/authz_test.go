@@ -10,6 +10,7 @@ import (
 	"surge/processors/uin/allocation"
 	"surge/streams"
 	"surge/streams/metrics"
+	"surge/streams/streamstest"
 )
 
 // TestWhoMayCallThePool: each row of docs/uin.md's authorization table.
@@ -33,6 +34,8 @@ func TestWhoMayCallThePool(t *testing.T) {
 		{"allocation with an unknown key", "POST", "/v1/uins", "Bearer " + strings.Repeat("x", 40), 401},
 		{"allocation with the key as Basic", "POST", "/v1/uins", "Basic " + secret, 401},
 		{"pool state without a key", "GET", "/v1/pool", "", 401},
+		{"the API's description without a key", "GET", "/v1/openapi.yaml", "", 200},
+		{"a path not served, without a key", "GET", "/v1/nothing", "", 401},
 		{"count 0", "POST", "/v1/uins?count=0", "Bearer " + secret, 400},
 		{"count 1001", "POST", "/v1/uins?count=1001", "Bearer " + secret, 400},
 		{"count negative", "POST", "/v1/uins?count=-1", "Bearer " + secret, 400},
@@ -52,4 +55,5 @@ func TestWhoMayCallThePool(t *testing.T) {
 			t.Errorf("%s: %d, want %d", c.name, resp.StatusCode, c.want)
 		}
 	}
+	streamstest.CheckOpenAPIServed(t, s.Handler(), allocation.OpenAPI)
 }

@@ -16,6 +16,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"surge/streams/openapi"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -179,6 +180,7 @@ func (s *Server) routes() map[string]http.HandlerFunc {
 		"GET /v1/total":                    s.anyone(s.total),
 		"GET /v1/stock/{template}":         s.anyone(s.stock),
 		"GET /v1/identities/{app}/{user}":  s.app(s.identity),
+		openapi.Route:                      openapi.Handler(OpenAPI),
 	}
 }
 

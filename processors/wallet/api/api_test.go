@@ -410,6 +410,8 @@ func refusals(t *testing.T, srv *httptest.Server) {
 	if code, out := call(t, srv, "GET", "/v1/total", ""); code != 200 && code != 503 {
 		t.Fatalf("total with a token: %d %v", code, out)
 	}
+	// The API's description needs no credentials: it holds no data.
+	streamstest.CheckOpenAPIServed(t, srv.Config.Handler, api.OpenAPI)
 }
 
 // withheldBody sends the headers of a 4 MB batch and none of its body,

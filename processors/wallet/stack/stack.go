@@ -27,6 +27,7 @@ import (
 	"surge/processors/wallet/token"
 	"surge/schemas"
 	"surge/streams"
+	"surge/streams/admission"
 	"surge/streams/metrics"
 )
 
@@ -209,9 +210,11 @@ func (w *Wallet) Run(ctx context.Context, opts ...streams.Option) error {
 	return err
 }
 
-// Handler is the HTTP API.
-func (w *Wallet) Handler() http.Handler {
-	return w.opts.Metrics.InstrumentHTTP("wallet", w.API.Handler())
+// Handler is the HTTP API behind its admission gate, counted in the
+// request metrics as the clients see it.
+func (w *Wallet) Handler(gate admission.Config) http.Handler {
+	gate.Metrics = w.opts.Metrics
+	return admission.New(gate).Instrumented("wallet", w.API.Handler())
 }
 
 // Close stops the batcher (after Run returned).
