@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
 	"syscall"
@@ -175,6 +176,13 @@ func serveMetrics(ctx context.Context, v *viper.Viper, log *slog.Logger) error {
 	mux.Handle("/metrics", metrics.Default.Handler())
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.Handle("/readyz", health.Default.Handler()) // joined its groups; brokers and Redis answer
+	if v.GetBool("metrics.pprof") {
+		// Go's profiler, for "profile before you tune" on a live instance;
+		// off by default: a profile shows the code's internals.
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {

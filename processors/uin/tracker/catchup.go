@@ -96,7 +96,7 @@ func (c *catchUp) close() {
 // of the same millisecond may have been published before or after); read
 // says whether it did.
 func (t *Tracker) catchUpBefore(ctx context.Context, topic string, p int32, publishedMs int64, out *streams.Output) (read bool, err error) {
-	if len(t.cfg.Kafka.Seeds) == 0 || t.catchUp.position(topic, p).seenMs > publishedMs {
+	if t.noReadAhead || len(t.cfg.Kafka.Seeds) == 0 || t.catchUp.position(topic, p).seenMs > publishedMs {
 		return false, nil
 	}
 	return true, t.readAhead(ctx, topic, p, out)

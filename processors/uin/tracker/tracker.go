@@ -85,6 +85,9 @@ type Tracker struct {
 	mu      sync.Mutex
 	staged  *pebble.Batch
 	catchUp catchUp // how far each input partition was read (catchup.go)
+	// noReadAhead turns the read-ahead off, for BenchmarkReadAhead's
+	// baseline only: without it the races catchup.go describes are open.
+	noReadAhead bool
 
 	mVerdicts, mCatchUps, mReadAhead metrics.CounterVec
 }
