@@ -270,6 +270,21 @@ func (r *Restorer) Ensure(ctx context.Context, partition int32) error {
 	return nil
 }
 
+// Guard is h run holding mu, once the record's partition is restored
+// (Ensure, under mu too: the restorer's clear and apply callbacks then
+// change the state the handler reads with the same lock held). A
+// processor's handler is Guard(&mu, route) rather than its own Ensure.
+func (r *Restorer) Guard(mu sync.Locker, h Handler) Handler {
+	return func(ctx context.Context, in *kgo.Record, out *Output) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if err := r.Ensure(ctx, in.Partition); err != nil {
+			return err
+		}
+		return h(ctx, in, out)
+	}
+}
+
 // Rebuild clears partitions and replays the changelogs' same partitions
 // into the store.
 func (r *Restorer) Rebuild(ctx context.Context, partitions ...int32) error {

@@ -23,9 +23,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/protobuf/proto"
 
+	"surge/processors/push/app"
 	"surge/processors/push/directory"
 	"surge/processors/push/filter"
-	"surge/processors/push/pipeline"
 	"surge/processors/push/planner"
 	"surge/schemas"
 	pb "surge/schemas/surgev1"
@@ -55,7 +55,7 @@ func main() {
 	cfg := planner.DefaultConfig()
 	cfg.UnitSize, cfg.MaxBacklog = *unit, *backlog
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	s := pipeline.New(kc, pipeline.Options{Namespace: ns, Dir: dir, Executors: *executors, Planner: cfg, Log: log})
+	s := app.New(kc, app.Options{Namespace: ns, Dir: dir, Executors: *executors, Planner: cfg, Log: log})
 	must(s.CreateTopics(ctx, streams.OneCopy))
 	must(s.Publish(ctx, directory.AccountRecord(ns, &pb.AccountInfo{AccountId: 1, Filters: proto.Uint32(uint32(filter.All &^ filter.Relation))})))
 

@@ -29,9 +29,9 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"surge/bench/internal/proccpu"
+	push "surge/processors/push/app"
 	"surge/processors/push/directory"
 	"surge/processors/push/numpkg"
-	push "surge/processors/push/pipeline"
 	"surge/processors/push/recovery"
 	"surge/schemas"
 	pb "surge/schemas/surgev1"

@@ -31,9 +31,9 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"surge/bench/internal/proccpu"
+	"surge/processors/wallet/app"
 	"surge/processors/wallet/config"
 	"surge/processors/wallet/order"
-	"surge/processors/wallet/stack"
 	"surge/processors/wallet/token"
 	"surge/schemas"
 	pb "surge/schemas/surgev1"
@@ -53,8 +53,8 @@ func main() {
 	workers := flag.Int("workers", 2048, "concurrent callers")
 	backlog := flag.Int("backlog", 1_000_000, "unbooked tokens waiting while balances are read")
 	reads := flag.Int("reads", 20_000, "balance reads")
-	batchers := flag.Int("batchers", stack.Batchers, "intake batches in flight (Batcher workers; `surge wallet` default wallet.batchers)")
-	batch := flag.Int("batch", stack.BatchSize, "grants per intake batch (concurrent calls coalesced; `surge wallet` default wallet.batch_size)")
+	batchers := flag.Int("batchers", app.Batchers, "intake batches in flight (Batcher workers; `surge wallet` default wallet.batchers)")
+	batch := flag.Int("batch", app.BatchSize, "grants per intake batch (concurrent calls coalesced; `surge wallet` default wallet.batch_size)")
 	httpGrants := flag.Int("http", 100_000, "grants per run through the HTTP API, auth on and off (0 skips the API runs)")
 	httpWorkers := flag.Int("http-workers", 256, "concurrent HTTP callers")
 	httpBatch := flag.Int("http-batch", 100, "grants per POST /v1/grants/batch request")
@@ -65,7 +65,7 @@ func main() {
 	httpJSON := flag.Bool("http-json", true, "run the JSON grant runs (false: the protobuf batches alone)")
 	cpuprofile := flag.String("cpuprofile", "", "CPU profile of the intake phase (and of booking, with .booking added; of the HTTP grant runs, with .http added)")
 	traceOut := flag.String("trace", "", "execution trace of the booking phase (go tool trace)")
-	gcPercent := flag.Int("gc-percent", stack.GCPercent, "Go GC target, as `surge wallet` sets it (wallet.gc_percent); GOGC in the environment wins, as there")
+	gcPercent := flag.Int("gc-percent", app.GCPercent, "Go GC target, as `surge wallet` sets it (wallet.gc_percent); GOGC in the environment wins, as there")
 	watchFlag := flag.String("watch", "", "other processes whose CPU to report beside this one's, name=pid,... (scripts/bench-wallet.sh: the broker and redis-server)")
 	callers := flag.Bool("callers", false, "internal: be the callers' process of a protobuf batch run (callers.go)")
 	flag.Parse()
@@ -88,8 +88,8 @@ func main() {
 	cl, err := kc.NewClient(kgo.ProducerLinger(2*time.Millisecond), kgo.MaxBufferedRecords(1<<20), kgo.WithHooks(&produced))
 	must(err)
 	defer cl.Close()
-	must(streams.EnsureTopics(ctx, cl, streams.OneCopy, stack.Topics(ns)...))
-	topics := stack.TopicNames(ns)
+	must(streams.EnsureTopics(ctx, cl, streams.OneCopy, app.Topics(ns)...))
+	topics := app.TopicNames(ns)
 	// The run's topics go with it: a broker shared by many runs would
 	// otherwise keep 72 partitions of each.
 	defer func() { _, _ = kadm.NewClient(cl).DeleteTopics(context.Background(), topics...) }()
@@ -109,7 +109,7 @@ func main() {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	// The instance `surge wallet` runs (without the live total, which the
 	// bench does not read), its parts driven one phase at a time.
-	w, err := stack.New(stack.Options{Kafka: kc, Namespace: ns, Dir: must2(os.MkdirTemp("", "wbench-ledger-")), Source: src,
+	w, err := app.New(app.Options{Kafka: kc, Namespace: ns, Dir: must2(os.MkdirTemp("", "wbench-ledger-")), Source: src,
 		Keys: keys, Redis: rdb, Producer: cl, BatchSize: *batch, BatchLinger: time.Millisecond, Batchers: *batchers, NoTotal: true,
 		Log: log, Metrics: metrics.NewRegistry()})
 	must(err)

@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
+	walletapp "surge/processors/wallet/app"
 	"surge/processors/wallet/auth"
-	wstack "surge/processors/wallet/stack"
 	"surge/streams"
 	"surge/streams/streamstest"
 )
@@ -52,7 +52,7 @@ func startWalletCampaign(t *testing.T, ctx context.Context, b streamstest.Backen
 	t.Helper()
 	ns := streamstest.Unique("campaign") + "."
 	cl := streamstest.Client(t, b.Kafka)
-	if err := streams.EnsureTopics(ctx, cl, streams.OneCopy, wstack.Topics(ns)...); err != nil {
+	if err := streams.EnsureTopics(ctx, cl, streams.OneCopy, walletapp.Topics(ns)...); err != nil {
 		t.Fatal(err)
 	}
 	now := time.Now().UTC()

@@ -15,9 +15,9 @@ import (
 	"github.com/spf13/viper"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	push "surge/processors/push/pipeline"
-	"surge/processors/topology"
-	uinpipe "surge/processors/uin/pipeline"
+	"surge/cmd/surge/topology"
+	push "surge/processors/push/app"
+	uinapp "surge/processors/uin/app"
 	"surge/schemas"
 	"surge/sinks/clickhouse"
 	"surge/streams"
@@ -150,7 +150,7 @@ func cmdTopics(ctx context.Context, args []string) error {
 		// under its namespace.
 		topics = nil
 		seen := map[string]bool{}
-		for _, t := range append(push.Topics(pns), uinpipe.Topics(uns)...) {
+		for _, t := range append(push.Topics(pns), uinapp.Topics(uns)...) {
 			if !seen[t.Name] {
 				seen[t.Name] = true
 				topics = append(topics, t)

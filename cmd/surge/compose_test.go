@@ -9,7 +9,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
-	"surge/processors/topology"
+	"surge/cmd/surge/topology"
 )
 
 // docker-compose.yml parses (anchors and merge keys resolved), has the

@@ -16,7 +16,7 @@ import (
 	"github.com/spf13/viper"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"surge/processors/wallet/stack"
+	"surge/processors/wallet/app"
 	"surge/streams"
 	"surge/streams/connect"
 	"surge/streams/embedded"
@@ -119,10 +119,10 @@ var options = []struct {
 	{"wallet.key_seed", "", "`wallet`: 32-byte Ed25519 seed of the signing key in base64, standard or URL-safe (`surge wallet keygen` prints one); empty generates one (tokens then die with the process)"},
 	{"wallet.dir", "", "`wallet`: ledger Pebble directory; empty is a temporary one"},
 	{"wallet.ledger_keys", 8 << 20, "`wallet`: keys (two per booking) the ledger's in-memory filter is sized for (10 bits each); past it, lookups of new orders fall back to Pebble more often"},
-	{"wallet.batch_size", stack.BatchSize, "`wallet`: concurrent grant requests coalesced into one batch (one signature per 256 tokens, one Redis round trip, one produce request)"},
+	{"wallet.batch_size", app.BatchSize, "`wallet`: concurrent grant requests coalesced into one batch (one signature per 256 tokens, one Redis round trip, one produce request)"},
 	{"wallet.batch_linger", time.Millisecond, "`wallet`: how long a grant request waits for its batch to fill"},
-	{"wallet.batchers", stack.Batchers, "`wallet`: grant batches in flight (with wallet.batch_size, fewer and larger produce requests: the broker's cost is per request more than per record)"},
-	{"wallet.gc_percent", stack.GCPercent, "`wallet`: Go's GC target (GOGC) for the wallet process, unless the GOGC environment variable is set; intake makes short-lived garbage per grant, and 400 against Go's 100 took about a tenth off its CPU per grant for about twice the peak memory (set GOMEMLIMIT to bound it)"},
+	{"wallet.batchers", app.Batchers, "`wallet`: grant batches in flight (with wallet.batch_size, fewer and larger produce requests: the broker's cost is per request more than per record)"},
+	{"wallet.gc_percent", app.GCPercent, "`wallet`: Go's GC target (GOGC) for the wallet process, unless the GOGC environment variable is set; intake makes short-lived garbage per grant, and 400 against Go's 100 took about a tenth off its CPU per grant for about twice the peak memory (set GOMEMLIMIT to bound it)"},
 	{"wallet.rebuild_settle", 5 * time.Second, "`wallet`: budget and stock counters missing from Redis (it lost its data) are rebuilt from wallet.grants and wallet.tokens; the rebuild first waits this long, so grants that took from the lost counters are published by then (grants that need a missing counter answer 503 meanwhile)"},
 	{"wallet.backup_redis", "", "`wallet`: backup Redis of the live total (dual write); empty: none"},
 	{"wallet.namespace", "", "`wallet`: prefix of every wallet topic, group and Redis key (a unique one per test)"},

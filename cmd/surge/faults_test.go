@@ -17,9 +17,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	push "surge/processors/push/pipeline"
+	push "surge/processors/push/app"
+	walletapp "surge/processors/wallet/app"
 	"surge/processors/wallet/auth"
-	wstack "surge/processors/wallet/stack"
 	"surge/schemas"
 	pb "surge/schemas/surgev1"
 	"surge/streams"
@@ -48,7 +48,7 @@ func TestBrokerKill9(t *testing.T) {
 	defer cancel()
 	ns := streamstest.Unique("faults") + "."
 	cl := streamstest.Client(t, kc)
-	if err := streams.EnsureTopics(ctx, cl, streams.Replication{}, dedupe(append(push.Topics(ns), wstack.Topics(ns)...))...); err != nil {
+	if err := streams.EnsureTopics(ctx, cl, streams.Replication{}, dedupe(append(push.Topics(ns), walletapp.Topics(ns)...))...); err != nil {
 		t.Fatal(err)
 	}
 	addr := freePort(t)

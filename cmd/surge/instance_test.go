@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	push "surge/processors/push/pipeline"
+	push "surge/processors/push/app"
 	"surge/schemas"
 	pb "surge/schemas/surgev1"
 	"surge/streams"

@@ -8,7 +8,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	push "surge/processors/push/pipeline"
+	push "surge/processors/push/app"
 	"surge/processors/push/planner"
 	"surge/streams"
 	"surge/tools/pushload"

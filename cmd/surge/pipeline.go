@@ -11,7 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/spf13/viper"
 
-	"surge/processors/presence"
+	"surge/processors/push/presence"
 	"surge/sinks/clickhouse"
 	"surge/streams"
 	"surge/streams/connect"

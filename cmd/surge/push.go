@@ -12,9 +12,9 @@ import (
 
 	"github.com/spf13/viper"
 
-	push "surge/processors/push/pipeline"
+	"surge/platform/supervise"
+	push "surge/processors/push/app"
 	"surge/processors/push/planner"
-	"surge/processors/supervise"
 	"surge/streams"
 	"surge/streams/metrics"
 )

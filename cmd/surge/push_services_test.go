@@ -17,9 +17,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/protobuf/proto"
 
+	push "surge/processors/push/app"
 	"surge/processors/push/directory"
 	"surge/processors/push/numpkg"
-	push "surge/processors/push/pipeline"
 	"surge/schemas"
 	pb "surge/schemas/surgev1"
 	"surge/streams"

@@ -8,7 +8,7 @@ import (
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
 
-	uinpipe "surge/processors/uin/pipeline"
+	uinapp "surge/processors/uin/app"
 	"surge/processors/uin/pool"
 	"surge/processors/wallet/config"
 	"surge/processors/wallet/grant"
@@ -133,7 +133,7 @@ func rebuildUin(ctx context.Context, v *viper.Viper, force bool) error {
 		if err != nil {
 			return err
 		}
-		s := uinpipe.New(kc, rdb, uinpipe.Options{Namespace: lane, Buckets: v.GetInt("uin.buckets"), Log: log})
+		s := uinapp.New(kc, rdb, uinapp.Options{Namespace: lane, Buckets: v.GetInt("uin.buckets"), Log: log})
 		if ok, err := s.Pool.HasGeneration(ctx); err != nil {
 			return err
 		} else if ok && !force {

@@ -14,10 +14,10 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	push "surge/processors/push/pipeline"
-	uinpipe "surge/processors/uin/pipeline"
+	push "surge/processors/push/app"
+	uinapp "surge/processors/uin/app"
+	walletapp "surge/processors/wallet/app"
 	"surge/processors/wallet/auth"
-	wstack "surge/processors/wallet/stack"
 	"surge/schemas"
 	pb "surge/schemas/surgev1"
 	"surge/streams"
@@ -56,7 +56,7 @@ func TestServicesOnSecuredKafka(t *testing.T) {
 	defer cancel()
 	ns := streamstest.Unique("secure") + "."
 	cl := streamstest.Client(t, kc)
-	topics := append(append(push.Topics(ns), uinpipe.Topics(ns)...), wstack.Topics(ns)...)
+	topics := append(append(push.Topics(ns), uinapp.Topics(ns)...), walletapp.Topics(ns)...)
 	if err := streams.EnsureTopics(ctx, cl, streams.Replication{}, dedupe(topics)...); err != nil {
 		t.Fatal(err)
 	}

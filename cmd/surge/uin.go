@@ -16,12 +16,12 @@ import (
 	"github.com/spf13/viper"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"surge/processors/apikey"
-	"surge/processors/presence"
+	"surge/platform/apikey"
+	"surge/processors/push/presence"
 	"surge/processors/uin/allocation"
+	uinapp "surge/processors/uin/app"
 	"surge/processors/uin/classify"
 	"surge/processors/uin/gaps"
-	uinpipe "surge/processors/uin/pipeline"
 	"surge/processors/uin/pool"
 	"surge/processors/uin/recycle"
 	"surge/processors/uin/restore"
@@ -77,15 +77,15 @@ func cmdUin(ctx context.Context, args []string) error {
 }
 
 // uinOptions reads the uin.* options.
-func uinOptions(v *viper.Viper, log *slog.Logger) (uinpipe.Options, error) {
+func uinOptions(v *viper.Viper, log *slog.Logger) (uinapp.Options, error) {
 	var cps []time.Duration
 	for _, c := range strings.Split(v.GetString("uin.checkpoints"), ",") {
 		d, err := time.ParseDuration(strings.TrimSpace(c))
 		if err != nil || d <= 0 {
-			return uinpipe.Options{}, fmt.Errorf("uin.checkpoints: %q is not a positive duration", c)
+			return uinapp.Options{}, fmt.Errorf("uin.checkpoints: %q is not a positive duration", c)
 		}
 		if len(cps) > 0 && d <= cps[len(cps)-1] {
-			return uinpipe.Options{}, fmt.Errorf("uin.checkpoints: %s does not follow %s", d, cps[len(cps)-1])
+			return uinapp.Options{}, fmt.Errorf("uin.checkpoints: %s does not follow %s", d, cps[len(cps)-1])
 		}
 		cps = append(cps, d)
 	}
@@ -95,7 +95,7 @@ func uinOptions(v *viper.Viper, log *slog.Logger) (uinpipe.Options, error) {
 	for _, c := range cats {
 		pol.Ban[c], pol.CoolDown[c] = v.GetDuration("uin.ban."+c), v.GetDuration("uin.cool_down."+c)
 	}
-	return uinpipe.Options{Namespace: v.GetString("uin.namespace"), Dir: v.GetString("uin.dir"), Policy: pol,
+	return uinapp.Options{Namespace: v.GetString("uin.namespace"), Dir: v.GetString("uin.dir"), Policy: pol,
 		Pool: allocation.Config{RebuildSettle: v.GetDuration("uin.rebuild_settle")},
 		Tracker: tracker.Config{Checkpoints: cps, Rules: tracker.Rules{SpamReports: int64(v.GetInt("uin.spam_reports")),
 			BurstMessages: int64(v.GetInt("uin.burst_messages"))}},
@@ -131,11 +131,11 @@ func stateDir(dir, pattern string, log *slog.Logger) (string, func(), error) {
 
 // uinServices are the `surge run` names of the uin processors.
 var uinServices = map[string]string{
-	"uin-tracker": uinpipe.Tracker,
-	"uin-recycle": uinpipe.Recycle,
-	"uin-timers":  uinpipe.Timers,
-	"uin-pool":    uinpipe.PoolAPI,
-	"uin-restore": uinpipe.Restore,
+	"uin-tracker": uinapp.Tracker,
+	"uin-recycle": uinapp.Recycle,
+	"uin-timers":  uinapp.Timers,
+	"uin-pool":    uinapp.PoolAPI,
+	"uin-restore": uinapp.Restore,
 }
 
 // poolConfig reads the uin-pool service's options.
@@ -181,13 +181,13 @@ func runUin(ctx context.Context, v *viper.Viper, log *slog.Logger, bs streams.Cl
 		return err
 	}
 	o.Components, o.Controllers = []string{component}, 1
-	if component == uinpipe.PoolAPI {
+	if component == uinapp.PoolAPI {
 		if o.Pool, err = poolConfig(v, log); err != nil {
 			return err
 		}
 	}
 	var rdb redis.UniversalClient // the timers alone need none
-	if component != uinpipe.Timers || v.GetString("redis.addr") != "" {
+	if component != uinapp.Timers || v.GetString("redis.addr") != "" {
 		if rdb, err = needRedis(ctx, v, component+" (the accounts and the pool live there)"); err != nil {
 			return err
 		}
@@ -202,7 +202,7 @@ func runUin(ctx context.Context, v *viper.Viper, log *slog.Logger, bs streams.Cl
 	if o.StreamOpts, err = runnerOptions(v, log); err != nil {
 		return err
 	}
-	s := uinpipe.New(bs, rdb, o)
+	s := uinapp.New(bs, rdb, o)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	s.Start(ctx)
@@ -236,7 +236,7 @@ func uinRun(ctx context.Context, v *viper.Viper, log *slog.Logger) error {
 	} else {
 		return err
 	}
-	s := uinpipe.New(bs, rdb, o)
+	s := uinapp.New(bs, rdb, o)
 	if err := s.CreateTopics(ctx, replication(v)); err != nil {
 		return err
 	}
@@ -282,7 +282,7 @@ func uinClassify(ctx context.Context, v *viper.Viper, log *slog.Logger) error {
 	return nil
 }
 
-func uinStores(ctx context.Context, v *viper.Viper) (redis.UniversalClient, *uinpipe.Stack, error) {
+func uinStores(ctx context.Context, v *viper.Viper) (redis.UniversalClient, *uinapp.Stack, error) {
 	kc, err := needKafka(ctx, v)
 	if err != nil {
 		return nil, nil, err
@@ -291,7 +291,7 @@ func uinStores(ctx context.Context, v *viper.Viper) (redis.UniversalClient, *uin
 	if err != nil {
 		return nil, nil, err
 	}
-	s := uinpipe.New(kc, rdb, uinpipe.Options{Namespace: v.GetString("uin.namespace"), Buckets: v.GetInt("uin.buckets")})
+	s := uinapp.New(kc, rdb, uinapp.Options{Namespace: v.GetString("uin.namespace"), Buckets: v.GetInt("uin.buckets")})
 	return rdb, s, nil
 }
 

@@ -17,7 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	uinpipe "surge/processors/uin/pipeline"
+	uinapp "surge/processors/uin/app"
 	"surge/schemas"
 	pb "surge/schemas/surgev1"
 	"surge/streams"
@@ -49,7 +49,7 @@ func TestRedisLossDrillUinAndWallet(t *testing.T) {
 	campaign := startWalletCampaign(t, ctx, b, rs.addr())
 	campaignDone := make(chan struct{})
 	go func() { defer close(campaignDone); campaign.run(ctx) }()
-	if err := streams.EnsureTopics(ctx, cl, streams.OneCopy, uinpipe.Topics(ns)...); err != nil {
+	if err := streams.EnsureTopics(ctx, cl, streams.OneCopy, uinapp.Topics(ns)...); err != nil {
 		t.Fatal(err)
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: rs.addr()})

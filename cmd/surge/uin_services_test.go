@@ -20,7 +20,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/protobuf/proto"
 
-	uinpipe "surge/processors/uin/pipeline"
+	uinapp "surge/processors/uin/app"
 	"surge/processors/uin/pool"
 	"surge/processors/uin/uinkeys"
 	"surge/schemas"
@@ -88,7 +88,7 @@ func TestUinServicesSurviveKill9(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 		defer cancel()
 		cl := streamstest.Client(t, b.Kafka)
-		if err := streams.EnsureTopics(ctx, cl, streams.OneCopy, uinpipe.Topics(ns)...); err != nil {
+		if err := streams.EnsureTopics(ctx, cl, streams.OneCopy, uinapp.Topics(ns)...); err != nil {
 			t.Fatal(err)
 		}
 		secret := make([]byte, 32)
@@ -310,7 +310,7 @@ func TestUinServicesSurviveKill9(t *testing.T) {
 // journaling to uin.pool, there (rebuilt from the topic if need be).
 func journaledPool(t *testing.T, kc streams.Cluster, rdb redis.UniversalClient, ns string) *pool.Central {
 	t.Helper()
-	s := uinpipe.New(kc, rdb, uinpipe.Options{Namespace: ns, Buckets: 1000})
+	s := uinapp.New(kc, rdb, uinapp.Options{Namespace: ns, Buckets: 1000})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if err := s.EnsurePool(ctx); err != nil {

@@ -20,10 +20,10 @@ import (
 	"github.com/spf13/viper"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"surge/processors/wallet/app"
 	"surge/processors/wallet/auth"
 	"surge/processors/wallet/config"
 	"surge/processors/wallet/identity"
-	"surge/processors/wallet/stack"
 	"surge/processors/wallet/token"
 	"surge/streams"
 	"surge/streams/admission"
@@ -145,7 +145,7 @@ func serveWallet(ctx context.Context, v *viper.Viper, service bool) error {
 	if advertise == "" {
 		advertise = defaultAdvertise(v.GetString("wallet.http_addr"))
 	}
-	w, err := stack.New(stack.Options{Kafka: bs, Namespace: v.GetString("wallet.namespace"), Dir: dir, Source: src, Keys: keys,
+	w, err := app.New(app.Options{Kafka: bs, Namespace: v.GetString("wallet.namespace"), Dir: dir, Source: src, Keys: keys,
 		Redis: rdb, BackupRedis: backup, Producer: cl, Apps: apps, Users: users, Advertise: advertise,
 		InstanceID: v.GetString("processor.instance_id"), ExpectedKeys: v.GetInt("wallet.ledger_keys"),
 		BatchSize: v.GetInt("wallet.batch_size"), BatchLinger: v.GetDuration("wallet.batch_linger"), Batchers: v.GetInt("wallet.batchers"),

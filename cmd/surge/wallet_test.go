@@ -4,7 +4,7 @@ import (
 	"os"
 	"testing"
 
-	"surge/processors/wallet/stack"
+	"surge/processors/wallet/app"
 )
 
 // Other instances must be able to reach the advertised address: a
@@ -31,8 +31,8 @@ func TestWalletGCPercent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if pct, ok, err := walletGCPercent(v, noEnv); !ok || err != nil || pct != stack.GCPercent {
-		t.Errorf("default: %d, %v, %v; want %d, true", pct, ok, err, stack.GCPercent)
+	if pct, ok, err := walletGCPercent(v, noEnv); !ok || err != nil || pct != app.GCPercent {
+		t.Errorf("default: %d, %v, %v; want %d, true", pct, ok, err, app.GCPercent)
 	}
 	v, _, err = loadConfig("wallet", []string{"--wallet.gc_percent=150"}, nil)
 	if err != nil {

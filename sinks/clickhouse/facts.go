@@ -2,11 +2,11 @@ package clickhouse
 
 import (
 	"fmt"
+	"surge/processors/wallet/token"
 	"surge/schemas/uinset"
 
 	"github.com/RoaringBitmap/roaring/v2"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"google.golang.org/protobuf/encoding/protowire"
 
 	"surge/schemas"
 	"surge/schemas/recycling"
@@ -35,7 +35,7 @@ func CashGrants() *Sink {
 			if err := streams.CheckSchema(r, tokenSchema); err != nil {
 				return err
 			}
-			g, found, err := tokenGrant(r.Value)
+			g, found, err := token.GrantOf(r.Value)
 			if err != nil {
 				return streams.Reject("malformed "+tokenSchema.Name, err)
 			}
@@ -44,31 +44,6 @@ func CashGrants() *Sink {
 			}
 			return rows.writeValue(g, w)
 		}}
-}
-
-// grantField is Token.grant's field number, as wallet.proto says.
-var grantField = (&pb.Token{}).ProtoReflect().Descriptor().Fields().ByName("grant").Number()
-
-// tokenGrant finds the encoded grant (Token.grant) in an encoded token.
-// Were it there twice, protobuf would merge the two, which is decoding
-// their encodings one after the other: so they are joined.
-func tokenGrant(b []byte) (grant []byte, found bool, err error) {
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return nil, false, protowire.ParseError(n)
-		}
-		b = b[n:]
-		if n = protowire.ConsumeFieldValue(num, typ, b); n < 0 {
-			return nil, false, protowire.ParseError(n)
-		}
-		if num == grantField && typ == protowire.BytesType {
-			v, _ := protowire.ConsumeBytes(b)
-			grant, found = append(grant[:len(grant):len(grant)], v...), true
-		}
-		b = b[n:]
-	}
-	return grant, found, nil
 }
 
 // Tokens sinks wallet.tokens: one row per token issued (PROCESSING); a

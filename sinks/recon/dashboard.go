@@ -15,7 +15,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 
-	"surge/processors/apikey"
+	"surge/platform/apikey"
 	"surge/sinks/clickhouse"
 	"surge/streams/httperr"
 )

@@ -20,7 +20,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"surge/processors/apikey"
+	"surge/platform/apikey"
 	"surge/sinks/recon"
 	"surge/streams"
 	"surge/streams/embedded"

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"surge/processors/apikey"
+	"surge/platform/apikey"
 	"surge/sinks/clickhouse"
 	"surge/sinks/recon"
 )

@@ -6,7 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"strings"
-	wstack "surge/processors/wallet/stack"
+	walletapp "surge/processors/wallet/app"
 	"testing"
 	"time"
 
@@ -40,7 +40,7 @@ func TestReconcilesRowsTheSinksWrote(t *testing.T) {
 		ctx := context.Background()
 		quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 		ns := streamstest.Unique("rs") + "."
-		streamstest.CreateTopics(t, b.Kafka, 3, wstack.TopicNames(ns)...)
+		streamstest.CreateTopics(t, b.Kafka, 3, walletapp.TopicNames(ns)...)
 
 		// An hour of its own, in the past, so no other test's facts are in it.
 		hour := time.Date(2026, 11, 20, 10, 0, 0, 0, time.UTC)

@@ -25,9 +25,9 @@ import (
 	"github.com/RoaringBitmap/roaring/v2"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	push "surge/processors/push/app"
 	"surge/processors/push/directory"
 	"surge/processors/push/numpkg"
-	push "surge/processors/push/pipeline"
 	"surge/schemas"
 	pb "surge/schemas/surgev1"
 	"surge/streams"

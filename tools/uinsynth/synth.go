@@ -22,8 +22,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/protobuf/proto"
 
+	"surge/processors/uin/app"
 	"surge/processors/uin/classify"
-	"surge/processors/uin/pipeline"
 	"surge/processors/uin/recycle"
 	"surge/processors/uin/uinkeys"
 	"surge/schemas"
@@ -84,7 +84,7 @@ func Run(ctx context.Context, kc streams.Cluster, rdb redis.UniversalClient, st 
 	}
 	ns := o.Namespace
 	zero := map[string]time.Duration{recycling.Abandoned: 0, recycling.Spam: 0, recycling.Inactive: 0}
-	s := pipeline.New(kc, rdb, pipeline.Options{Namespace: ns, Dir: o.Dir, Log: o.Log, NoTracker: true,
+	s := app.New(kc, rdb, app.Options{Namespace: ns, Dir: o.Dir, Log: o.Log, NoTracker: true,
 		Controllers: o.Controllers, Policy: recycle.Policy{Ban: zero, CoolDown: zero, TicketTTL: time.Hour}})
 	if err := s.CreateTopics(ctx, streams.OneCopy); err != nil {
 		return Result{}, err

@@ -69,7 +69,11 @@ func (p *Processor) Run(ctx context.Context, opts ...streams.Option) error {
 		streams.OnRetry(func() { p.batchEnd(false) }),
 		p.restore.Option(),
 	}, opts...)
-	r, err := streams.New("push-ctr", p.handle, opts...)
+	route, err := streams.Route(Spec, p.cfg.Namespace, p.inputs()...)
+	if err != nil {
+		return err
+	}
+	r, err := streams.New("push-ctr", p.guarded(route), opts...)
 	if err != nil {
 		return err
 	}
@@ -112,39 +116,48 @@ func (p *Processor) job(id string) *pb.JobClicks {
 	return j
 }
 
-func (p *Processor) handle(ctx context.Context, in *kgo.Record, _ *streams.Output) error {
-	if err := p.restore.Ensure(ctx, in.Partition); err != nil {
-		return err
+// inputs are the processor's inputs, each with its handler (Spec.Inputs).
+func (p *Processor) inputs() []streams.Input {
+	return []streams.Input{
+		streams.On(schemas.TopicClicks, p.onClick),
+		streams.On(schemas.TopicJobTransitions, p.onTransition),
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if in.Topic == p.cfg.Namespace+schemas.TopicClicks {
-		var c pb.ClickEvent
-		if err := streams.Decode(in, &c); err != nil {
+}
+
+// guarded runs route once the record's partition is restored, with the
+// lock held.
+func (p *Processor) guarded(route streams.Handler) streams.Handler {
+	return func(ctx context.Context, in *kgo.Record, out *streams.Output) error {
+		if err := p.restore.Ensure(ctx, in.Partition); err != nil {
 			return err
 		}
-		switch {
-		case c.JobId == "":
-			return streams.Reject("click without a job id", errors.New("job_id is empty"))
-		case c.Uin == 0 || c.Uin > math.MaxUint32:
-			return streams.Reject("bad uin", fmt.Errorf("uin %d is not a 32-bit account number", c.Uin))
-		case string(in.Key) != c.JobId:
-			return streams.Reject("click keyed wrong", fmt.Errorf("key %q, job %q: key clicks by job id", in.Key, c.JobId))
-		}
-		j := p.job(c.JobId)
-		if j.AccountId == 0 {
-			j.AccountId = c.AccountId
-		}
-		// A click flood (or a replayed client) cannot lift the rate over 1.
-		if j.Targets == 0 || j.Clicks < j.Targets {
-			j.Clicks++
-		}
-		return nil
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return route(ctx, in, out)
 	}
-	var t pb.JobTransition
-	if err := streams.Decode(in, &t); err != nil {
-		return err
+}
+
+func (p *Processor) onClick(_ context.Context, in *kgo.Record, c *pb.ClickEvent, _ *streams.Output) error {
+	switch {
+	case c.JobId == "":
+		return streams.Reject("click without a job id", errors.New("job_id is empty"))
+	case c.Uin == 0 || c.Uin > math.MaxUint32:
+		return streams.Reject("bad uin", fmt.Errorf("uin %d is not a 32-bit account number", c.Uin))
+	case string(in.Key) != c.JobId:
+		return streams.Reject("click keyed wrong", fmt.Errorf("key %q, job %q: key clicks by job id", in.Key, c.JobId))
 	}
+	j := p.job(c.JobId)
+	if j.AccountId == 0 {
+		j.AccountId = c.AccountId
+	}
+	// A click flood (or a replayed client) cannot lift the rate over 1.
+	if j.Targets == 0 || j.Clicks < j.Targets {
+		j.Clicks++
+	}
+	return nil
+}
+
+func (p *Processor) onTransition(_ context.Context, _ *kgo.Record, t *pb.JobTransition, _ *streams.Output) error {
 	if t.JobId == "" {
 		return nil // the planner's; nothing to count
 	}

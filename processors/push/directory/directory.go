@@ -84,10 +84,17 @@ func (d *Directory) clear() {
 	d.readTo = map[topicPartition]int64{}
 }
 
+// Inputs are the topics the directory is built from (registry names):
+// its owner consumes them and hands each record to Apply.
+var Inputs = []string{schemas.TopicAccounts, schemas.TopicFanDelta, schemas.TopicTags, schemas.TopicBlacklists, schemas.TopicJobClicks}
+
 // Topics are the directory's input topics (namespaced).
 func (d *Directory) Topics() []string {
-	return []string{d.ns + schemas.TopicAccounts, d.ns + schemas.TopicFanDelta, d.ns + schemas.TopicTags, d.ns + schemas.TopicBlacklists,
-		d.ns + schemas.TopicJobClicks}
+	out := make([]string, len(Inputs))
+	for i, t := range Inputs {
+		out[i] = d.ns + t
+	}
+	return out
 }
 
 // LastDelivery is the account's latest completed job's click counts.

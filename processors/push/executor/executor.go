@@ -84,8 +84,6 @@ func New(cfg Config) *Executor {
 	return x
 }
 
-func (x *Executor) topic(name string) string { return x.cfg.Namespace + name }
-
 // UnitsTopic is the executor's own queue.
 func (x *Executor) UnitsTopic() string { return UnitsTopic(x.cfg.Namespace, x.cfg.Name) }
 
@@ -136,12 +134,12 @@ func (x *Executor) Run(ctx context.Context, opts ...streams.Option) error {
 	if err := streams.EnsureTopics(ctx, admin, x.cfg.Replication, schemas.Topic{Name: x.UnitsTopic(), Partitions: 1, Retention: 7 * 24 * time.Hour}); err != nil {
 		return fmt.Errorf("executor: create %s: %w", x.UnitsTopic(), err)
 	}
-	if x.loginParts, err = streams.CoPartitioned(ctx, x.cfg.Kafka, x.topic(schemas.TopicLogin), x.topic(schemas.TopicOffline)); err != nil {
+	if x.loginParts, err = streams.CoPartitioned(ctx, x.cfg.Kafka, x.cfg.Topic(schemas.TopicLogin), x.cfg.Topic(schemas.TopicOffline)); err != nil {
 		return err
 	}
 	tctx, stopTable := context.WithCancel(ctx)
 	defer stopTable()
-	presenceTopic := x.topic(schemas.TopicPresence)
+	presenceTopic := x.cfg.Topic(schemas.TopicPresence)
 	var topts []streams.TableOption
 	if x.cfg.Dir != "" {
 		if bm, next, err := x.loadCheckpoint(presenceTopic); err == nil && x.checkpointCurrent(ctx, admin, presenceTopic, next) {
@@ -185,7 +183,7 @@ func (x *Executor) Run(ctx context.Context, opts ...streams.Option) error {
 		streams.Kafka(x.cfg.Kafka),
 		streams.Declare(Spec, x.cfg.Namespace),
 		streams.Inputs(x.UnitsTopic()),
-		streams.DeadLetterTopic(x.topic(schemas.TopicDeadLetter)),
+		streams.DeadLetterTopic(x.cfg.Topic(schemas.TopicDeadLetter)),
 	}, opts...)
 	// The executor's identity comes last, over any instance id the caller
 	// gave: its group has one member, this executor, whose transactional
@@ -219,7 +217,7 @@ func (x *Executor) Run(ctx context.Context, opts ...streams.Option) error {
 // timestamp), so a drain asked before a restart does not drain the
 // executor that came back.
 func (x *Executor) followCommands(ctx context.Context, since time.Time) {
-	topic := x.topic(schemas.TopicExecCommands)
+	topic := x.cfg.Topic(schemas.TopicExecCommands)
 	cl, err := x.cfg.Kafka.NewClient(kgo.ConsumeTopics(topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AfterMilli(since.UnixMilli())))
 	if err != nil {
@@ -282,7 +280,7 @@ func (x *Executor) heartbeat(ctx context.Context, cl *kgo.Client, stop func(), d
 	t := time.NewTicker(x.cfg.Heartbeat)
 	defer t.Stop()
 	for {
-		rec, _ := streams.NewRecord(x.topic(schemas.TopicExecutors), []byte(x.cfg.Name), &pb.ExecutorLoad{
+		rec, _ := streams.NewRecord(x.cfg.Topic(schemas.TopicExecutors), []byte(x.cfg.Name), &pb.ExecutorLoad{
 			Executor: x.cfg.Name, UnitsTopic: x.UnitsTopic(), CapacityUins: x.cfg.Capacity,
 			Draining: x.draining.Load(), AtMs: time.Now().UnixMilli()})
 		cl.Produce(ctx, rec, func(_ *kgo.Record, err error) {
@@ -328,7 +326,7 @@ func (x *Executor) Handle() streams.Handler {
 			// left waiting for a unit that will never be done.
 			x.cfg.Log.Warn("executor: unit refused: its targets are unreadable", "job", u.JobId, "unit", u.UnitId, "err", err)
 			x.mUins.With(x.cfg.Name, "refused").Add(float64(u.Count))
-			return out.EmitMsg(x.topic(schemas.TopicExecutors), []byte(x.cfg.Name), &pb.ExecutorLoad{
+			return out.EmitMsg(x.cfg.Topic(schemas.TopicExecutors), []byte(x.cfg.Name), &pb.ExecutorLoad{
 				Executor: x.cfg.Name, UnitsTopic: x.UnitsTopic(), AtMs: time.Now().UnixMilli(),
 				DoneJobId: u.JobId, DoneUnitId: u.UnitId, DoneRefused: true})
 		}
@@ -342,7 +340,7 @@ func (x *Executor) Handle() streams.Handler {
 			if err != nil {
 				return err
 			}
-			if err := out.EmitMsg(x.topic(schemas.TopicReports), []byte(u.JobId), &pb.DeliveryReport{
+			if err := out.EmitMsg(x.cfg.Topic(schemas.TopicReports), []byte(u.JobId), &pb.DeliveryReport{
 				JobId: u.JobId, Status: pb.DeliveryStatus_DELIVERED, AtMs: now, UnitId: u.UnitId, Uins: buf,
 				DisplayAtMs: u.DisplayAtMs, Executor: x.cfg.Name, ContentId: u.ContentId}); err != nil {
 				return err
@@ -351,7 +349,7 @@ func (x *Executor) Handle() streams.Handler {
 		if err := x.queueOffline(u, targets, now, out); err != nil {
 			return err
 		}
-		if err := out.EmitMsg(x.topic(schemas.TopicExecutors), []byte(x.cfg.Name), &pb.ExecutorLoad{
+		if err := out.EmitMsg(x.cfg.Topic(schemas.TopicExecutors), []byte(x.cfg.Name), &pb.ExecutorLoad{
 			Executor: x.cfg.Name, UnitsTopic: x.UnitsTopic(), AtMs: now,
 			DoneJobId: u.JobId, DoneUnitId: u.UnitId, DoneUins: u.Count}); err != nil {
 			return err
@@ -378,7 +376,7 @@ func (x *Executor) queueOffline(u *pb.SendTaskUnit, offline *roaring.Bitmap, now
 	if err != nil {
 		return err
 	}
-	if err := out.EmitMsg(x.topic(schemas.TopicReports), []byte(u.JobId), &pb.DeliveryReport{
+	if err := out.EmitMsg(x.cfg.Topic(schemas.TopicReports), []byte(u.JobId), &pb.DeliveryReport{
 		JobId: u.JobId, Status: pb.DeliveryStatus_QUEUED_OFFLINE, AtMs: now, UnitId: u.UnitId, Uins: all,
 		DisplayAtMs: u.DisplayAtMs, Executor: x.cfg.Name, ContentId: u.ContentId}); err != nil {
 		return err
@@ -403,7 +401,7 @@ func (x *Executor) queueOffline(u *pb.SendTaskUnit, offline *roaring.Bitmap, now
 		if err != nil {
 			return err
 		}
-		if err := out.EmitMsg(x.topic(schemas.TopicOffline), schemas.UinKey(set.Minimum()), &pb.OfflineBatch{
+		if err := out.EmitMsg(x.cfg.Topic(schemas.TopicOffline), schemas.UinKey(set.Minimum()), &pb.OfflineBatch{
 			JobId: u.JobId, UnitId: u.UnitId, ContentId: u.ContentId, DisplayAtMs: u.DisplayAtMs, Uins: buf, AtMs: now}); err != nil {
 			return err
 		}

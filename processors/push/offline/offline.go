@@ -96,8 +96,6 @@ func New(cfg Config) *Queues {
 		mQueued: c.With("queued"), mDone: c.With("delivered_on_login")}
 }
 
-func (q *Queues) topic(name string) string { return q.cfg.Namespace + name }
-
 // Stats returns messages queued and delivered on login by this process.
 func (q *Queues) Stats() (queued, delivered int64) { return q.queued.Load(), q.delivered.Load() }
 
@@ -183,7 +181,7 @@ func (q *Queues) Run(ctx context.Context, opts ...streams.Option) error {
 	opts = append([]streams.Option{
 		streams.Kafka(q.cfg.Kafka),
 		streams.Declare(Spec, q.cfg.Namespace),
-		streams.DeadLetterTopic(q.topic(schemas.TopicDeadLetter)),
+		streams.DeadLetterTopic(q.cfg.Topic(schemas.TopicDeadLetter)),
 		streams.ClientOpts(kgo.Balancers(kgo.RangeBalancer()), // co-partitioned
 			kgo.OnPartitionsAssigned(func(ctx context.Context, cl *kgo.Client, assigned map[string][]int32) {
 				current, err := q.current(ctx, cl, group, assigned)
@@ -307,7 +305,7 @@ func (q *Queues) restore(ctx context.Context) (int, error) {
 		b = q.db.NewBatch()
 		return nil
 	}
-	err := streams.ReadToEnd(ctx, q.cfg.Kafka, q.topic(schemas.TopicOffline), func(r *kgo.Record) error {
+	err := streams.ReadToEnd(ctx, q.cfg.Kafka, q.cfg.Topic(schemas.TopicOffline), func(r *kgo.Record) error {
 		var ob pb.OfflineBatch
 		if streams.Decode(r, &ob) != nil {
 			return nil
@@ -328,7 +326,7 @@ func (q *Queues) restore(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	err = streams.ReadToEnd(ctx, q.cfg.Kafka, q.topic(schemas.TopicReports), func(r *kgo.Record) error {
+	err = streams.ReadToEnd(ctx, q.cfg.Kafka, q.cfg.Topic(schemas.TopicReports), func(r *kgo.Record) error {
 		var rep pb.DeliveryReport
 		if streams.Decode(r, &rep) == nil && rep.Status == pb.DeliveryStatus_DELIVERED_ON_LOGIN {
 			_ = b.Delete(entryKey(uint32(rep.Uin), rep.JobId), nil)
@@ -342,7 +340,7 @@ func (q *Queues) restore(ctx context.Context) (int, error) {
 	if err := b.Commit(pebble.NoSync); err != nil {
 		return 0, err
 	}
-	err = streams.ReadToEnd(ctx, q.cfg.Kafka, q.topic(schemas.TopicPresence), func(r *kgo.Record) error {
+	err = streams.ReadToEnd(ctx, q.cfg.Kafka, q.cfg.Topic(schemas.TopicPresence), func(r *kgo.Record) error {
 		var ev pb.LoginEvent
 		if streams.Decode(r, &ev) == nil && ev.Uin <= schemas.MaxUin {
 			if ev.Online {
@@ -399,7 +397,7 @@ func (q *Queues) Handle() streams.Handler {
 		now := time.Now().UnixMilli()
 		deliver := func(e *pb.OfflineEntry) error {
 			q.stgDone++
-			return out.EmitMsg(q.topic(schemas.TopicReports), []byte(e.JobId), &pb.DeliveryReport{
+			return out.EmitMsg(q.cfg.Topic(schemas.TopicReports), []byte(e.JobId), &pb.DeliveryReport{
 				JobId: e.JobId, Uin: uint64(e.Uin), Status: pb.DeliveryStatus_DELIVERED_ON_LOGIN, AtMs: now,
 				UnitId: e.UnitId, DisplayAtMs: e.DisplayAtMs, ContentId: e.ContentId, Executor: "offline"})
 		}

@@ -125,7 +125,7 @@ func (p *Planner) emitCheckpoint(out *streams.Output) error {
 	defer p.mu.Unlock()
 	c := &p.ckpt
 	c.batch, c.written = c.batch[:0], 0
-	topic := p.topic(schemas.TopicJobTransitions)
+	topic := p.cfg.Topic(schemas.TopicJobTransitions)
 	for _, r := range out.Records() {
 		if r.Topic == topic {
 			c.batch = append(c.batch, r)
@@ -134,7 +134,7 @@ func (p *Planner) emitCheckpoint(out *streams.Output) error {
 	if c.pending == nil {
 		return nil
 	}
-	ckTopic := p.topic(schemas.TopicPlannerCkpt)
+	ckTopic := p.cfg.Topic(schemas.TopicPlannerCkpt)
 	n := max((len(c.pending)+checkpointChunk-1)/checkpointChunk, 1)
 	id := max(c.id+1, uint64(p.cfg.Now().UnixMilli()))
 	at := p.cfg.Now().UnixMilli()
@@ -184,7 +184,7 @@ func (p *Planner) loadCheckpoint(ctx context.Context, kc streams.Cluster) (st *p
 	maxIndex := -1
 	partial := map[uint64]*building{}
 	// Only planners write checkpoints, in their transactions.
-	err = streams.Replay(ctx, kc, p.topic(schemas.TopicPlannerCkpt), streams.ReplayFrom{Transactional: true}, func(r *kgo.Record) error {
+	err = streams.Replay(ctx, kc, p.cfg.Topic(schemas.TopicPlannerCkpt), streams.ReplayFrom{Transactional: true}, func(r *kgo.Record) error {
 		if i, err := strconv.Atoi(string(r.Key)); err == nil && i > maxIndex {
 			maxIndex = i
 		}

@@ -80,7 +80,7 @@ func (p *Planner) command(ctx context.Context, e emitter, in *kgo.Record) error 
 		}
 		if id := timerOf(st, id); id != "" { // its timer need not fire
 			rec := timer.Cancel(id)
-			rec.Topic = p.topic(schemas.TopicTimers)
+			rec.Topic = p.cfg.Topic(schemas.TopicTimers)
 			e.out.Emit(rec)
 		}
 		return e.move(id, pb.JobState_CANCELLED, reason, func(t *pb.JobTransition) { t.Position, t.RefusedUnits = uint64(dispatched), unsent })

@@ -246,12 +246,27 @@ func (e emitter) move(id string, to pb.JobState, reason string, fill func(*pb.Jo
 		fill(&t)
 	}
 	e.p.mJobs.With(to.String()).Inc()
-	return e.out.EmitMsg(e.p.topic(schemas.TopicJobTransitions), []byte(id), &t)
+	return e.out.EmitMsg(e.p.cfg.Topic(schemas.TopicJobTransitions), []byte(id), &t)
 }
 
-// Handle is the streams handler over push.jobs, push.executors and the
-// directory's topics.
-func (p *Planner) Handle() streams.Handler {
+// inputs are the planner's inputs, each with its handler (Spec.Inputs):
+// jobs, commands, executors' loads and the directory's topics.
+func (p *Planner) inputs() []streams.Input {
+	in := []streams.Input{
+		streams.On(schemas.TopicJobs, p.onJob),
+		streams.OnRecord(schemas.TopicJobCommands, p.onCommand),
+		streams.On(schemas.TopicExecutors, p.onLoad),
+	}
+	for _, t := range directory.Inputs {
+		in = append(in, streams.OnRecord(t, p.onDirectory))
+	}
+	return in
+}
+
+// guarded runs route with the lock held, once the planner's state is
+// restored: after an assignment (stale: the previous owner's work is in
+// the topics), an abort, or a restore that failed.
+func (p *Planner) guarded(route streams.Handler) streams.Handler {
 	return func(ctx context.Context, in *kgo.Record, out *streams.Output) error {
 		p.mu.Lock()
 		defer p.mu.Unlock()
@@ -268,31 +283,34 @@ func (p *Planner) Handle() streams.Handler {
 			}
 			p.log.Info("planner: restored", "queued", len(p.queue), "states", len(p.machine.Count()))
 		}
-		e := emitter{p: p, out: out, now: p.cfg.Now()}
-		switch {
-		case p.cfg.Directory.Owns(in.Topic):
-			return p.cfg.Directory.Apply(in)
-		case in.Topic == p.topic(schemas.TopicJobCommands):
-			return p.command(ctx, e, in)
-		case in.Topic == p.topic(schemas.TopicExecutors):
-			var l pb.ExecutorLoad
-			if err := streams.Decode(in, &l); err != nil {
-				return err
-			}
-			p.observeLoad(&l, e.now)
-			p.revokeSilent(e.now)
-			return p.dispatch(ctx, e)
-		default:
-			var j pb.SendJob
-			if err := streams.Decode(in, &j); err != nil {
-				return err
-			}
-			if _, fired := streams.Header(in, timer.HeaderTimerID); fired {
-				return p.release(ctx, e, &j)
-			}
-			return p.intake(ctx, e, &j)
-		}
+		return route(ctx, in, out)
 	}
+}
+
+// onJob takes a new job, or a scheduled one whose timer fired.
+func (p *Planner) onJob(ctx context.Context, in *kgo.Record, j *pb.SendJob, out *streams.Output) error {
+	e := emitter{p: p, out: out, now: p.cfg.Now()}
+	if _, fired := streams.Header(in, timer.HeaderTimerID); fired {
+		return p.release(ctx, e, j)
+	}
+	return p.intake(ctx, e, j)
+}
+
+func (p *Planner) onCommand(ctx context.Context, in *kgo.Record, out *streams.Output) error {
+	return p.command(ctx, emitter{p: p, out: out, now: p.cfg.Now()}, in)
+}
+
+// onLoad takes an executor's load, then revokes the units of silent
+// executors and dispatches what now fits.
+func (p *Planner) onLoad(ctx context.Context, _ *kgo.Record, l *pb.ExecutorLoad, out *streams.Output) error {
+	e := emitter{p: p, out: out, now: p.cfg.Now()}
+	p.observeLoad(l, e.now)
+	p.revokeSilent(e.now)
+	return p.dispatch(ctx, e)
+}
+
+func (p *Planner) onDirectory(_ context.Context, in *kgo.Record, _ *streams.Output) error {
+	return p.cfg.Directory.Apply(in)
 }
 
 // refuse records a job's refusal: its state, a metric and a dead letter.
@@ -352,11 +370,11 @@ func (p *Planner) intake(ctx context.Context, e emitter, j *pb.SendJob) error {
 		return err
 	}
 	if j.ScheduledAtMs > e.now.UnixMilli() {
-		rec, err := timer.Schedule(scheduleTimer(j.JobId), time.UnixMilli(j.ScheduledAtMs), p.topic(schemas.TopicJobs), []byte(j.JobId), j)
+		rec, err := timer.Schedule(scheduleTimer(j.JobId), time.UnixMilli(j.ScheduledAtMs), p.cfg.Topic(schemas.TopicJobs), []byte(j.JobId), j)
 		if err != nil {
 			return err
 		}
-		rec.Topic = p.topic(schemas.TopicTimers)
+		rec.Topic = p.cfg.Topic(schemas.TopicTimers)
 		e.out.Emit(rec)
 		return e.move(j.JobId, pb.JobState_WAITING_SCHEDULE, "", func(t *pb.JobTransition) { t.Job, t.Targets = j, n })
 	}
@@ -532,7 +550,7 @@ func (p *Planner) filterAndQueue(ctx context.Context, e emitter, j *pb.SendJob, 
 		if err != nil {
 			return err
 		}
-		if err := e.out.EmitMsg(p.topic(schemas.TopicReports), []byte(j.JobId), &pb.DeliveryReport{JobId: j.JobId,
+		if err := e.out.EmitMsg(p.cfg.Topic(schemas.TopicReports), []byte(j.JobId), &pb.DeliveryReport{JobId: j.JobId,
 			Status: pb.DeliveryStatus_FILTERED, Filter: bit.String(), AtMs: e.now.UnixMilli(), Uins: buf, ContentId: j.ContentId}); err != nil {
 			return err
 		}
@@ -577,11 +595,11 @@ func (p *Planner) awaitQuota(e emitter, j *pb.SendJob, res filter.Result) (bool,
 	if j.ExpiresAtMs != 0 && j.ExpiresAtMs < next.UnixMilli() {
 		at = time.UnixMilli(j.ExpiresAtMs) // it expires first: it is ended then
 	}
-	rec, err := timer.Schedule(quotaTimer(j.JobId), at, p.topic(schemas.TopicJobs), []byte(j.JobId), j)
+	rec, err := timer.Schedule(quotaTimer(j.JobId), at, p.cfg.Topic(schemas.TopicJobs), []byte(j.JobId), j)
 	if err != nil {
 		return false, err
 	}
-	rec.Topic = p.topic(schemas.TopicTimers)
+	rec.Topic = p.cfg.Topic(schemas.TopicTimers)
 	e.out.Emit(rec)
 	return true, e.move(j.JobId, pb.JobState_WAITING_QUOTA,
 		fmt.Sprintf("no quota released yet in window %d for %d targets; next release at %s",
@@ -611,8 +629,6 @@ func (p *Planner) observeLoad(l *pb.ExecutorLoad, now time.Time) {
 	}
 	ev.load, ev.seen = l, now
 }
-
-func (p *Planner) topic(name string) string { return p.cfg.Namespace + name }
 
 // unitRef names one unit of one job.
 type unitRef struct {

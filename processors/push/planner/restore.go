@@ -86,7 +86,7 @@ func (p *Planner) restore(ctx context.Context) error {
 	// that order too. Records without a seq (earlier builds) come first.
 	replay := func(from streams.ReplayFrom) (map[int32]int64, error) {
 		var ts []*pb.JobTransition
-		next, err := streams.ReplayTo(ctx, kc, p.topic(schemas.TopicJobTransitions), from, func(r *kgo.Record) error {
+		next, err := streams.ReplayTo(ctx, kc, p.cfg.Topic(schemas.TopicJobTransitions), from, func(r *kgo.Record) error {
 			stats.Transitions++
 			t := new(pb.JobTransition)
 			if streams.Decode(r, t) == nil {
@@ -215,7 +215,7 @@ func sameDay(ms int64, now time.Time) bool {
 // revocations there put units back to be sent again (takeBack).
 func (p *Planner) restoreDone(ctx context.Context, kc streams.Cluster, oldest int64) error {
 	from := streams.ReplayFrom{Time: time.UnixMilli(oldest).Add(-executorClockSkew)}
-	return streams.Replay(ctx, kc, p.topic(schemas.TopicExecutors), from, func(r *kgo.Record) error {
+	return streams.Replay(ctx, kc, p.cfg.Topic(schemas.TopicExecutors), from, func(r *kgo.Record) error {
 		var l pb.ExecutorLoad
 		switch {
 		case streams.Decode(r, &l) != nil:
@@ -253,12 +253,12 @@ func (p *Planner) Run(ctx context.Context, opts ...streams.Option) error {
 	p.mu.Lock()
 	p.runCtx = ctx // revocations run on it (reassign.go)
 	p.mu.Unlock()
-	inputs := append([]string{p.topic(schemas.TopicJobs), p.topic(schemas.TopicJobCommands), p.topic(schemas.TopicExecutors)}, p.cfg.Directory.Topics()...)
+	inputs := append([]string{p.cfg.Topic(schemas.TopicJobs), p.cfg.Topic(schemas.TopicJobCommands), p.cfg.Topic(schemas.TopicExecutors)}, p.cfg.Directory.Topics()...)
 	opts = append([]streams.Option{
 		streams.Kafka(p.cfg.Kafka),
 		streams.Declare(Spec, p.cfg.Namespace), // group: pipeline.PlannerGroup
 		streams.Inputs(inputs...),
-		streams.DeadLetterTopic(p.topic(schemas.TopicDeadLetter)),
+		streams.DeadLetterTopic(p.cfg.Topic(schemas.TopicDeadLetter)),
 		streams.SingleActive(),
 		streams.ClientOpts(
 			kgo.SessionTimeout(SessionTimeout), kgo.HeartbeatInterval(SessionTimeout/6),
@@ -286,7 +286,11 @@ func (p *Planner) Run(ctx context.Context, opts ...streams.Option) error {
 			}
 		}),
 	}, opts...)
-	r, err := streams.New("push-planner", p.Handle(), opts...)
+	route, err := streams.Route(Spec, p.cfg.Namespace, p.inputs()...)
+	if err != nil {
+		return err
+	}
+	r, err := streams.New("push-planner", p.guarded(route), opts...)
 	if err != nil {
 		return err
 	}

@@ -38,7 +38,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"surge/processors/apikey"
+	"surge/platform/apikey"
 	"surge/processors/uin/account"
 	"surge/processors/uin/pool"
 	"surge/schemas"

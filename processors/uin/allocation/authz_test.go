@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"surge/processors/apikey"
+	"surge/platform/apikey"
 	"surge/processors/uin/allocation"
 	"surge/streams"
 	"surge/streams/metrics"

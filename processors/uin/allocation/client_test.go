@@ -13,7 +13,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"surge/processors/apikey"
+	"surge/platform/apikey"
 	"surge/processors/uin/account"
 	"surge/processors/uin/allocation"
 	"surge/processors/uin/pool"

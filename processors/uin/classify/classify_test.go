@@ -15,8 +15,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/protobuf/proto"
 
+	"surge/processors/uin/app"
 	"surge/processors/uin/classify"
-	"surge/processors/uin/pipeline"
 	"surge/schemas"
 	"surge/schemas/recycling"
 	pb "surge/schemas/surgev1"
@@ -70,7 +70,7 @@ func TestStockClassification(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		s := pipeline.New(b.Kafka, rdb, pipeline.Options{Namespace: streamstest.Unique("c") + ".", Dir: t.TempDir(), Log: quiet})
+		s := app.New(b.Kafka, rdb, app.Options{Namespace: streamstest.Unique("c") + ".", Dir: t.TempDir(), Log: quiet})
 		ns := s.Opts.Namespace
 		if err := s.CreateTopics(ctx, streams.OneCopy); err != nil {
 			t.Fatal(err)

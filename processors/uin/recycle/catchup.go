@@ -58,7 +58,7 @@ func (c *Controller) catchUpUsage(ctx context.Context, p int32) error {
 	if c.catchUp.done[p] || len(c.cfg.Kafka.Seeds) == 0 {
 		return nil
 	}
-	topic := c.topic(schemas.TopicUsage)
+	topic := c.cfg.Topic(schemas.TopicUsage)
 	if c.catchUp.cl == nil {
 		cl, err := c.cfg.Kafka.NewClient()
 		if err != nil {

@@ -43,7 +43,7 @@ func (c *Controller) prefetchBatch(ctx context.Context, recs []*kgo.Record) {
 	var backup, release []uint32
 	decoded := map[*kgo.Record]*pb.RecycleStep{}
 	for _, r := range recs {
-		if r.Topic != c.topic(schemas.TopicRecycleReqs) {
+		if r.Topic != c.cfg.Topic(schemas.TopicRecycleReqs) {
 			continue
 		}
 		req := new(pb.RecycleStep)

@@ -124,8 +124,8 @@ func New(cfg Config) *Controller {
 		mBannedLogins: cfg.Metrics.NewCounterVec("surge_uin_banned_logins_total", "login attempts of accounts banned for recycling", "category"),
 	}
 	c.restore = streams.NewRestorer(cfg.Kafka, c.clearPartitions, c.applyChangelog,
-		c.topic(schemas.TopicRecycleSteps), c.topic(schemas.TopicUsage))
-	c.restore.InputsOf(c.group(), c.topic(schemas.TopicUsage))
+		c.cfg.Topic(schemas.TopicRecycleSteps), c.cfg.Topic(schemas.TopicUsage))
+	c.restore.InputsOf(c.group(), c.cfg.Topic(schemas.TopicUsage))
 	c.restore.AfterRebuild = func() error { return c.restored.commit() }
 	return c
 }
@@ -134,8 +134,7 @@ func New(cfg Config) *Controller {
 // 100k, about 40 MB.
 const recentStatesSize = 100_000
 
-func (c *Controller) topic(name string) string { return c.cfg.Namespace + name }
-func (c *Controller) group() string            { return c.cfg.Namespace + "uin-recycle" }
+func (c *Controller) group() string { return c.cfg.Namespace + "uin-recycle" }
 
 // Run serves until ctx ends.
 func (c *Controller) Run(ctx context.Context, opts ...streams.Option) error {
@@ -143,9 +142,9 @@ func (c *Controller) Run(ctx context.Context, opts ...streams.Option) error {
 	// this instance holds; the check needs the topic's real count.
 	c.partitions = c.cfg.Partitions
 	if c.partitions == 0 {
-		n, err := streams.PartitionCount(ctx, c.cfg.Kafka, c.topic(schemas.TopicRecycleReqs))
+		n, err := streams.PartitionCount(ctx, c.cfg.Kafka, c.cfg.Topic(schemas.TopicRecycleReqs))
 		if err != nil {
-			return fmt.Errorf("recycle: partitions of %s: %w", c.topic(schemas.TopicRecycleReqs), err)
+			return fmt.Errorf("recycle: partitions of %s: %w", c.cfg.Topic(schemas.TopicRecycleReqs), err)
 		}
 		c.partitions = n
 	}
@@ -162,7 +161,7 @@ func (c *Controller) Run(ctx context.Context, opts ...streams.Option) error {
 	opts = append([]streams.Option{
 		streams.Kafka(c.cfg.Kafka),
 		streams.Declare(Spec, c.cfg.Namespace), // group: c.group()
-		streams.DeadLetterTopic(c.topic(schemas.TopicDeadLetter)),
+		streams.DeadLetterTopic(c.cfg.Topic(schemas.TopicDeadLetter)),
 		streams.ClientOpts(kgo.Balancers(kgo.RangeBalancer())), // requests and usage co-partitioned by uin
 		streams.BeforeBatch(func(ctx context.Context, recs []*kgo.Record) { c.keepBans(ctx); c.prefetchBatch(ctx, recs) }),
 		streams.OnIdle(c.keepBans),
@@ -174,7 +173,11 @@ func (c *Controller) Run(ctx context.Context, opts ...streams.Option) error {
 	// Last, over any configured bound: Redis down delays a step, never
 	// drops it.
 	opts = append(opts, streams.MaxAttempts(math.MaxInt32))
-	r, err := streams.New("uin-recycle", c.handle, opts...)
+	route, err := streams.Route(Spec, c.cfg.Namespace, c.inputs()...)
+	if err != nil {
+		return err
+	}
+	r, err := streams.New("uin-recycle", c.restore.Guard(&c.mu, route), opts...)
 	if err != nil {
 		return err
 	}
@@ -213,7 +216,7 @@ func (c *Controller) clearPartitions(ps map[int32]bool) error {
 // applyChangelog rebuilds state from one applied step or usage event.
 func (c *Controller) applyChangelog(r *kgo.Record) error {
 	switch r.Topic {
-	case c.topic(schemas.TopicRecycleSteps):
+	case c.cfg.Topic(schemas.TopicRecycleSteps):
 		steps, err := recycling.Decode(r)
 		if err != nil {
 			return nil // not a step: nothing to rebuild
@@ -333,24 +336,32 @@ type timedRequests struct {
 	reqs []*pb.RecycleStep
 }
 
-func (c *Controller) handle(ctx context.Context, in *kgo.Record, out *streams.Output) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if err := c.restore.Ensure(ctx, in.Partition); err != nil {
+// inputs are the controller's inputs, each with its handler
+// (Spec.Inputs).
+func (c *Controller) inputs() []streams.Input {
+	return []streams.Input{
+		streams.OnRecord(schemas.TopicRecycleReqs, c.onRequest),
+		streams.OnRecord(schemas.TopicUsage, c.onUsage),
+	}
+}
+
+// onUsage notes its offset before it decodes it: a record that does not
+// decode is read past by the catch-up too.
+func (c *Controller) onUsage(ctx context.Context, in *kgo.Record, out *streams.Output) error {
+	c.noteUsageOffset(in.Partition, in.Offset)
+	var u pb.UsageEvent
+	if err := streams.Decode(in, &u); err != nil {
 		return err
 	}
 	s := &step{c: c, ctx: ctx, out: out, now: c.cfg.Now()}
-	if in.Topic == c.topic(schemas.TopicUsage) {
-		c.noteUsageOffset(in.Partition, in.Offset)
-		var u pb.UsageEvent
-		if err := streams.Decode(in, &u); err != nil {
-			return err
-		}
-		if err := s.usage(&u); err != nil {
-			return err
-		}
-		return s.flush()
+	if err := s.usage(&u); err != nil {
+		return err
 	}
+	return s.flush()
+}
+
+// onRequest takes a request decoded ahead by the prefetch, or decodes it.
+func (c *Controller) onRequest(ctx context.Context, in *kgo.Record, out *streams.Output) error {
 	req, ok := c.prefetch.decoded[in]
 	if !ok { // a retry, after the prefetch was forgotten
 		req = new(pb.RecycleStep)
@@ -358,6 +369,7 @@ func (c *Controller) handle(ctx context.Context, in *kgo.Record, out *streams.Ou
 			return err
 		}
 	}
+	s := &step{c: c, ctx: ctx, out: out, now: c.cfg.Now()}
 	return s.record(in.Partition, req)
 }
 
@@ -430,12 +442,12 @@ func (c *Controller) checkPartition(partition int32, req *pb.RecycleStep) error 
 func (s *step) flush() error {
 	c := s.c
 	if len(s.applied) > 0 {
-		if err := s.out.EmitMsg(c.topic(schemas.TopicRecycleSteps), recycling.Key(s.applied), recycling.Batch(s.applied)); err != nil {
+		if err := s.out.EmitMsg(c.cfg.Topic(schemas.TopicRecycleSteps), recycling.Key(s.applied), recycling.Batch(s.applied)); err != nil {
 			return err
 		}
 	}
 	if len(s.requests) > 0 {
-		if err := s.out.EmitMsg(c.topic(schemas.TopicRecycleReqs), recycling.Key(s.requests), recycling.Batch(s.requests)); err != nil {
+		if err := s.out.EmitMsg(c.cfg.Topic(schemas.TopicRecycleReqs), recycling.Key(s.requests), recycling.Batch(s.requests)); err != nil {
 			return err
 		}
 	}
@@ -444,11 +456,11 @@ func (s *step) flush() error {
 		if len(t.reqs) > 1 { // not the first ticket's own timer: stopping that ticket must not cancel it
 			id = "recycle/batch/" + t.reqs[0].TicketId + "/" + t.what
 		}
-		rec, err := timer.Schedule(id, t.at, c.topic(schemas.TopicRecycleReqs), recycling.Key(t.reqs), recycling.Batch(t.reqs))
+		rec, err := timer.Schedule(id, t.at, c.cfg.Topic(schemas.TopicRecycleReqs), recycling.Key(t.reqs), recycling.Batch(t.reqs))
 		if err != nil {
 			return err
 		}
-		rec.Topic = c.topic(schemas.TopicTimers)
+		rec.Topic = c.cfg.Topic(schemas.TopicTimers)
 		s.out.Emit(rec)
 	}
 	s.applied, s.requests, s.timed = nil, nil, nil
@@ -610,7 +622,7 @@ func (s *step) backup(cur *pb.RecycleStep) error {
 		b.Reason = "no account data to back up"
 	default:
 		bk.BackedUpAtMs, bk.TicketId, bk.Category = s.now.UnixMilli(), cur.TicketId, cur.Category
-		if err := s.out.EmitMsg(c.topic(schemas.TopicBackups), []byte(bk.Username), bk); err != nil {
+		if err := s.out.EmitMsg(c.cfg.Topic(schemas.TopicBackups), []byte(bk.Username), bk); err != nil {
 			return err
 		}
 		b.Username = bk.Username
@@ -624,14 +636,14 @@ func (s *step) backup(cur *pb.RecycleStep) error {
 func (s *step) delete(cur *pb.RecycleStep) error {
 	c := s.c
 	uin := uint32(cur.Uin)
-	if err := s.out.EmitMsg(c.topic(schemas.TopicDeletions), schemas.UinKey(uin), &pb.DeletionNotice{Uin: cur.Uin,
+	if err := s.out.EmitMsg(c.cfg.Topic(schemas.TopicDeletions), schemas.UinKey(uin), &pb.DeletionNotice{Uin: cur.Uin,
 		Username: cur.Username, TicketId: cur.TicketId, Category: cur.Category, AtMs: s.now.UnixMilli()}); err != nil {
 		return err
 	}
 	// The pool's journal: the uin is no longer used (its rebuild must not
 	// count it as handed out once it is pooled again).
 	free := &pb.PoolChange{Uin: cur.Uin, Op: pb.PoolChange_FREE, Bucket: c.cfg.Pool.Bucket(uin), AtMs: s.now.UnixMilli()}
-	if err := s.out.EmitMsg(c.topic(schemas.TopicPool), pool.BucketKey(free.Bucket), free); err != nil {
+	if err := s.out.EmitMsg(c.cfg.Topic(schemas.TopicPool), pool.BucketKey(free.Bucket), free); err != nil {
 		return err
 	}
 	d := s.advance(cur, pb.RecycleStepKind_DELETE, time.Time{})
@@ -670,7 +682,7 @@ func (s *step) release(cur *pb.RecycleStep) error {
 	} else {
 		c.effects.releases = append(c.effects.releases, uin)
 	}
-	if err := s.out.EmitMsg(c.topic(schemas.TopicPool), pool.BucketKey(change.Bucket), change); err != nil {
+	if err := s.out.EmitMsg(c.cfg.Topic(schemas.TopicPool), pool.BucketKey(change.Bucket), change); err != nil {
 		return err
 	}
 	return s.apply(r)
@@ -683,7 +695,7 @@ func (s *step) stop(cur *pb.RecycleStep, reason string) error {
 	}
 	for _, what := range []string{"backup", "release"} {
 		cancel := timer.Cancel(timerID(cur.TicketId, what))
-		cancel.Topic = s.c.topic(schemas.TopicTimers)
+		cancel.Topic = s.c.cfg.Topic(schemas.TopicTimers)
 		s.out.Emit(cancel)
 	}
 	st := s.advance(cur, pb.RecycleStepKind_STOPPED, time.Time{})

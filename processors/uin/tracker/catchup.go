@@ -158,13 +158,13 @@ func (t *Tracker) readAhead(ctx context.Context, topic string, p int32, out *str
 func (t *Tracker) applyAhead(r *kgo.Record, out *streams.Output) error {
 	var err error
 	switch r.Topic {
-	case t.topic(schemas.TopicRegistrations):
+	case t.cfg.Topic(schemas.TopicRegistrations):
 		var reg pb.UinRegistration
 		if streams.Decode(r, &reg) != nil {
 			return nil
 		}
 		err = t.register(&reg, r.Offset, out)
-	case t.topic(schemas.TopicUsage):
+	case t.cfg.Topic(schemas.TopicUsage):
 		var u pb.UsageEvent
 		if streams.Decode(r, &u) != nil {
 			return nil

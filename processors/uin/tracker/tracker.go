@@ -114,11 +114,9 @@ func New(cfg Config) *Tracker {
 		mVerdicts:  cfg.Metrics.NewCounterVec("surge_uin_tracking_verdicts_total", "registration check verdicts", "verdict"),
 		mCatchUps:  cfg.Metrics.NewCounterVec("surge_uin_tracking_catchups_total", "input partitions read ahead of the consumer before usage was dropped or a checkpoint judged", "topic"),
 		mReadAhead: cfg.Metrics.NewCounterVec("surge_uin_tracking_read_ahead_total", "records read ahead of the consumer by catch-ups", "topic")}
-	t.restore = streams.NewRestorer(cfg.Kafka, t.clearPartitions, t.applyChangelog, t.topic(schemas.TopicTracking))
+	t.restore = streams.NewRestorer(cfg.Kafka, t.clearPartitions, t.applyChangelog, t.cfg.Topic(schemas.TopicTracking))
 	return t
 }
-
-func (t *Tracker) topic(name string) string { return t.cfg.Namespace + name }
 
 func stateKey(uin uint32) []byte { return binary.BigEndian.AppendUint32([]byte{'t'}, uin) }
 
@@ -136,13 +134,17 @@ func (t *Tracker) Run(ctx context.Context, opts ...streams.Option) error {
 	opts = append([]streams.Option{
 		streams.Kafka(t.cfg.Kafka),
 		streams.Declare(Spec, t.cfg.Namespace),
-		streams.DeadLetterTopic(t.topic(schemas.TopicDeadLetter)),
+		streams.DeadLetterTopic(t.cfg.Topic(schemas.TopicDeadLetter)),
 		streams.ClientOpts(kgo.Balancers(kgo.RangeBalancer())),
 		streams.OnBatchEnd(t.batchEnd),
 		streams.OnRetry(func() { t.batchEnd(false) }),
 		t.restore.Option(),
 	}, opts...)
-	r, err := streams.New("uin-tracker", t.handle, opts...)
+	route, err := streams.Route(Spec, t.cfg.Namespace, t.inputs()...)
+	if err != nil {
+		return err
+	}
+	r, err := streams.New("uin-tracker", t.restore.Guard(&t.mu, route), opts...)
 	if err != nil {
 		return err
 	}
@@ -212,65 +214,62 @@ func validUin(u uint64) error {
 	return nil
 }
 
-func (t *Tracker) handle(ctx context.Context, in *kgo.Record, out *streams.Output) error {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if err := t.restore.Ensure(ctx, in.Partition); err != nil {
+// inputs are the tracker's inputs, each with its handler (Spec.Inputs).
+func (t *Tracker) inputs() []streams.Input {
+	return []streams.Input{
+		streams.On(schemas.TopicRegistrations, t.onRegistration),
+		streams.On(schemas.TopicUsage, t.onUsage),
+		streams.On(schemas.TopicChecks, t.onCheck),
+		streams.OnRecord(schemas.TopicRecycleSteps, t.onRecycleSteps),
+	}
+}
+
+func (t *Tracker) onRegistration(_ context.Context, in *kgo.Record, r *pb.UinRegistration, out *streams.Output) error {
+	t.catchUp.delivered(in)
+	return t.register(r, in.Offset, out)
+}
+
+func (t *Tracker) onUsage(ctx context.Context, in *kgo.Record, u *pb.UsageEvent, out *streams.Output) error {
+	t.catchUp.delivered(in)
+	tracked, err := t.usage(u, in.Offset, out)
+	if err != nil || tracked {
 		return err
 	}
-	switch in.Topic {
-	case t.topic(schemas.TopicRegistrations):
-		t.catchUp.delivered(in)
-		var r pb.UinRegistration
-		if err := streams.Decode(in, &r); err != nil {
-			return err
-		}
-		return t.register(&r, in.Offset, out)
-	case t.topic(schemas.TopicUsage):
-		t.catchUp.delivered(in)
-		var u pb.UsageEvent
-		if err := streams.Decode(in, &u); err != nil {
-			return err
-		}
-		tracked, err := t.usage(&u, in.Offset, out)
-		if err != nil || tracked {
-			return err
-		}
-		// Usage of an untracked uin is dropped (a stock account's), unless
-		// its registration was published with it, unread.
-		read, err := t.catchUpBefore(ctx, t.topic(schemas.TopicRegistrations), in.Partition, in.Timestamp.UnixMilli(), out)
-		if err != nil || !read {
-			return err
-		}
-		_, err = t.usage(&u, in.Offset, out)
+	// Usage of an untracked uin is dropped (a stock account's), unless
+	// its registration was published with it, unread.
+	read, err := t.catchUpBefore(ctx, t.cfg.Topic(schemas.TopicRegistrations), in.Partition, in.Timestamp.UnixMilli(), out)
+	if err != nil || !read {
 		return err
-	case t.topic(schemas.TopicChecks):
-		var c pb.RegistrationCheck
-		if err := streams.Decode(in, &c); err != nil {
-			return err
-		}
-		// Judge with every registration and use published before the
-		// checkpoint's timer fired (a backfilled registration's fire at once).
-		for _, topic := range []string{schemas.TopicRegistrations, schemas.TopicUsage} {
-			if _, err := t.catchUpBefore(ctx, t.topic(topic), in.Partition, in.Timestamp.UnixMilli(), out); err != nil {
-				return err
-			}
-		}
-		return t.check(&c, out)
-	default:
-		steps, err := recycling.Decode(in)
-		if err != nil {
-			return err
-		}
-		return t.recycledSteps(steps, out)
 	}
+	_, err = t.usage(u, in.Offset, out)
+	return err
+}
+
+func (t *Tracker) onCheck(ctx context.Context, in *kgo.Record, c *pb.RegistrationCheck, out *streams.Output) error {
+	// Judge with every registration and use published before the
+	// checkpoint's timer fired (a backfilled registration's fire at once).
+	for _, topic := range []string{schemas.TopicRegistrations, schemas.TopicUsage} {
+		if _, err := t.catchUpBefore(ctx, t.cfg.Topic(topic), in.Partition, in.Timestamp.UnixMilli(), out); err != nil {
+			return err
+		}
+	}
+	return t.check(c, out)
+}
+
+// onRecycleSteps takes a step or a batch of them (recycling.Decode).
+func (t *Tracker) onRecycleSteps(_ context.Context, in *kgo.Record, out *streams.Output) error {
+	steps, err := recycling.Decode(in)
+	if err != nil {
+		return err
+	}
+	return t.recycledSteps(steps, out)
 }
 
 // put stages a state and emits its changelog record.
 func (t *Tracker) put(s *pb.Tracking, out *streams.Output) error {
 	v, _ := proto.Marshal(s)
 	_ = t.staged.Set(stateKey(uint32(s.Uin)), v, nil)
-	return out.EmitMsg(t.topic(schemas.TopicTracking), schemas.UinKey(uint32(s.Uin)), s)
+	return out.EmitMsg(t.cfg.Topic(schemas.TopicTracking), schemas.UinKey(uint32(s.Uin)), s)
 }
 
 // register applies a registration record at offset of uin.registrations
@@ -328,12 +327,12 @@ func (t *Tracker) scheduleCheck(s *pb.Tracking, idx int32, out *streams.Output) 
 	due := time.UnixMilli(s.RegisteredAtMs).Add(t.cfg.Checkpoints[idx])
 	s.NextCheckpoint = idx
 	rec, err := timer.Schedule(fmt.Sprintf("uin-check/%d/%d/%d", s.Uin, s.RegisteredAtMs, idx), due,
-		t.topic(schemas.TopicChecks), schemas.UinKey(uint32(s.Uin)),
+		t.cfg.Topic(schemas.TopicChecks), schemas.UinKey(uint32(s.Uin)),
 		&pb.RegistrationCheck{Uin: s.Uin, Checkpoint: idx, RegisteredAtMs: s.RegisteredAtMs, DueAtMs: due.UnixMilli()})
 	if err != nil {
 		return err
 	}
-	rec.Topic = t.topic(schemas.TopicTimers)
+	rec.Topic = t.cfg.Topic(schemas.TopicTimers)
 	out.Emit(rec)
 	return nil
 }
@@ -411,7 +410,7 @@ func (t *Tracker) check(c *pb.RegistrationCheck, out *streams.Output) error {
 		cur.Verdict = category
 		g := recycling.Grant(recycling.Finding{Uin: uint32(c.Uin), Category: category, Username: cur.Username, Reason: reason,
 			LastLoginMs: cur.LastLoginMs, RegisteredAtMs: cur.RegisteredAtMs}, t.cfg.Now())
-		if err := out.EmitMsg(t.topic(schemas.TopicRecycleReqs), schemas.UinKey(uint32(c.Uin)), g); err != nil {
+		if err := out.EmitMsg(t.cfg.Topic(schemas.TopicRecycleReqs), schemas.UinKey(uint32(c.Uin)), g); err != nil {
 			return err
 		}
 	case idx+1 < len(t.cfg.Checkpoints):
@@ -454,7 +453,7 @@ func (t *Tracker) recycled(s *pb.RecycleStep, out *streams.Output) error {
 			return nil // already a new registration on the released uin
 		}
 		_ = t.staged.Delete(stateKey(uint32(s.Uin)), nil)
-		out.Emit(&kgo.Record{Topic: t.topic(schemas.TopicTracking), Key: schemas.UinKey(uint32(s.Uin))}) // tombstone
+		out.Emit(&kgo.Record{Topic: t.cfg.Topic(schemas.TopicTracking), Key: schemas.UinKey(uint32(s.Uin))}) // tombstone
 	case pb.RecycleStepKind_STOPPED:
 		if cur.Verdict == recycling.Abandoned || cur.Verdict == recycling.Spam {
 			cur.Verdict = Live

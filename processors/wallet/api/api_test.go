@@ -22,13 +22,13 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"surge/processors/wallet/api"
+	walletapp "surge/processors/wallet/app"
 	"surge/processors/wallet/auth"
 	"surge/processors/wallet/config"
 	"surge/processors/wallet/grant"
 	"surge/processors/wallet/identity"
 	"surge/processors/wallet/internal/stock"
 	"surge/processors/wallet/ledger"
-	wstack "surge/processors/wallet/stack"
 	"surge/processors/wallet/token"
 	pb "surge/schemas/surgev1"
 	"surge/streams"
@@ -113,7 +113,7 @@ type stack struct {
 }
 
 func newStack(t *testing.T, b streamstest.Backend, rdb redis.UniversalClient, ns string, partitions int32) stack {
-	streamstest.CreateTopics(t, b.Kafka, partitions, wstack.TopicNames(ns)...)
+	streamstest.CreateTopics(t, b.Kafka, partitions, walletapp.TopicNames(ns)...)
 	st := stack{log: slog.New(slog.NewTextHandler(io.Discard, nil)), src: config.Static(tree()),
 		cl: streamstest.Client(t, b.Kafka, kgo.ProducerLinger(time.Millisecond))}
 	st.keys, _ = token.Generate("k")
@@ -124,10 +124,10 @@ func newStack(t *testing.T, b streamstest.Backend, rdb redis.UniversalClient, ns
 // serve runs a wallet instance on the stack's topics, keys and config
 // (o names the rest) behind an HTTP server, once its ledger serves every
 // partition.
-func (st stack) serve(t *testing.T, o wstack.Options) (*wstack.Wallet, *httptest.Server) {
+func (st stack) serve(t *testing.T, o walletapp.Options) (*walletapp.Stack, *httptest.Server) {
 	t.Helper()
 	o.Dir, o.Source, o.Keys, o.Producer, o.Apps, o.Users, o.Log = t.TempDir(), st.src, st.keys, st.cl, apps, users, st.log
-	w, err := wstack.New(o)
+	w, err := walletapp.New(o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,7 +151,7 @@ func TestAPI(t *testing.T) {
 		ns := streamstest.Unique("api") + "."
 		st := newStack(t, b, rdb, ns, 3)
 		// As `surge wallet` builds it: grants go through a batcher.
-		_, srv := st.serve(t, wstack.Options{Kafka: b.Kafka, Namespace: ns, Redis: rdb, BatchSize: 64,
+		_, srv := st.serve(t, walletapp.Options{Kafka: b.Kafka, Namespace: ns, Redis: rdb, BatchSize: 64,
 			BatchLinger: time.Millisecond, Batchers: 2, NoTotal: true})
 
 		code, out := call(t, srv, "POST", "/v1/grants", `{"orderNo":"u1_rain_r1_1_1","actId":"u1","activityId":"spring","sceneId":"rain","rainId":"r1","awardType":"CASH","stage":1,"amount":300}`)

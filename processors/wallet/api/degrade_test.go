@@ -9,8 +9,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	walletapp "surge/processors/wallet/app"
 	"surge/processors/wallet/internal/guard"
-	wstack "surge/processors/wallet/stack"
 	"surge/streams/streamstest"
 )
 
@@ -27,7 +27,7 @@ func TestDegradeSwitches(t *testing.T) {
 		ns := streamstest.Unique("dg") + "."
 		st := newStack(t, b, rdb, ns, 3)
 		backup := redis.NewClient(&redis.Options{Addr: rdb.Options().Addr, DB: 1})
-		_, srv := st.serve(t, wstack.Options{Kafka: b.Kafka, Namespace: ns, Redis: rdb, BackupRedis: backup})
+		_, srv := st.serve(t, walletapp.Options{Kafka: b.Kafka, Namespace: ns, Redis: rdb, BackupRedis: backup})
 		set := func(degrade map[string]bool, globalLimit int) {
 			t.Helper()
 			tr := tree()
@@ -68,7 +68,7 @@ func TestDegradeSwitches(t *testing.T) {
 		}
 
 		// counter_primary: a sum only the backup holds shows once reads move there.
-		if err := backup.HSet(context.Background(), ns+wstack.TotalKey, "999", 1000).Err(); err != nil {
+		if err := backup.HSet(context.Background(), ns+walletapp.TotalKey, "999", 1000).Err(); err != nil {
 			t.Fatal(err)
 		}
 		set(nil, 0)

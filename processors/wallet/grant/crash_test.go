@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	wstack "surge/processors/wallet/stack"
+	walletapp "surge/processors/wallet/app"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -86,7 +86,7 @@ func TestCrashBetweenClaimAndProduce(t *testing.T) {
 	streamstest.EachStack(t, func(t *testing.T, b streamstest.Backend, rdb *redis.Client) {
 		ctx := context.Background()
 		ns := streamstest.Unique("gc") + "."
-		streamstest.CreateTopics(t, b.Kafka, 3, wstack.TopicNames(ns)...)
+		streamstest.CreateTopics(t, b.Kafka, 3, walletapp.TopicNames(ns)...)
 		var raw [32]byte
 		_, _ = rand.Read(raw[:])
 		seed := base64.StdEncoding.EncodeToString(raw[:])

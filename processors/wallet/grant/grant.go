@@ -16,6 +16,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"surge/processors/wallet/internal/tokencache"
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
@@ -92,7 +93,7 @@ type lane struct {
 	ns        string // topics
 	keys      string // Redis keys
 	ttl       time.Duration
-	tokens    *Tokens
+	tokens    *tokencache.Cache
 	stock     *stock.Control
 	keyedCash *keyedCashClaims
 }
@@ -119,7 +120,7 @@ func New(cfg Config) *Intake {
 	// alone) starts a missing counter at zero instead.
 	counters := tally.New(cfg.Redis, len(cfg.Kafka.Seeds) == 0)
 	mk := func(ns, keys string, ttl time.Duration) lane {
-		return lane{ns: ns, keys: keys, ttl: ttl, tokens: NewTokens(cfg.Redis, keys+"wtok:", ttl), stock: stock.New(cfg.Redis, counters, keys+"wstock:", 8),
+		return lane{ns: ns, keys: keys, ttl: ttl, tokens: tokencache.New(cfg.Redis, keys+"wtok:", ttl), stock: stock.New(cfg.Redis, counters, keys+"wstock:", 8),
 			keyedCash: &keyedCashClaims{marker: keys + "wgrant-cash-keyed"}}
 	}
 	ns := cfg.Namespace
@@ -131,7 +132,7 @@ func New(cfg Config) *Intake {
 }
 
 // Tokens returns the live token store (reads use it).
-func (in *Intake) Tokens() *Tokens { return in.live.tokens }
+func (in *Intake) Tokens() *tokencache.Cache { return in.live.tokens }
 
 // Stock returns the live stock control.
 func (in *Intake) Stock() *stock.Control { return in.live.stock }
@@ -582,7 +583,7 @@ func (in *Intake) undo(ctx context.Context, ps []*pending) {
 			in.tally.Give(ctx, pipe, p.l.budgetKey(p.phase.ID), p.g.Amount)
 		}
 		if p.cached { // or the user would see a token that never books
-			p.l.tokens.release(ctx, pipe, p.tok, p.tokBytes)
+			p.l.tokens.Release(ctx, pipe, p.tok, p.tokBytes)
 		}
 	}
 	_, _ = pipe.Exec(ctx)
@@ -714,12 +715,12 @@ func (in *Intake) knownTokens(ctx context.Context, ps []*pending) []*pb.Token {
 	pipe := in.cfg.Redis.Pipeline()
 	cmds := make([]*redis.StringCmd, len(ps))
 	for i, p := range ps {
-		cmds[i] = p.l.tokens.get(ctx, pipe, p.g.ActId, p.g.OrderNo)
+		cmds[i] = p.l.tokens.GetIn(ctx, pipe, p.g.ActId, p.g.OrderNo)
 	}
 	_, _ = pipe.Exec(ctx) // redis.Nil for the absent ones; each command keeps its own answer
 	toks := make([]*pb.Token, len(ps))
 	for i, cmd := range cmds {
-		toks[i], _ = tokenOf(cmd)
+		toks[i], _ = tokencache.Decode(cmd)
 	}
 	return toks
 }
@@ -781,7 +782,7 @@ func (in *Intake) claimTokens(ctx context.Context, ps []*pending, now time.Time)
 	var cmds []*redis.BoolCmd
 	for _, p := range ps {
 		if p.idem == "" && p.tokRec != nil {
-			claiming, cmds = append(claiming, p), append(cmds, p.l.tokens.claim(ctx, pipe, p.tok, p.tokBytes))
+			claiming, cmds = append(claiming, p), append(cmds, p.l.tokens.Claim(ctx, pipe, p.tok, p.tokBytes))
 		}
 	}
 	if len(cmds) == 0 {

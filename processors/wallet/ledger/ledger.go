@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"math"
 	"sort"
+	"surge/processors/wallet/internal/tokencache"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -31,7 +32,6 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"surge/processors/wallet/config"
-	"surge/processors/wallet/grant"
 	"surge/processors/wallet/internal/counter"
 	"surge/processors/wallet/internal/guard"
 	"surge/processors/wallet/token"
@@ -48,7 +48,7 @@ type Config struct {
 	Dir    string
 	Source *config.Source
 	Keys   *token.Keyring
-	Tokens *grant.Tokens // the users' unbooked tokens (reads, forced booking)
+	Tokens *tokencache.Cache // the users' unbooked tokens (reads, forced booking)
 	// Advertise is the address of this instance's API ("http://host:port"),
 	// told to the other instances through the consumer group so they can
 	// send it the reads of the users it owns (see Owner).
@@ -135,14 +135,9 @@ func (l *Ledger) resetStore() {
 	l.totals = newTotals()
 }
 
-func (l *Ledger) topic(name string) string { return l.cfg.Namespace + name }
-
-// withdrawalSchema and packetSchema tell withdrawals (and red packets'
-// debits) and red packets' credits from tokens on the ledger's inputs.
-var (
-	withdrawalSchema = schemas.Of(&pb.Withdrawal{}).Name
-	packetSchema     = schemas.Of(&pb.PacketCredit{}).Name
-)
+// withdrawalSchema tells withdrawals (and red packets' debits) from
+// tokens in a batch the ledger checks ahead (check.go).
+var withdrawalSchema = schemas.Of(&pb.Withdrawal{}).Name
 
 // Keys: 'a' actID -> balance(8) income(8), written when the balance
 // leaves the in-memory cache (accounts); 'e' actID 0x00 orderNo -> the
@@ -256,11 +251,11 @@ func (l *Ledger) Run(ctx context.Context, opts ...streams.Option) error {
 	l.resetStore() // the store is rebuilt below, from nothing
 	start := time.Now()
 	n := 0
-	if l.partitions, err = streams.PartitionCount(ctx, l.cfg.Kafka, l.topic(schemas.TopicTokens)); err != nil {
+	if l.partitions, err = streams.PartitionCount(ctx, l.cfg.Kafka, l.cfg.Topic(schemas.TopicTokens)); err != nil {
 		return fmt.Errorf("ledger: %w", err)
 	}
 	l.restore = streams.NewRestorer(l.cfg.Kafka, l.clearPartitions, l.applyRestored, l.ledgerTopic)
-	l.owners = &owners{kafka: l.cfg.Kafka, group: l.cfg.Namespace + "wallet-ledger", topic: l.topic(schemas.TopicTokens),
+	l.owners = &owners{kafka: l.cfg.Kafka, group: l.cfg.Namespace + "wallet-ledger", topic: l.cfg.Topic(schemas.TopicTokens),
 		self: l.cfg.Advertise + "#" + cmp.Or(l.cfg.InstanceID, instanceNonce())}
 	defer l.owners.close()
 	l.restore.AfterAssign = l.owners.invalidate
@@ -288,7 +283,7 @@ func (l *Ledger) Run(ctx context.Context, opts ...streams.Option) error {
 	opts = append([]streams.Option{
 		streams.Kafka(l.cfg.Kafka),
 		streams.Declare(Spec, l.cfg.Namespace), // group: l.owners.group
-		streams.DeadLetterTopic(l.topic(schemas.TopicDeadLetter)),
+		streams.DeadLetterTopic(l.cfg.Topic(schemas.TopicDeadLetter)),
 		streams.ClientOpts(kgo.Balancers(kgo.RangeBalancer())), // co-partitioned by actID
 		streams.OnBatchEnd(func(committed bool) { l.batchEnd(committed); l.checking.wait() }),
 		streams.OnRetry(func() { l.batchEnd(false) }),
@@ -308,7 +303,11 @@ func (l *Ledger) Run(ctx context.Context, opts ...streams.Option) error {
 		streams.MaxAttempts(math.MaxInt32),
 	}, opts...)
 	opts = append(opts, streams.ClientOpts(kgo.ClientID(advertisePrefix+l.owners.self)))
-	r, err := streams.New("wallet-ledger", l.Handle(), opts...)
+	route, err := streams.Route(Spec, l.cfg.Namespace, l.inputs()...)
+	if err != nil {
+		return err
+	}
+	r, err := streams.New("wallet-ledger", l.restore.Guard(&l.mu, route), opts...)
 	if err != nil {
 		return err
 	}
@@ -473,47 +472,44 @@ func (l *Ledger) batchEnd(committed bool) {
 	clear(l.stagedOrders)
 }
 
-// Handle is the handler over wallet.tokens and wallet.withdrawals.
-func (l *Ledger) Handle() streams.Handler {
-	return func(ctx context.Context, in *kgo.Record, out *streams.Output) error {
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		if err := l.restore.Ensure(ctx, in.Partition); err != nil {
-			return err
-		}
-		if c, ok := l.checking.token(in); ok {
-			_, err := l.book(ctx, c.tok, false, c.verdict, out)
-			return err
-		}
-		if streams.HasSchema(in, withdrawalSchema) {
-			var w pb.Withdrawal
-			if err := streams.Decode(in, &w); err != nil {
-				return err
-			}
-			return l.withdraw(ctx, &w, out)
-		}
-		if streams.HasSchema(in, packetSchema) {
-			var c pb.PacketCredit
-			if err := streams.Decode(in, &c); err != nil {
-				return err
-			}
-			return l.credit(&c, out)
-		}
-		var tok pb.Token
-		if err := streams.Decode(in, &tok); err != nil {
-			return err
-		}
-		if tok.Status == pb.TokenStatus_SUCCESS {
-			return nil // a status update (earlier builds wrote them to wallet.tokens)
-		}
-		if tok.Status != pb.TokenStatus_PROCESSING {
-			l.Forged.Add(1)
-			l.mForged.Inc()
-			return streams.Reject(fmt.Sprintf("token %s with status %s", tok.OutTradeNo, tok.Status), nil)
-		}
-		_, err := l.book(ctx, &tok, true, nil, out)
+// inputs are the ledger's inputs, each with its handler (Spec.Inputs).
+func (l *Ledger) inputs() []streams.Input {
+	return []streams.Input{
+		streams.OnRecord(schemas.TopicTokens, l.onToken),
+		streams.On(schemas.TopicWithdrawals, l.onWithdrawal),
+		streams.On(schemas.TopicPackets, l.onPacketCredit),
+	}
+}
+
+func (l *Ledger) onWithdrawal(ctx context.Context, _ *kgo.Record, w *pb.Withdrawal, out *streams.Output) error {
+	return l.withdraw(ctx, w, out)
+}
+
+func (l *Ledger) onPacketCredit(_ context.Context, _ *kgo.Record, c *pb.PacketCredit, out *streams.Output) error {
+	return l.credit(c, out)
+}
+
+// onToken books a token: checked ahead with its batch (check.go), or
+// decoded and checked here.
+func (l *Ledger) onToken(ctx context.Context, in *kgo.Record, out *streams.Output) error {
+	if c, ok := l.checking.token(in); ok {
+		_, err := l.book(ctx, c.tok, false, c.verdict, out)
 		return err
 	}
+	var tok pb.Token
+	if err := streams.Decode(in, &tok); err != nil {
+		return err
+	}
+	if tok.Status == pb.TokenStatus_SUCCESS {
+		return nil // a status update (earlier builds wrote them to wallet.tokens)
+	}
+	if tok.Status != pb.TokenStatus_PROCESSING {
+		l.Forged.Add(1)
+		l.mForged.Inc()
+		return streams.Reject(fmt.Sprintf("token %s with status %s", tok.OutTradeNo, tok.Status), nil)
+	}
+	_, err := l.book(ctx, &tok, true, nil, out)
+	return err
 }
 
 // book books one token unless its order number already is. It returns
@@ -578,7 +574,7 @@ func (l *Ledger) bookEntry(e *pb.LedgerEntry, out *streams.Output) error {
 // wallet.packets in the same transaction.
 func (l *Ledger) withdraw(ctx context.Context, w *pb.Withdrawal, out *streams.Output) error {
 	answer := func(res *pb.Withdrawal) error {
-		return out.EmitMsg(l.topic(schemas.TopicWithdrawResult), []byte(w.ActId), res)
+		return out.EmitMsg(l.cfg.Topic(schemas.TopicWithdrawResult), []byte(w.ActId), res)
 	}
 	res := proto.Clone(w).(*pb.Withdrawal)
 	what, orderNo, kind := "withdrawal", "w:"+w.WithdrawId, pb.LedgerKind_WITHDRAW
@@ -635,7 +631,7 @@ func (l *Ledger) withdraw(ctx context.Context, w *pb.Withdrawal, out *streams.Ou
 		return err
 	}
 	if w.ToActId != "" {
-		if err := out.EmitMsg(l.topic(schemas.TopicPackets), []byte(w.ToActId), &pb.PacketCredit{PacketId: w.WithdrawId,
+		if err := out.EmitMsg(l.cfg.Topic(schemas.TopicPackets), []byte(w.ToActId), &pb.PacketCredit{PacketId: w.WithdrawId,
 			FromActId: w.ActId, ToActId: w.ToActId, Amount: w.Amount, AtMs: e.BookedAtMs}); err != nil {
 			return err
 		}

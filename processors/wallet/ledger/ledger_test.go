@@ -11,7 +11,8 @@ import (
 	"os"
 	"os/exec"
 	"strings"
-	wstack "surge/processors/wallet/stack"
+	walletapp "surge/processors/wallet/app"
+	"surge/processors/wallet/internal/tokencache"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -74,7 +75,7 @@ type wallet struct {
 }
 
 func topics(t testing.TB, b streamstest.Backend, ns string) {
-	streamstest.CreateTopics(t, b.Kafka, 6, wstack.TopicNames(ns)...)
+	streamstest.CreateTopics(t, b.Kafka, 6, walletapp.TopicNames(ns)...)
 }
 
 func newWallet(t *testing.T, b streamstest.Backend, rdb *redis.Client, tr *config.Tree, runLedger bool) *wallet {
@@ -746,7 +747,7 @@ func TestLedgerChild(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("SURGE_LEDGER_CHILD_REDIS")})
 	src := config.Static(tree(300)) // slow enough to be killed mid-way
 	l := ledger.New(ledger.Config{Env: streams.Env{Kafka: streams.Seeds(strings.Split(os.Getenv("SURGE_LEDGER_CHILD_BROKERS"), ",")...), Namespace: ns, Log: quiet},
-		Dir: os.Getenv("SURGE_LEDGER_CHILD_DIR"), Source: src, Keys: keys, Tokens: grant.NewTokens(rdb, ns+"wtok:", 0)})
+		Dir: os.Getenv("SURGE_LEDGER_CHILD_DIR"), Source: src, Keys: keys, Tokens: tokencache.New(rdb, ns+"wtok:", 0)})
 	_ = l.Run(context.Background(), streams.ClientOpts(kgo.SessionTimeout(6*time.Second), kgo.RebalanceTimeout(6*time.Second), kgo.HeartbeatInterval(500*time.Millisecond)))
 }
 

@@ -143,6 +143,30 @@ func MarshalWithGrant(t *pb.Token, g *pb.RewardGrant) (value []byte, n int) {
 	return b, n
 }
 
+// GrantOf finds the encoded grant (field 14) in a record of wallet.tokens,
+// for a reader that wants the grant and not the token (sink-cash-grants);
+// found is false for a token without one (an earlier build's). Were the
+// field there twice, protobuf would merge the two, which is decoding
+// their encodings one after the other: so they are joined.
+func GrantOf(value []byte) (grant []byte, found bool, err error) {
+	for b := value; len(b) > 0; {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return nil, false, protowire.ParseError(n)
+		}
+		b = b[n:]
+		if n = protowire.ConsumeFieldValue(num, typ, b); n < 0 {
+			return nil, false, protowire.ParseError(n)
+		}
+		if num == grantField && typ == protowire.BytesType {
+			v, _ := protowire.ConsumeBytes(b)
+			grant, found = append(grant[:len(grant):len(grant)], v...), true
+		}
+		b = b[n:]
+	}
+	return grant, found, nil
+}
+
 // appendGrant appends g's deterministic protobuf encoding
 // (TestMarshalIsTheProtobufEncoding holds it, inside a token's record, to
 // proto.Marshal's for every field alone).

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/bits"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -355,6 +356,33 @@ func TestGrantEncodingIsTheProtobufEncoding(t *testing.T) {
 		if !bytes.Equal(v, want) || n != len(Marshal(tok)) {
 			t.Errorf("record of a grant of %d bytes:\n%x\nwant\n%x", proto.Size(g), v, want)
 		}
+	}
+}
+
+// GrantOf gives a record's grant as protobuf decodes it, joins a grant
+// field written twice as protobuf merges them, finds none in a token
+// without one, and refuses a truncated record.
+func TestGrantOf(t *testing.T) {
+	g := &pb.RewardGrant{OrderNo: "a1_rain_r1_1_1", ActId: "a1", AwardType: pb.AwardType_CASH, Stage: 1, Amount: 88}
+	tok := &pb.Token{ActId: "a1", Amount: 88}
+	v, _ := MarshalWithGrant(tok, g)
+	raw, found, err := GrantOf(v)
+	got := new(pb.RewardGrant)
+	if err != nil || !found || proto.Unmarshal(raw, got) != nil || !proto.Equal(got, g) {
+		t.Fatalf("GrantOf a cash token's record: %v %v %v, want %v", got, found, err, g)
+	}
+	if _, found, err := GrantOf(Marshal(tok)); found || err != nil {
+		t.Errorf("a token without a grant: found %v, %v", found, err)
+	}
+	// The field twice: protobuf merges the second into the first.
+	second, _ := MarshalWithGrant(&pb.Token{}, &pb.RewardGrant{Amount: 99})
+	raw, _, err = GrantOf(append(slices.Clone(v), second...))
+	merged := new(pb.RewardGrant)
+	if err != nil || proto.Unmarshal(raw, merged) != nil || merged.Amount != 99 || merged.OrderNo != g.OrderNo {
+		t.Errorf("a grant field twice: %v, %v; want the two merged", merged, err)
+	}
+	if _, _, err := GrantOf(v[:len(v)-1]); err == nil {
+		t.Error("a truncated record was read")
 	}
 }
 

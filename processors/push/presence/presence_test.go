@@ -10,7 +10,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"surge/processors/presence"
+	"surge/processors/push/presence"
 	"surge/schemas"
 	"surge/schemas/surgev1"
 	"surge/streams"

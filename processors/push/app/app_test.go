@@ -1,4 +1,4 @@
-package pipeline_test
+package app_test
 
 import (
 	"context"
@@ -12,10 +12,10 @@ import (
 	"github.com/RoaringBitmap/roaring/v2"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"surge/processors/push/app"
 	"surge/processors/push/filter"
 	"surge/processors/push/internal/quota"
 	"surge/processors/push/numpkg"
-	"surge/processors/push/pipeline"
 	"surge/processors/push/planner"
 	"surge/processors/push/recovery"
 	"surge/schemas"
@@ -38,11 +38,11 @@ type env struct {
 	ns    string
 	b     streamstest.Backend
 	cl    *kgo.Client
-	stack *pipeline.Stack
+	stack *app.Stack
 }
 
 // publish produces directory records as a platform would.
-func publish(t *testing.T, s *pipeline.Stack, recs ...*kgo.Record) {
+func publish(t *testing.T, s *app.Stack, recs ...*kgo.Record) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -51,10 +51,10 @@ func publish(t *testing.T, s *pipeline.Stack, recs ...*kgo.Record) {
 	}
 }
 
-func start(t *testing.T, b streamstest.Backend, cfg planner.Config, setup func(*pipeline.Stack)) *env {
+func start(t *testing.T, b streamstest.Backend, cfg planner.Config, setup func(*app.Stack)) *env {
 	t.Helper()
 	ns := streamstest.Unique("t") + "."
-	s := pipeline.New(b.Kafka, pipeline.Options{Namespace: ns, Dir: t.TempDir(), Executors: 2, Planner: cfg, Log: quiet()})
+	s := app.New(b.Kafka, app.Options{Namespace: ns, Dir: t.TempDir(), Executors: 2, Planner: cfg, Log: quiet()})
 	ctx, cancel := context.WithCancel(context.Background())
 	if err := s.CreateTopics(ctx, streams.OneCopy); err != nil {
 		t.Fatal(err)
@@ -182,7 +182,7 @@ func inline(t *testing.T, b *roaring.Bitmap) []byte {
 // the CRC filter stops a resend; bad jobs are refused with a reason.
 func TestDeliveryOnlineOfflineAndRefusals(t *testing.T) {
 	streamstest.Each(t, func(t *testing.T, b streamstest.Backend) {
-		e := start(t, b, testConfig(), func(s *pipeline.Stack) {
+		e := start(t, b, testConfig(), func(s *app.Stack) {
 			publish(t, s, directory.AccountRecord(s.Opts.Namespace, &pb.AccountInfo{AccountId: 1, Filters: proto.Uint32(uint32(filter.All &^ filter.Quota))}))
 			var recs []*kgo.Record
 			for u := uint32(1); u <= 5000; u++ {
@@ -320,7 +320,7 @@ func TestQuotaUnderConcurrentJobs(t *testing.T) {
 		}
 		offset := late.Sub(now)
 		cfg.Now = func() time.Time { return time.Now().Add(offset) }
-		e := start(t, b, cfg, func(s *pipeline.Stack) {
+		e := start(t, b, cfg, func(s *app.Stack) {
 			publish(t, s, directory.AccountRecord(s.Opts.Namespace, &pb.AccountInfo{AccountId: 1, Filters: proto.Uint32(uint32(filter.All))}))
 		})
 		users := rangeSet(1, 2001)
@@ -369,7 +369,7 @@ func TestDrainExecutor(t *testing.T) {
 	streamstest.Each(t, func(t *testing.T, b streamstest.Backend) {
 		cfg := testConfig()
 		cfg.MaxBacklog = 1
-		e := start(t, b, cfg, func(s *pipeline.Stack) {
+		e := start(t, b, cfg, func(s *app.Stack) {
 			publish(t, s, directory.AccountRecord(s.Opts.Namespace, &pb.AccountInfo{AccountId: 1, Filters: proto.Uint32(uint32(filter.CRC))}))
 		})
 		users := rangeSet(1, 30001)
@@ -456,7 +456,7 @@ func TestPriorityPreemptionAndPlacement(t *testing.T) {
 	streamstest.Each(t, func(t *testing.T, b streamstest.Backend) {
 		cfg := testConfig()
 		cfg.MaxBacklog = 1
-		e := start(t, b, cfg, func(s *pipeline.Stack) {
+		e := start(t, b, cfg, func(s *app.Stack) {
 			publish(t, s, directory.AccountRecord(s.Opts.Namespace, &pb.AccountInfo{AccountId: 1, Filters: proto.Uint32(uint32(filter.CRC))}))
 		})
 		users := rangeSet(1, 40001)
@@ -515,7 +515,7 @@ func states(ts []*pb.JobTransition) []string {
 func TestFanListMirrorAndFallback(t *testing.T) {
 	streamstest.Each(t, func(t *testing.T, b streamstest.Backend) {
 		ns := streamstest.Unique("t") + "."
-		s := pipeline.New(b.Kafka, pipeline.Options{Namespace: ns, Dir: t.TempDir(), Executors: 1, Planner: testConfig(),
+		s := app.New(b.Kafka, app.Options{Namespace: ns, Dir: t.TempDir(), Executors: 1, Planner: testConfig(),
 			MirrorThreshold: 1000, Log: quiet()})
 		ctx, cancel := context.WithCancel(context.Background())
 		defer func() { cancel(); _ = s.Wait() }()
@@ -586,7 +586,7 @@ func TestFanListMirrorAndFallback(t *testing.T) {
 // goes out.
 func TestQuotaFollowsClickThrough(t *testing.T) {
 	streamstest.Each(t, func(t *testing.T, b streamstest.Backend) {
-		e := start(t, b, testConfig(), func(s *pipeline.Stack) {
+		e := start(t, b, testConfig(), func(s *app.Stack) {
 			publish(t, s, directory.AccountRecord(s.Opts.Namespace, &pb.AccountInfo{AccountId: 5, DailyJobs: 4,
 				Filters: proto.Uint32(uint32(filter.CRC))}))
 		})

@@ -1,9 +1,9 @@
-// Package stack wires one wallet instance: the grant intake and its
+// Package app wires one wallet instance: the grant intake and its
 // batcher, the ledger, the live total and the HTTP API, over the wallet's
 // topics. `surge wallet`, the wallet benchmark and the API tests build it
 // the same way; each part stays usable alone (the ledger's tests drive
 // broken producers and lossy Redis into the intake directly).
-package stack
+package app
 
 import (
 	"context"
@@ -108,8 +108,8 @@ type Options struct {
 	Metrics       *metrics.Registry
 }
 
-// Wallet is one instance.
-type Wallet struct {
+// Stack is one wallet instance.
+type Stack struct {
 	Intake  *grant.Intake
 	Batcher *grant.Batcher // nil without batching
 	Ledger  *ledger.Ledger
@@ -123,7 +123,7 @@ type Wallet struct {
 }
 
 // New builds an instance; nothing runs until Run.
-func New(o Options) (*Wallet, error) {
+func New(o Options) (*Stack, error) {
 	switch {
 	case len(o.Kafka.Seeds) == 0, o.Source == nil, o.Keys == nil, o.Redis == nil, o.Producer == nil:
 		return nil, errors.New("wallet stack: Kafka, Source, Keys, Redis and Producer are required")
@@ -136,7 +136,7 @@ func New(o Options) (*Wallet, error) {
 	if o.Metrics == nil {
 		o.Metrics = metrics.Default
 	}
-	w := &Wallet{opts: o}
+	w := &Stack{opts: o}
 	if !o.NoTotal {
 		w.Total = counter.New(o.Redis, o.BackupRedis, o.Namespace+TotalKey, o.Log)
 		w.Total.FollowSwitch(func() bool { return o.Source.Tree().Degraded(guard.CounterPrimary) })
@@ -160,7 +160,7 @@ func New(o Options) (*Wallet, error) {
 }
 
 // EnsureTopics creates the wallet's topics that do not exist.
-func (w *Wallet) EnsureTopics(ctx context.Context, rep streams.Replication) error {
+func (w *Stack) EnsureTopics(ctx context.Context, rep streams.Replication) error {
 	if err := streams.EnsureTopics(ctx, w.opts.Producer, rep, Topics(w.opts.Namespace)...); err != nil {
 		return fmt.Errorf("wallet: topics: %w", err)
 	}
@@ -169,7 +169,7 @@ func (w *Wallet) EnsureTopics(ctx context.Context, rep streams.Replication) erro
 
 // Start follows the withdrawal answers and starts the live total: what
 // the API needs before it serves.
-func (w *Wallet) Start(ctx context.Context) error {
+func (w *Stack) Start(ctx context.Context) error {
 	// Budget and stock counters missing from Redis (a new deployment, or
 	// a Redis that lost its data) are rebuilt from the topics first.
 	if err := w.Intake.EnsureCounters(ctx); err != nil {
@@ -187,7 +187,7 @@ func (w *Wallet) Start(ctx context.Context) error {
 // Run books until ctx ends (the ledger, with the runner options) and
 // keeps the app accounts' actIDs (wallet-identities). The first of them
 // to fail stops the other.
-func (w *Wallet) Run(ctx context.Context, opts ...streams.Option) error {
+func (w *Stack) Run(ctx context.Context, opts ...streams.Option) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	ids := make(chan error, 1)
@@ -212,13 +212,13 @@ func (w *Wallet) Run(ctx context.Context, opts ...streams.Option) error {
 
 // Handler is the HTTP API behind its admission gate, counted in the
 // request metrics as the clients see it.
-func (w *Wallet) Handler(gate admission.Config) http.Handler {
+func (w *Stack) Handler(gate admission.Config) http.Handler {
 	gate.Metrics = w.opts.Metrics
 	return admission.New(gate).Instrumented("wallet", w.API.Handler())
 }
 
 // Close stops the batcher (after Run returned).
-func (w *Wallet) Close() {
+func (w *Stack) Close() {
 	if w.Batcher != nil {
 		w.Batcher.Close()
 	}

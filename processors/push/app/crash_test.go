@@ -1,4 +1,4 @@
-package pipeline_test
+package app_test
 
 import (
 	"context"
@@ -13,8 +13,8 @@ import (
 	"github.com/RoaringBitmap/roaring/v2"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"surge/processors/push/app"
 	"surge/processors/push/filter"
-	"surge/processors/push/pipeline"
 	"surge/processors/push/planner"
 	"surge/processors/push/recovery"
 	"surge/schemas"
@@ -45,7 +45,7 @@ func TestCrashChild(t *testing.T) {
 		t.Skip("run by the crash tests")
 	}
 	kc := streams.Seeds(strings.Split(os.Getenv("SURGE_PUSH_CHILD_BROKERS"), ",")...)
-	s := pipeline.New(kc, pipeline.Options{Namespace: ns, Dir: os.Getenv("SURGE_PUSH_CHILD_DIR"), Executors: 2,
+	s := app.New(kc, app.Options{Namespace: ns, Dir: os.Getenv("SURGE_PUSH_CHILD_DIR"), Executors: 2,
 		Planner: crashConfig(), Log: quiet(),
 		// A killed member holds its partitions until its session times
 		// out; keep that short so restarts resume quickly. On kfake a
@@ -96,7 +96,7 @@ func (c *child) kill() {
 // crashSetup creates the topics, sets two thirds of the users online and
 // returns the job's package.
 func crashSetup(t *testing.T, b streamstest.Backend, ns string) (*kgo.Client, *roaring.Bitmap, *roaring.Bitmap) {
-	s := pipeline.New(b.Kafka, pipeline.Options{Namespace: ns, Dir: t.TempDir()})
+	s := app.New(b.Kafka, app.Options{Namespace: ns, Dir: t.TempDir()})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	if err := s.CreateTopics(ctx, streams.OneCopy); err != nil {
@@ -277,7 +277,7 @@ func TestSecondSiteSendsTheRest(t *testing.T) {
 		t.Logf("site A delivered %d; site B takes the remaining %d", a.Delivered.GetCardinality(), rest.GetCardinality())
 
 		// Site B: its own stack and topics; the users' presence replicated.
-		e := start(t, b, testConfig(), func(s *pipeline.Stack) {
+		e := start(t, b, testConfig(), func(s *app.Stack) {
 			publish(t, s, directory.AccountRecord(s.Opts.Namespace, &pb.AccountInfo{AccountId: 1, Filters: proto.Uint32(uint32(filter.CRC))}))
 		})
 		e.logins(true, online.ToArray()...)

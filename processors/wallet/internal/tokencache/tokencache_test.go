@@ -1,4 +1,4 @@
-package grant
+package tokencache
 
 import (
 	"context"
@@ -18,7 +18,7 @@ import (
 func TestTokenClaimAndRelease(t *testing.T) {
 	streamstest.EachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
 		ctx := context.Background()
-		toks := NewTokens(rdb, streamstest.Unique("tok")+":", 0)
+		toks := New(rdb, streamstest.Unique("tok")+":", 0)
 		mine := &pb.Token{ActId: "u1", OutTradeNo: "u1_rain_r1_1_1", Amount: 5, Signature: []byte("first")}
 		theirs := proto.Clone(mine).(*pb.Token)
 		theirs.Signature = []byte("second")
@@ -27,7 +27,7 @@ func TestTokenClaimAndRelease(t *testing.T) {
 
 		claim := func(tok *pb.Token, b []byte) bool {
 			pipe := rdb.Pipeline()
-			cmd := toks.claim(ctx, pipe, tok, b)
+			cmd := toks.Claim(ctx, pipe, tok, b)
 			if _, err := pipe.Exec(ctx); err != nil {
 				t.Fatal(err)
 			}
@@ -35,7 +35,7 @@ func TestTokenClaimAndRelease(t *testing.T) {
 		}
 		release := func(tok *pb.Token, b []byte) {
 			pipe := rdb.Pipeline()
-			toks.release(ctx, pipe, tok, b)
+			toks.Release(ctx, pipe, tok, b)
 			if _, err := pipe.Exec(ctx); err != nil {
 				t.Fatal(err)
 			}

@@ -1,4 +1,4 @@
-package pipeline_test
+package app_test
 
 import (
 	"context"
@@ -12,7 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"surge/processors/uin/account"
-	"surge/processors/uin/pipeline"
+	"surge/processors/uin/app"
 	"surge/processors/uin/restore"
 	"surge/processors/uin/tracker"
 	"surge/processors/uin/uinkeys"
@@ -31,8 +31,8 @@ import (
 // refused.
 func TestRestoreBothWays(t *testing.T) {
 	streamstest.EachStack(t, func(t *testing.T, b streamstest.Backend, rdb *redis.Client) {
-		s := newStack(t, b, rdb, pipeline.Options{Policy: testPolicy(100 * time.Millisecond),
-			Components: []string{pipeline.Tracker, pipeline.Recycle, pipeline.Timers, pipeline.Restore}})
+		s := newStack(t, b, rdb, app.Options{Policy: testPolicy(100 * time.Millisecond),
+			Components: []string{app.Tracker, app.Recycle, app.Timers, app.Restore}})
 		ns := s.Opts.Namespace
 		ctx := context.Background()
 		now := time.Now().UnixMilli()

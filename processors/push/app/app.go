@@ -1,4 +1,4 @@
-// Package pipeline wires the mass-push processors over one set of topics
+// Package app wires the mass-push processors over one set of topics
 // (optionally namespaced): presence, the planner, executors, the offline
 // queues, the timers and push-ctr. `surge run push-*` starts one component
 // of it per process; `surge loadgen`, the tests and the benchmarks start
@@ -6,7 +6,7 @@
 // accounts, tags and blacklists are the planner's directory, materialised
 // from the topics other teams publish to (push.fan-delta, push.accounts,
 // push.tags, push.blacklists).
-package pipeline
+package app
 
 import (
 	"context"
@@ -20,14 +20,14 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"surge/processors/presence"
+	"surge/platform/supervise"
 	"surge/processors/push/ctr"
 	"surge/processors/push/directory"
 	"surge/processors/push/executor"
 	"surge/processors/push/numpkg"
 	"surge/processors/push/offline"
 	"surge/processors/push/planner"
-	"surge/processors/supervise"
+	"surge/processors/push/presence"
 	"surge/processors/timer"
 	"surge/schemas"
 	"surge/streams"

@@ -1,4 +1,4 @@
-package pipeline_test
+package app_test
 
 import (
 	"context"
@@ -16,7 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"surge/processors/uin/account"
-	"surge/processors/uin/pipeline"
+	"surge/processors/uin/app"
 	"surge/processors/uin/pool"
 	"surge/processors/uin/recycle"
 	"surge/processors/uin/uinkeys"
@@ -66,7 +66,7 @@ func spawnController(t *testing.T, b streamstest.Backend, redisAddr, ns, id stri
 // middle of batches too.
 func TestEveryStepOnceAcrossCrashesAndCompetingInstances(t *testing.T) {
 	streamstest.EachStack(t, func(t *testing.T, b streamstest.Backend, rdb *redis.Client) {
-		s := newStack(t, b, rdb, pipeline.Options{Controllers: -1})
+		s := newStack(t, b, rdb, app.Options{Controllers: -1})
 		ns := s.Opts.Namespace
 		const singles, batched = 300, 300
 		const n = singles + batched

@@ -5,11 +5,11 @@
 package topology
 
 import (
-	"surge/processors/presence"
 	"surge/processors/push/ctr"
 	"surge/processors/push/executor"
 	"surge/processors/push/offline"
 	"surge/processors/push/planner"
+	"surge/processors/push/presence"
 	"surge/processors/timer"
 	"surge/processors/uin/allocation"
 	"surge/processors/uin/recycle"

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"surge/processors/topology"
+	"surge/cmd/surge/topology"
 	"surge/schemas"
 	"surge/streams"
 )
@@ -76,7 +76,7 @@ func TestGraphRenders(t *testing.T) {
 // The README's graph is the one the specs draw (regenerate it with
 // `bin/surge topics --graph --format mermaid`).
 func TestReadmeGraphIsCurrent(t *testing.T) {
-	raw, err := os.ReadFile("../../README.md")
+	raw, err := os.ReadFile("../../../README.md")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package pipeline_test
+package app_test
 
 import (
 	"context"
@@ -15,7 +15,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"surge/processors/uin/account"
-	"surge/processors/uin/pipeline"
+	"surge/processors/uin/app"
 	"surge/processors/uin/recycle"
 	"surge/processors/uin/tracker"
 	"surge/processors/uin/uinkeys"
@@ -44,7 +44,7 @@ func testPolicy(ban time.Duration) recycle.Policy {
 // too short once on CI's 2 cores with the rest of the suite beside it.
 var testCheckpoints = []time.Duration{3 * time.Second, 6 * time.Second, 9 * time.Second, 12 * time.Second}
 
-func newStack(t *testing.T, b streamstest.Backend, rdb redis.UniversalClient, o pipeline.Options) *pipeline.Stack {
+func newStack(t *testing.T, b streamstest.Backend, rdb redis.UniversalClient, o app.Options) *app.Stack {
 	t.Helper()
 	o.Namespace = streamstest.Unique("u") + "."
 	o.Dir = t.TempDir()
@@ -52,7 +52,7 @@ func newStack(t *testing.T, b streamstest.Backend, rdb redis.UniversalClient, o 
 	if len(o.Tracker.Checkpoints) == 0 {
 		o.Tracker.Checkpoints = testCheckpoints
 	}
-	s := pipeline.New(b.Kafka, rdb, o)
+	s := app.New(b.Kafka, rdb, o)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if err := s.CreateTopics(ctx, streams.OneCopy); err != nil {
@@ -66,7 +66,7 @@ func newStack(t *testing.T, b streamstest.Backend, rdb redis.UniversalClient, o 
 
 // start starts the stack until the test ends; components restarted by the
 // test run under the context it returns.
-func start(t *testing.T, s *pipeline.Stack) context.Context {
+func start(t *testing.T, s *app.Stack) context.Context {
 	ctx, cancel := context.WithCancel(context.Background())
 	s.Start(ctx)
 	t.Cleanup(func() {
@@ -89,7 +89,7 @@ func rec(t testing.TB, topic string, uin uint64, m proto.Message) *kgo.Record {
 
 // steps reads the applied steps (want of them, batches counted by their
 // entries), per uin, in order.
-func steps(t *testing.T, s *pipeline.Stack, want int, settle time.Duration) map[uint64][]*pb.RecycleStep {
+func steps(t *testing.T, s *app.Stack, want int, settle time.Duration) map[uint64][]*pb.RecycleStep {
 	t.Helper()
 	var out map[uint64][]*pb.RecycleStep
 	read := func(recs []*kgo.Record) int {
@@ -138,7 +138,7 @@ func kinds(ss []*pb.RecycleStep) []pb.RecycleStepKind {
 var fullCycle = []pb.RecycleStepKind{pb.RecycleStepKind_TICKET_GRANTED, pb.RecycleStepKind_BAN, pb.RecycleStepKind_BACKUP,
 	pb.RecycleStepKind_DELETE, pb.RecycleStepKind_COOL_DOWN, pb.RecycleStepKind_RELEASE}
 
-func deadLetters(t *testing.T, s *pipeline.Stack, n int) []string {
+func deadLetters(t *testing.T, s *app.Stack, n int) []string {
 	var reasons []string
 	for _, r := range streamstest.ReadN(t, s.Kafka, s.Opts.Namespace+schemas.TopicDeadLetter, true, n, 30*time.Second, time.Second) {
 		reason, _ := streams.Header(r, streams.HeaderDLQReason)
@@ -153,7 +153,7 @@ func deadLetters(t *testing.T, s *pipeline.Stack, n int) []string {
 // users are handed over untouched; bad input is dead-lettered.
 func TestRegistrationTrackingToPool(t *testing.T) {
 	streamstest.EachStackOnEveryRedis(t, func(t *testing.T, b streamstest.Backend, rdb redis.UniversalClient) {
-		s := newStack(t, b, rdb, pipeline.Options{Policy: testPolicy(200 * time.Millisecond)})
+		s := newStack(t, b, rdb, app.Options{Policy: testPolicy(200 * time.Millisecond)})
 		ns := s.Opts.Namespace
 		ctx := context.Background()
 		now := time.Now().UnixMilli()
@@ -288,7 +288,7 @@ func TestRegistrationTrackingToPool(t *testing.T) {
 }
 
 // waitStep waits until the controller holds uin at step.
-func waitStep(t *testing.T, s *pipeline.Stack, uin uint32, step pb.RecycleStepKind) {
+func waitStep(t *testing.T, s *app.Stack, uin uint32, step pb.RecycleStepKind) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
@@ -313,7 +313,7 @@ func TestRecyclingStopsForLiveUsers(t *testing.T) {
 		// The ban must outlast the time from the first BAN to the logins
 		// below reaching the controller: 4 s was too short once, on CI's 2
 		// cores with the rest of the suite running beside this test.
-		s := newStack(t, b, rdb, pipeline.Options{Policy: testPolicy(15 * time.Second), Metrics: reg})
+		s := newStack(t, b, rdb, app.Options{Policy: testPolicy(15 * time.Second), Metrics: reg})
 		ns := s.Opts.Namespace
 		ctx := context.Background()
 		now := time.Now()
@@ -391,7 +391,7 @@ func TestRecyclingStopsForLiveUsers(t *testing.T) {
 // committed offset), so a ticket from a stale check is still refused.
 func TestLoginIndexSurvivesARestart(t *testing.T) {
 	streamstest.EachStack(t, func(t *testing.T, b streamstest.Backend, rdb *redis.Client) {
-		s := newStack(t, b, rdb, pipeline.Options{})
+		s := newStack(t, b, rdb, app.Options{})
 		ns := s.Opts.Namespace
 		cl := streamstest.Client(t, b.Kafka)
 		now := time.Now()

@@ -1,4 +1,4 @@
-package pipeline_test
+package app_test
 
 import (
 	"context"
@@ -11,7 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"surge/processors/uin/pipeline"
+	"surge/processors/uin/app"
 	"surge/processors/uin/uinkeys"
 	"surge/schemas"
 	"surge/schemas/recycling"
@@ -30,7 +30,7 @@ func TestLoginPublishedBeforeAGrantIsSeenByIt(t *testing.T) {
 	streamstest.EachStack(t, func(t *testing.T, b streamstest.Backend, rdb *redis.Client) {
 		// Small batches: the usage backlog takes many, and the grants are
 		// fetched long before the consumer reaches the logins behind it.
-		s := newStack(t, b, rdb, pipeline.Options{Policy: testPolicy(time.Minute), NoTracker: true,
+		s := newStack(t, b, rdb, app.Options{Policy: testPolicy(time.Minute), NoTracker: true,
 			StreamOpts: []streams.Option{streams.MaxBatch(50)}})
 		ns := s.Opts.Namespace
 		now := time.Now().UnixMilli()
@@ -67,7 +67,7 @@ func TestLoginPublishedBeforeAGrantIsSeenByIt(t *testing.T) {
 // the same time, from its own state.
 func TestBansWrittenAgainAfterRedisLostThem(t *testing.T) {
 	streamstest.EachStack(t, func(t *testing.T, b streamstest.Backend, rdb *redis.Client) {
-		s := newStack(t, b, rdb, pipeline.Options{Policy: testPolicy(time.Minute), NoTracker: true})
+		s := newStack(t, b, rdb, app.Options{Policy: testPolicy(time.Minute), NoTracker: true})
 		ns := s.Opts.Namespace
 		ctx := context.Background()
 		const first, n = 80_001, 30
@@ -110,7 +110,7 @@ func TestBansWrittenAgainAfterRedisLostThem(t *testing.T) {
 
 // inactiveGrants are stock-classification grants for uins from..to,
 // judged inactive on a check that saw their last login 400 days ago.
-func inactiveGrants(t *testing.T, s *pipeline.Stack, from, to uint64) []*kgo.Record {
+func inactiveGrants(t *testing.T, s *app.Stack, from, to uint64) []*kgo.Record {
 	t.Helper()
 	topic := s.Opts.Namespace + schemas.TopicRecycleReqs
 	parts, err := streams.PartitionCount(context.Background(), s.Kafka, topic)
@@ -130,7 +130,7 @@ func inactiveGrants(t *testing.T, s *pipeline.Stack, from, to uint64) []*kgo.Rec
 // to the broker's end first.
 func TestUsagePublishedWithItsRegistrationCounts(t *testing.T) {
 	streamstest.EachStack(t, func(t *testing.T, b streamstest.Backend, rdb *redis.Client) {
-		s := newStack(t, b, rdb, pipeline.Options{Policy: testPolicy(time.Minute),
+		s := newStack(t, b, rdb, app.Options{Policy: testPolicy(time.Minute),
 			StreamOpts: []streams.Option{streams.MaxBatch(50)}})
 		ns := s.Opts.Namespace
 		now := time.Now().UnixMilli()
@@ -189,7 +189,7 @@ func TestUsagePublishedWithItsRegistrationCounts(t *testing.T) {
 func TestBackfilledRegistrationJudgedWithItsUsage(t *testing.T) {
 	streamstest.EachStack(t, func(t *testing.T, b streamstest.Backend, rdb *redis.Client) {
 		day := int64(24 * time.Hour / time.Millisecond)
-		s := newStack(t, b, rdb, pipeline.Options{Policy: testPolicy(time.Minute),
+		s := newStack(t, b, rdb, app.Options{Policy: testPolicy(time.Minute),
 			Tracker:    tracker.Config{Checkpoints: []time.Duration{30 * 24 * time.Hour}}, // one, the last
 			StreamOpts: []streams.Option{streams.MaxBatch(50)}})
 		ns := s.Opts.Namespace

@@ -13,7 +13,7 @@ import (
 // constructed are the packages of surge's processors (and the intake and
 // reconciler they run), relative to the module root.
 var constructed = []string{
-	"processors/presence",
+	"processors/push/presence",
 	"processors/push/planner", "processors/push/executor", "processors/push/offline", "processors/push/ctr",
 	"processors/timer",
 	"processors/uin/tracker", "processors/uin/recycle", "processors/uin/allocation", "processors/uin/restore",
@@ -25,7 +25,7 @@ var constructed = []string{
 // defaults filled by (*Config).EnsureDefaults, and New(cfg Config) as the
 // only constructor of the processor.
 func TestProcessorsShareOneConstructorStyle(t *testing.T) {
-	root := filepath.Join("..", "..")
+	root := filepath.Join("..", "..", "..")
 	for _, dir := range constructed {
 		t.Run(dir, func(t *testing.T) {
 			fset := token.NewFileSet()

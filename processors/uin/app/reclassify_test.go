@@ -1,4 +1,4 @@
-package pipeline_test
+package app_test
 
 import (
 	"context"
@@ -11,7 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"surge/processors/uin/pipeline"
+	"surge/processors/uin/app"
 	"surge/processors/uin/pool"
 	"surge/schemas"
 	"surge/schemas/recycling"
@@ -28,7 +28,7 @@ import (
 // out, and every uin is handed out exactly once.
 func TestReclassifyingHandsEveryUinOutOnce(t *testing.T) {
 	streamstest.EachStack(t, func(t *testing.T, b streamstest.Backend, rdb *redis.Client) {
-		s := newStack(t, b, rdb, pipeline.Options{Policy: testPolicy(100 * time.Millisecond)})
+		s := newStack(t, b, rdb, app.Options{Policy: testPolicy(100 * time.Millisecond)})
 		ns := s.Opts.Namespace
 		ctx := context.Background()
 		parts, err := streams.PartitionCount(ctx, b.Kafka, ns+schemas.TopicRecycleReqs)

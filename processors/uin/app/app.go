@@ -1,8 +1,8 @@
-// Package pipeline wires the uin recycling processors into one stack: the
+// Package app wires the uin recycling processors into one stack: the
 // registration tracker, the recycle controller and the timer service that
 // every delay of theirs goes through. `surge run` starts the same pieces
 // one per process; tests and the bench start a whole stack in one.
-package pipeline
+package app
 
 import (
 	"context"
@@ -14,7 +14,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"surge/processors/supervise"
+	"surge/platform/supervise"
 	"surge/processors/timer"
 	"surge/processors/uin/account"
 	"surge/processors/uin/allocation"

@@ -1,4 +1,8 @@
-package grant
+// Package tokencache keeps each user's tokens in Redis, for the intake
+// that writes them (and claims their order numbers with them), the ledger
+// that marks them booked, and the user-facing reads: one owner for that
+// state.
+package tokencache
 
 import (
 	"context"
@@ -11,24 +15,24 @@ import (
 	pb "surge/schemas/surgev1"
 )
 
-// Tokens keeps each user's tokens in Redis, one hash per user (order number
+// Cache keeps each user's tokens in Redis, one hash per user (order number
 // -> token). It is a cache of wallet.tokens for the user-facing reads; the
 // ledger is the truth about what is booked.
-type Tokens struct {
+type Cache struct {
 	rdb    redis.UniversalClient
 	prefix string
 	ttl    time.Duration // 0 = keep; shadow traffic expires
 }
 
-// NewTokens returns a token store with keys prefix+actID.
-func NewTokens(rdb redis.UniversalClient, prefix string, ttl time.Duration) *Tokens {
-	return &Tokens{rdb: rdb, prefix: prefix, ttl: ttl}
+// New returns a token cache with keys prefix+actID.
+func New(rdb redis.UniversalClient, prefix string, ttl time.Duration) *Cache {
+	return &Cache{rdb: rdb, prefix: prefix, ttl: ttl}
 }
 
-func (t *Tokens) key(actID string) string { return t.prefix + actID }
+func (t *Cache) key(actID string) string { return t.prefix + actID }
 
 // Put stores a token.
-func (t *Tokens) Put(ctx context.Context, tok *pb.Token) error {
+func (t *Cache) Put(ctx context.Context, tok *pb.Token) error {
 	b, err := proto.Marshal(tok)
 	if err != nil {
 		return err
@@ -42,10 +46,10 @@ func (t *Tokens) Put(ctx context.Context, tok *pb.Token) error {
 	return err
 }
 
-// claim adds to a pipeline the write of a token (b, already marshalled)
+// Claim adds to a pipeline the write of a token (b, already marshalled)
 // unless its order number has one: the command's value says whether it
 // was written. The user's hash is the order numbers' idempotency record.
-func (t *Tokens) claim(ctx context.Context, pipe redis.Pipeliner, tok *pb.Token, b []byte) *redis.BoolCmd {
+func (t *Cache) Claim(ctx context.Context, pipe redis.Pipeliner, tok *pb.Token, b []byte) *redis.BoolCmd {
 	cmd := pipe.HSetNX(ctx, t.key(tok.ActId), tok.OutTradeNo, b)
 	if t.ttl > 0 {
 		pipe.Expire(ctx, t.key(tok.ActId), t.ttl)
@@ -58,15 +62,15 @@ func (t *Tokens) claim(ctx context.Context, pipe redis.Pipeliner, tok *pb.Token,
 // same order number wrote.
 var releaseScript = redis.NewScript(`if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then return redis.call('HDEL', KEYS[1], ARGV[1]) end return 0`)
 
-// release adds to a pipeline the removal of tok (encoded as b), if the
+// Release adds to a pipeline the removal of tok (encoded as b), if the
 // user's hash still holds exactly it.
-func (t *Tokens) release(ctx context.Context, pipe redis.Pipeliner, tok *pb.Token, b []byte) {
+func (t *Cache) Release(ctx context.Context, pipe redis.Pipeliner, tok *pb.Token, b []byte) {
 	releaseScript.Eval(ctx, pipe, []string{t.key(tok.ActId)}, tok.OutTradeNo, b)
 }
 
 // All returns the user's tokens; undecodable ones are returned as nil
 // entries in bad (counted by the caller as forged).
-func (t *Tokens) All(ctx context.Context, actID string) (toks []*pb.Token, bad int, err error) {
+func (t *Cache) All(ctx context.Context, actID string) (toks []*pb.Token, bad int, err error) {
 	m, err := t.rdb.HGetAll(ctx, t.key(actID)).Result()
 	if err != nil {
 		return nil, 0, err
@@ -83,17 +87,17 @@ func (t *Tokens) All(ctx context.Context, actID string) (toks []*pb.Token, bad i
 }
 
 // Get returns one token (nil if absent).
-func (t *Tokens) Get(ctx context.Context, actID, orderNo string) (*pb.Token, error) {
-	return tokenOf(t.rdb.HGet(ctx, t.key(actID), orderNo))
+func (t *Cache) Get(ctx context.Context, actID, orderNo string) (*pb.Token, error) {
+	return Decode(t.rdb.HGet(ctx, t.key(actID), orderNo))
 }
 
-// get adds the read of one token to a pipeline; tokenOf decodes it.
-func (t *Tokens) get(ctx context.Context, pipe redis.Pipeliner, actID, orderNo string) *redis.StringCmd {
+// GetIn adds the read of one token to a pipeline; Decode decodes it.
+func (t *Cache) GetIn(ctx context.Context, pipe redis.Pipeliner, actID, orderNo string) *redis.StringCmd {
 	return pipe.HGet(ctx, t.key(actID), orderNo)
 }
 
-// tokenOf decodes the answer to a token read: nil if absent.
-func tokenOf(cmd *redis.StringCmd) (*pb.Token, error) {
+// Decode decodes the answer to a token read: nil if absent.
+func Decode(cmd *redis.StringCmd) (*pb.Token, error) {
 	v, err := cmd.Bytes()
 	if err == redis.Nil {
 		return nil, nil
@@ -107,7 +111,7 @@ func tokenOf(cmd *redis.StringCmd) (*pb.Token, error) {
 
 // MarkBooked sets the status of booked tokens to SUCCESS, in toks and in
 // Redis (the signature does not cover the status).
-func (t *Tokens) MarkBooked(ctx context.Context, toks []*pb.Token) error {
+func (t *Cache) MarkBooked(ctx context.Context, toks []*pb.Token) error {
 	if len(toks) == 0 {
 		return nil
 	}
