@@ -116,6 +116,11 @@ func main() {
 	defer w.Close()
 	in, batcher, led := w.Intake, w.Batcher, w.Ledger
 	fmt.Printf("backend: %s, redis-server %s; %d cores, %s\n", backend, *redisAddr, runtime.NumCPU(), runtime.Version())
+	// A new namespace has no budget and stock counters yet: start them
+	// (from topics that are empty) before the first grant, as a service
+	// does on its start.
+	_, err = in.RebuildCounters(context.Background(), false, nil)
+	must(err)
 
 	// 1. Intake.
 	if *cpuprofile != "" {
