@@ -224,6 +224,9 @@ func (t *Tracker) inputs() []streams.Input {
 	}
 }
 
+// onRegistration notes the record's position for the read-ahead (only a
+// record that decoded is noted: one that did not is dead-lettered, and a
+// catch-up that reads it again skips it), then tracks the uin.
 func (t *Tracker) onRegistration(_ context.Context, in *kgo.Record, r *pb.UinRegistration, out *streams.Output) error {
 	t.catchUp.delivered(in)
 	return t.register(r, in.Offset, out)
