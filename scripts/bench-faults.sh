@@ -25,9 +25,9 @@ export SURGE_TEST_KAFKA_CLUSTER="${KAFKA_CLUSTER_HOME:-$root/.cache/kafka-cluste
     KAFKA_CLUSTER_SESSION_MS=$session scripts/kafka-cluster.sh start >/dev/null
     echo
     echo "## broker.session.timeout.ms=$session"
-    echo "\$ KAFKA_CLUSTER_SESSION_MS=$session scripts/kafka-cluster.sh start; go test -count=1 -run TestBrokerKill9 -v ./cmd/surge/   # $runs times"
+    echo "\$ KAFKA_CLUSTER_SESSION_MS=$session scripts/kafka-cluster.sh start; go test -count=1 -run '^TestBrokerKill9$' -v ./cmd/surge/   # $runs times"
     for i in $(seq 1 "$runs"); do
-      go test -count=1 -run TestBrokerKill9 -v ./cmd/surge/ 2>&1 | grep -E "fault:|--- (PASS|FAIL)" | sed 's/^ *//; s/^faults_test.go:[0-9]*: //'
+      go test -count=1 -run '^TestBrokerKill9$' -v ./cmd/surge/ 2>&1 | grep -E "fault:|--- (PASS|FAIL)" | sed 's/^ *//; s/^faults_test.go:[0-9]*: //'
     done
   done
   scripts/kafka-cluster.sh stop >/dev/null
