@@ -36,6 +36,32 @@ type walletCampaign struct {
 	cash                  map[string]int64
 	cashSum, coupons      int64
 	unavailable, refusals int
+
+	// The campaign holds its callers once holdAt is accepted, until
+	// resume is closed: the drill's loss then lands with most of the
+	// campaign still to come, however fast the wallet is (a campaign that
+	// had finished before the loss would leave nothing to hold back).
+	holdAt int64
+	resume chan struct{}
+}
+
+// holdAfter makes the campaign wait, once n is accepted, for Resume.
+func (w *walletCampaign) holdAfter(n int64) {
+	w.holdAt, w.resume = n, make(chan struct{})
+}
+
+// Resume lets a held campaign go on.
+func (w *walletCampaign) Resume() { close(w.resume) }
+
+// held waits for Resume once holdAt is accepted.
+func (w *walletCampaign) held(ctx context.Context) {
+	if w.resume == nil || w.accepted() < w.holdAt {
+		return
+	}
+	select {
+	case <-w.resume:
+	case <-ctx.Done():
+	}
 }
 
 const (
@@ -98,6 +124,7 @@ func (w *walletCampaign) accepted() int64 {
 func (w *walletCampaign) run(ctx context.Context) {
 	one := func(body, act string, amount int64, isCash bool) {
 		for ctx.Err() == nil {
+			w.held(ctx)
 			code, out, err := w.c.do("POST", "/v1/grants", body, w.c.asApp)
 			w.mu.Lock()
 			switch {

@@ -91,6 +91,7 @@ func TestWalletRedisLossDrill(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	w := startWalletCampaign(t, ctx, b, rs.addr())
+	w.holdAfter(campaignBudget / 2)
 	done := make(chan struct{})
 	go func() { defer close(done); w.run(ctx) }()
 	for w.accepted() < campaignBudget/2 && ctx.Err() == nil {
@@ -99,6 +100,7 @@ func TestWalletRedisLossDrill(t *testing.T) {
 	rs.kill()
 	rs.start()
 	t.Logf("redis-server killed and started again empty at %d of the %d budget", w.accepted(), campaignBudget)
+	w.Resume()
 	<-done
 	w.check(ctx)
 }

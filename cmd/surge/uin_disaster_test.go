@@ -47,6 +47,7 @@ func TestRedisLossDrillUinAndWallet(t *testing.T) {
 	defer cancel()
 	cl := streamstest.Client(t, b.Kafka)
 	campaign := startWalletCampaign(t, ctx, b, rs.addr())
+	campaign.holdAfter(campaignBudget / 3) // until the loss: most of the campaign comes after it
 	campaignDone := make(chan struct{})
 	go func() { defer close(campaignDone); campaign.run(ctx) }()
 	if err := streams.EnsureTopics(ctx, cl, streams.OneCopy, uinapp.Topics(ns)...); err != nil {
@@ -124,6 +125,7 @@ func TestRedisLossDrillUinAndWallet(t *testing.T) {
 	}
 	t.Logf("disaster with %d uins handed out and %d of the wallet's %d budget spent; services restarted on an empty disk and an empty Redis",
 		before, spent, campaignBudget)
+	campaign.Resume()
 	alloc.wg.Wait()
 	got := alloc.got
 	if ctx.Err() != nil {
