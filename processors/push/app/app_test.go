@@ -81,7 +81,7 @@ func start(t *testing.T, b streamstest.Backend, cfg planner.Config, setup func(*
 
 func testConfig() planner.Config {
 	c := planner.DefaultConfig()
-	c.UnitSize, c.MaxBacklog, c.MinLead = 500, 3, 2*time.Second
+	c.UnitSize, c.MaxBacklog, c.MinLead = 500, 3, 5*time.Second
 	return c
 }
 
@@ -253,9 +253,11 @@ func TestDeliveryOnlineOfflineAndRefusals(t *testing.T) {
 			t.Fatalf("resent content to %d users", o.Delivered.GetCardinality())
 		}
 
-		// A scheduled job waits for its timer, then runs.
+		// A scheduled job waits for its timer, then runs. Its time and
+		// b3's below leave 4 s between publishing and the planner's read
+		// (MinLead 5 s): a loaded machine took more than the 1 s they had.
 		e.submit(&pb.SendJob{JobId: "later", AccountId: 1, Source: pb.TargetSource_PACKAGE, ContentId: "c2", ContentCrc: 2,
-			InlinePackage: inline(t, rangeSet(1, 11)), ScheduledAtMs: time.Now().Add(3 * time.Second).UnixMilli()})
+			InlinePackage: inline(t, rangeSet(1, 11)), ScheduledAtMs: time.Now().Add(9 * time.Second).UnixMilli()})
 		e.waitState("later", pb.JobState_WAITING_SCHEDULE)
 		e.waitState("later", pb.JobState_COMPLETED)
 		if o := e.outcome("later"); o.Delivered.GetCardinality() != 10 {
@@ -267,7 +269,7 @@ func TestDeliveryOnlineOfflineAndRefusals(t *testing.T) {
 		bad := map[string]*pb.SendJob{
 			"unknown account": {JobId: "b1", AccountId: 99, Source: pb.TargetSource_FOLLOWERS, ContentId: "x"},
 			"in the past":     {JobId: "b2", AccountId: 1, Source: pb.TargetSource_FOLLOWERS, ContentId: "x", ScheduledAtMs: past},
-			"too soon":        {JobId: "b3", AccountId: 1, Source: pb.TargetSource_FOLLOWERS, ContentId: "x", ScheduledAtMs: time.Now().Add(time.Second).UnixMilli()},
+			"too soon":        {JobId: "b3", AccountId: 1, Source: pb.TargetSource_FOLLOWERS, ContentId: "x", ScheduledAtMs: time.Now().Add(4500 * time.Millisecond).UnixMilli()},
 			"empty package":   {JobId: "b4", AccountId: 1, Source: pb.TargetSource_PACKAGE, ContentId: "x", InlinePackage: []byte{}, PackageUri: "file:///nonexistent/empty.snpk"},
 			"corrupt package": {JobId: "b5", AccountId: 1, Source: pb.TargetSource_PACKAGE, ContentId: "x", InlinePackage: []byte("SNPK garbage")},
 			"duplicate job":   {JobId: "followers", AccountId: 1, Source: pb.TargetSource_FOLLOWERS, ContentId: "x"},
