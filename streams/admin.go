@@ -49,6 +49,17 @@ func (r Replication) Resolve(ctx context.Context, cl *kgo.Client) (Replication, 
 	return r, nil
 }
 
+// EnsureTopics is EnsureTopics over a client of its own, for a caller
+// that has none (a stack creating its topics before it starts).
+func (c Cluster) EnsureTopics(ctx context.Context, rep Replication, topics ...schemas.Topic) error {
+	cl, err := c.NewClient()
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	return EnsureTopics(ctx, cl, rep, topics...)
+}
+
 // EnsureTopics creates the topics that do not exist yet, with their
 // partitions and retention from the registry and the replication rep
 // (resolved against the cluster); existing topics are left as they are.

@@ -112,12 +112,7 @@ func New(kc streams.Cluster, rdb redis.UniversalClient, o Options) *Stack {
 
 // CreateTopics creates the stack's topics.
 func (s *Stack) CreateTopics(ctx context.Context, rep streams.Replication) error {
-	cl, err := s.Kafka.NewClient()
-	if err != nil {
-		return err
-	}
-	defer cl.Close()
-	return streams.EnsureTopics(ctx, cl, rep, Topics(s.Opts.Namespace)...)
+	return s.Kafka.EnsureTopics(ctx, rep, Topics(s.Opts.Namespace)...)
 }
 
 func (s *Stack) streamOpts(name string) []streams.Option {
